@@ -1,0 +1,41 @@
+//! The `skipper` command line. Each subcommand's flags live in its own module;
+//! every flag also reads `SKIPPER_<FLAG>` from the environment.
+
+use clap::{Parser, Subcommand};
+
+/// One binary, every Skipper role.
+#[derive(Debug, Parser)]
+#[command(
+    name = "skipper",
+    version,
+    about = "On-demand per-tenant servers on Kubernetes",
+    long_about = "On-demand per-tenant servers on Kubernetes.\n\nEvery flag also reads the environment variable SKIPPER_<FLAG> (e.g. --heartbeat-timeout reads SKIPPER_HEARTBEAT_TIMEOUT); a flag on the command line wins.",
+    propagate_version = true,
+    term_width = 100
+)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Run a controller replica: assigns pool pods to functions and scales them
+    Controller(crate::controller::Args),
+    /// Run a router: proxies tenant traffic to the function's instances
+    Router(crate::router::Args),
+    /// Show which controller owns a function, ring balance and what moves on membership changes
+    RingInspect(crate::ring_inspect::Args),
+    /// Run the reference pod program (assign endpoint, echo, WebSocket ping/pong)
+    Fixture(crate::fixture::Args),
+    /// Run the local playground: simulated cluster, controllers, router and a pool
+    Dev(crate::devcluster::DevArgs),
+    /// Write an Ed25519 key pair (PKCS#8 / SPKI PEM) for assignment tokens
+    Keygen(crate::keygen::Args),
+}
+
+/// A subcommand that this build declares but does not provide yet.
+#[derive(Debug, thiserror::Error)]
+#[error("skipper {0}: not yet available in this build")]
+pub struct NotAvailable(pub &'static str);

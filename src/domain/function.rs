@@ -1,0 +1,107 @@
+//! [`Function`] and [`Scale`]: what a tenant's server is and how it scales.
+
+use super::FunctionId;
+
+/// Scaling configuration of a function.
+///
+/// Every field keeps its presence: a field given as `0` is distinct from an
+/// absent one in the JSON form, exactly as in the wire contract. Use
+/// [`Scale::min_instances`] and friends for the effective values.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Scale {
+    pub min_instances: Option<u32>,
+    pub max_instances: Option<u32>,
+    pub target_cpu_usage_milli: Option<u32>,
+    pub target_memory_usage_mib: Option<u32>,
+    pub target_in_flight_requests: Option<u32>,
+}
+
+impl Scale {
+    /// Effective minimum instance count (absent = 0).
+    #[must_use]
+    pub fn min_instances(&self) -> u32 {
+        self.min_instances.unwrap_or(0)
+    }
+    /// Effective maximum instance count (absent = 0, which validation rejects).
+    #[must_use]
+    pub fn max_instances(&self) -> u32 {
+        self.max_instances.unwrap_or(0)
+    }
+    /// Effective CPU target in millicores (0 = no CPU target).
+    #[must_use]
+    pub fn target_cpu_usage_milli(&self) -> u32 {
+        self.target_cpu_usage_milli.unwrap_or(0)
+    }
+    /// Effective memory target in MiB (0 = no memory target).
+    #[must_use]
+    pub fn target_memory_usage_mib(&self) -> u32 {
+        self.target_memory_usage_mib.unwrap_or(0)
+    }
+    /// Effective in-flight request target (0 = no in-flight target).
+    #[must_use]
+    pub fn target_in_flight_requests(&self) -> u32 {
+        self.target_in_flight_requests.unwrap_or(0)
+    }
+
+    fn effective(&self) -> [u32; 5] {
+        [
+            self.min_instances(),
+            self.max_instances(),
+            self.target_cpu_usage_milli(),
+            self.target_memory_usage_mib(),
+            self.target_in_flight_requests(),
+        ]
+    }
+}
+
+/// A function: identity (namespace, deployment, tenant, oneshot) plus mutable
+/// configuration (metadata, scale).
+///
+/// Build one from the header JSON with [`Function::from_json`], then check it
+/// with [`Function::validate`].
+#[derive(Debug, Clone, Default, PartialEq, Eq, Hash)]
+pub struct Function {
+    pub namespace: String,
+    pub deployment: String,
+    pub tenant: String,
+    /// Opaque string delivered to the pod at assignment.
+    pub metadata: Option<String>,
+    pub scale: Option<Scale>,
+    pub oneshot: Option<bool>,
+}
+
+impl Function {
+    /// The identity hash of this function (see [`FunctionId::of`]).
+    #[must_use]
+    pub fn id(&self) -> FunctionId {
+        FunctionId::of(&self.namespace, &self.deployment, &self.tenant, self.is_oneshot())
+    }
+
+    /// Whether every request gets its own pod.
+    #[must_use]
+    pub fn is_oneshot(&self) -> bool {
+        self.oneshot.unwrap_or(false)
+    }
+
+    /// The scale configuration, or the all-zero default when absent.
+    #[must_use]
+    pub fn scale_or_default(&self) -> Scale {
+        self.scale.clone().unwrap_or_default()
+    }
+
+    /// Whether `other` has the same identity and the same effective
+    /// configuration.
+    ///
+    /// Absent and zero-valued fields compare equal here (`"min_instances":0`
+    /// and no `min_instances` are the same configuration), so callers that
+    /// spell the same function differently do not count as a spec change.
+    #[must_use]
+    pub fn same_config(&self, other: &Function) -> bool {
+        self.namespace == other.namespace
+            && self.deployment == other.deployment
+            && self.tenant == other.tenant
+            && self.is_oneshot() == other.is_oneshot()
+            && self.metadata.as_deref().unwrap_or("") == other.metadata.as_deref().unwrap_or("")
+            && self.scale_or_default().effective() == other.scale_or_default().effective()
+    }
+}

@@ -1,0 +1,41 @@
+//! Skipper: on-demand per-tenant servers on Kubernetes.
+//!
+//! A Deployment keeps a pool of running, unassigned pods. `skipper router`
+//! reads the tenant's function from the `X-Skipper-Function` header and asks
+//! `skipper controller` for an instance; the controller claims a pool pod with
+//! an atomic JSON Patch, sends it a signed assignment token and returns its
+//! address; the router proxies HTTP and WebSocket traffic to it.
+//!
+//! # Layout
+//!
+//! - [`domain`]: pure data — [`domain::Function`] (header JSON, validation),
+//!   [`domain::FunctionId`] (the XXH64 identity). No async code.
+//! - [`ring`]: the consistent hash ring (immutable value) and its async handle.
+//! - [`api`]: generated protobuf/gRPC types and conversions to domain types.
+//! - [`cli`]: the `skipper` command line; each subcommand's flags live in its module.
+//! - [`controller`], [`router`]: the two long-running components. They meet only
+//!   at the proto: neither imports the other.
+//! - [`ring_inspect`]: the operator tool for ring ownership.
+//! - [`fixture`], [`keygen`], [`token`]: the reference pod program, key
+//!   generation and PASETO assignment tokens.
+//! - [`devcluster`]: the Kubernetes API simulator and `skipper dev`.
+//! - [`telemetry`], [`shutdown`], [`config`]: logging/metrics, cancellation,
+//!   shared flag parsing.
+
+pub mod api;
+pub mod cli;
+pub mod config;
+pub mod controller;
+pub mod devcluster;
+pub mod domain;
+pub mod fixture;
+pub mod keygen;
+pub mod ring;
+pub mod ring_inspect;
+pub mod router;
+pub mod shutdown;
+pub mod telemetry;
+pub mod token;
+
+/// Exit status of a subcommand that is declared but not yet available in this build.
+pub const EXIT_NOT_AVAILABLE: u8 = 2;

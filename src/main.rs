@@ -1,0 +1,38 @@
+//! The `skipper` executable: parse the command line, set up logging, dispatch.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use skipper::cli::{Cli, Command, NotAvailable};
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let result: anyhow::Result<ExitCode> = runtime.block_on(async move {
+        match cli.command {
+            Command::Controller(args) => skipper::controller::main(args).await.map_err(Into::into),
+            Command::Router(args) => skipper::router::main(args).await.map_err(Into::into),
+            Command::RingInspect(args) => skipper::ring_inspect::main(args).await,
+            Command::Fixture(args) => skipper::fixture::main(args).await.map_err(Into::into),
+            Command::Dev(args) => skipper::devcluster::main(args).await.map_err(Into::into),
+            Command::Keygen(args) => skipper::keygen::main(&args).map_err(Into::into),
+        }
+    });
+    match result {
+        Ok(code) => code,
+        Err(e) if e.is::<NotAvailable>() => {
+            eprintln!("{e}");
+            ExitCode::from(skipper::EXIT_NOT_AVAILABLE)
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

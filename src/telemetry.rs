@@ -1,0 +1,227 @@
+//! Logging and metrics shared by every long-running subcommand.
+//!
+//! Logs go to stderr as JSON (default) or text, optionally also to a file with
+//! its own level and format. Prometheus metrics are served on
+//! `--telemetry-prometheus-host:port` `/metrics` when `--telemetry` and
+//! `--telemetry-metric` are on.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use clap::{Args as ClapArgs, ValueEnum};
+use prometheus_client::registry::Registry;
+use tracing_subscriber::Layer;
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::layer::SubscriberExt;
+use tracing_subscriber::util::SubscriberInitExt;
+
+use crate::config::parse_duration;
+
+/// Log verbosity.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+#[value(rename_all = "lower")]
+pub enum Level {
+    Trace,
+    Debug,
+    Info,
+    Warn,
+    Error,
+}
+
+impl From<Level> for LevelFilter {
+    fn from(l: Level) -> Self {
+        match l {
+            Level::Trace => LevelFilter::TRACE,
+            Level::Debug => LevelFilter::DEBUG,
+            Level::Info => LevelFilter::INFO,
+            Level::Warn => LevelFilter::WARN,
+            Level::Error => LevelFilter::ERROR,
+        }
+    }
+}
+
+/// Log record format.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    Json,
+    Text,
+}
+
+/// Logging and telemetry flags shared by `controller`, `router` and `fixture`.
+#[derive(Debug, Clone, ClapArgs)]
+#[group(skip)]
+pub struct Args {
+    /// Log level: trace, debug, info, warn or error
+    #[arg(long, env = "SKIPPER_LOG_LEVEL", default_value = "info", ignore_case = true)]
+    pub log_level: Level,
+
+    /// Log format on stderr: json or text
+    #[arg(long, env = "SKIPPER_LOG_FORMAT", default_value = "json")]
+    pub log_format: Format,
+
+    /// Also write logs to this file (parent directories are created)
+    #[arg(long, env = "SKIPPER_LOG_FILE")]
+    pub log_file: Option<PathBuf>,
+
+    /// Level for the log file (defaults to --log-level)
+    #[arg(long, env = "SKIPPER_LOG_FILE_LEVEL", ignore_case = true)]
+    pub log_file_level: Option<Level>,
+
+    /// Format for the log file (defaults to --log-format)
+    #[arg(long, env = "SKIPPER_LOG_FILE_FORMAT")]
+    pub log_file_format: Option<Format>,
+
+    /// Master switch for the metrics endpoint
+    #[arg(long, env = "SKIPPER_TELEMETRY", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub telemetry: bool,
+
+    /// Export traces when telemetry is on (OTLP export is not built into this binary; spans go to the log)
+    #[arg(long, env = "SKIPPER_TELEMETRY_TRACE", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub telemetry_trace: bool,
+
+    /// Serve Prometheus /metrics when telemetry is on
+    #[arg(long, env = "SKIPPER_TELEMETRY_METRIC", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    pub telemetry_metric: bool,
+
+    /// Bind host of the /metrics endpoint
+    #[arg(long, env = "SKIPPER_TELEMETRY_PROMETHEUS_HOST", default_value = "0.0.0.0")]
+    pub telemetry_prometheus_host: String,
+
+    /// Port of the /metrics endpoint
+    #[arg(long, env = "SKIPPER_TELEMETRY_PROMETHEUS_PORT", default_value_t = 9090)]
+    pub telemetry_prometheus_port: u16,
+
+    /// Bound on stopping the metrics endpoint
+    #[arg(long, env = "SKIPPER_TELEMETRY_SHUTDOWN_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub telemetry_shutdown_timeout: Duration,
+}
+
+impl Default for Args {
+    fn default() -> Self {
+        Self {
+            log_level: Level::Info,
+            log_format: Format::Json,
+            log_file: None,
+            log_file_level: None,
+            log_file_format: None,
+            telemetry: false,
+            telemetry_trace: true,
+            telemetry_metric: true,
+            telemetry_prometheus_host: "0.0.0.0".into(),
+            telemetry_prometheus_port: 9090,
+            telemetry_shutdown_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+impl Args {
+    /// The address of the metrics endpoint when it is enabled.
+    ///
+    /// # Errors
+    /// When the host and port do not form a socket address.
+    pub fn metrics_addr(&self) -> Result<Option<SocketAddr>, String> {
+        if !(self.telemetry && self.telemetry_metric) {
+            return Ok(None);
+        }
+        let host = &self.telemetry_prometheus_host;
+        let addr = if host.contains(':') {
+            format!("[{host}]:{}", self.telemetry_prometheus_port)
+        } else {
+            format!("{host}:{}", self.telemetry_prometheus_port)
+        };
+        addr.parse()
+            .map(Some)
+            .map_err(|e| format!("--telemetry-prometheus-host {host:?}: {e}"))
+    }
+}
+
+fn fmt_layer<S, W>(format: Format, writer: W, ansi: bool) -> Box<dyn Layer<S> + Send + Sync>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    W: for<'w> tracing_subscriber::fmt::MakeWriter<'w> + Send + Sync + 'static,
+{
+    match format {
+        Format::Json => tracing_subscriber::fmt::layer()
+            .json()
+            .flatten_event(true)
+            .with_current_span(true)
+            .with_span_list(false)
+            .with_writer(writer)
+            .boxed(),
+        Format::Text => tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(writer).boxed(),
+    }
+}
+
+/// Installs the global logger. A log file that cannot be opened is reported
+/// and logging continues on stderr only.
+pub fn init(args: &Args) {
+    let stderr = fmt_layer(args.log_format, std::io::stderr, false).with_filter(LevelFilter::from(args.log_level));
+    let mut file_problem = None;
+    let file = args.log_file.as_ref().and_then(|path| {
+        if let Some(parent) = path.parent() {
+            let _ = std::fs::create_dir_all(parent);
+        }
+        match std::fs::OpenOptions::new().create(true).append(true).open(path) {
+            Ok(f) => {
+                let level = args.log_file_level.unwrap_or(args.log_level);
+                let format = args.log_file_format.unwrap_or(args.log_format);
+                Some(fmt_layer(format, Mutex::new(f), false).with_filter(LevelFilter::from(level)))
+            }
+            Err(e) => {
+                file_problem = Some(format!("cannot open log file {}: {e}", path.display()));
+                None
+            }
+        }
+    });
+    let _ = tracing_subscriber::registry().with(stderr).with(file).try_init();
+    if let Some(p) = file_problem {
+        tracing::warn!("{p}; logging to stderr only");
+    }
+}
+
+/// Serves `registry` as Prometheus text on `addr` `/metrics` until `shutdown`
+/// is cancelled. Returns the bound address.
+///
+/// # Errors
+/// When the address cannot be bound.
+pub async fn serve_metrics(
+    addr: SocketAddr,
+    registry: Arc<Registry>,
+    shutdown: &crate::shutdown::Shutdown,
+) -> std::io::Result<SocketAddr> {
+    use axum::response::IntoResponse;
+    use axum::routing::get;
+    let listener = tokio::net::TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let app = axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let registry = registry.clone();
+            async move {
+                let mut body = String::new();
+                match prometheus_client::encoding::text::encode(&mut body, &registry) {
+                    Ok(()) => (
+                        [(http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                        body,
+                    )
+                        .into_response(),
+                    Err(e) => (
+                        [(http::header::CONTENT_TYPE, "text/plain; charset=utf-8")],
+                        format!("encoding metrics failed: {e}\n"),
+                    )
+                        .into_response(),
+                }
+            }
+        }),
+    );
+    let token = shutdown.token().clone();
+    shutdown.spawn("metrics-server", async move {
+        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(token.cancelled_owned()).await {
+            tracing::warn!(error = %e, "metrics endpoint stopped");
+        }
+    });
+    tracing::info!(address = %local, "serving metrics");
+    Ok(local)
+}

@@ -1,0 +1,1 @@
+//! PASETO assignment tokens: signed by the controller, verified by pods.
