@@ -145,9 +145,14 @@ impl Report {
         let ring = HashRing::new(&members);
         let mut subjects = Vec::new();
         for raw in &args.functions {
-            let f = Function::from_json(raw).map_err(|e| Error::BadJson { json: raw.clone(), reason: e.to_string() })?;
-            f.validate()
-                .map_err(|e| Error::InvalidFunction { json: raw.clone(), reason: e.to_string() })?;
+            let f = Function::from_json(raw).map_err(|e| Error::BadJson {
+                json: raw.clone(),
+                reason: e.to_string(),
+            })?;
+            f.validate().map_err(|e| Error::InvalidFunction {
+                json: raw.clone(),
+                reason: e.to_string(),
+            })?;
             subjects.push(Subject::Function(f));
         }
         subjects.extend(args.hashes.iter().map(|&h| Subject::Hash(FunctionId(h))));
@@ -168,9 +173,15 @@ impl Report {
             (None, None) => None,
         };
         let distribution = args.distribution || (subjects.is_empty() && change.is_none());
-        Ok(Self { ring, subjects, distribution, change })
+        Ok(Self {
+            ring,
+            subjects,
+            distribution,
+            change,
+        })
     }
 
+    #[allow(clippy::type_complexity)]
     fn moved(&self) -> Option<(f64, Vec<(&Subject, Option<&str>, Option<&str>)>)> {
         let (_, next) = self.change.as_ref()?;
         let share = self.ring.moved_share(next);
@@ -193,7 +204,11 @@ impl Report {
             .into_iter()
             .map(|(ip, vnodes, share)| json!({"ip": &*ip, "vnodes": vnodes, "share": round4(share)}))
             .collect();
-        let functions: Vec<Value> = self.subjects.iter().map(|s| s.to_json(self.ring.owner(s.id()))).collect();
+        let functions: Vec<Value> = self
+            .subjects
+            .iter()
+            .map(|s| s.to_json(self.ring.owner(s.id())))
+            .collect();
         let mut out = json!({"members": members, "functions": functions});
         if let Some((share, moved)) = self.moved() {
             let moved: Vec<Value> = moved
@@ -217,18 +232,33 @@ impl Report {
         if self.distribution {
             let _ = writeln!(out, "MEMBER{:pad$}  VNODES  SHARE", "", pad = width(&dist) - 6);
             for (ip, vnodes, share) in &dist {
-                let _ = writeln!(out, "{ip:w$}  {vnodes:>6}  {:>6.2}%", share * 100.0, w = width(&dist));
+                let _ = writeln!(
+                    out,
+                    "{ip:w$}  {vnodes:>6}  {:>6.2}%",
+                    share * 100.0,
+                    w = width(&dist)
+                );
             }
             let shares: Vec<f64> = dist.iter().map(|d| d.2).collect();
             let max = shares.iter().copied().fold(0.0, f64::max);
             let min = shares.iter().copied().fold(1.0, f64::min);
-            let _ = writeln!(out, "spread (max/min share): {:.3}", if min > 0.0 { max / min } else { f64::INFINITY });
+            let _ = writeln!(
+                out,
+                "spread (max/min share): {:.3}",
+                if min > 0.0 { max / min } else { f64::INFINITY }
+            );
         }
         if !self.subjects.is_empty() {
             if !out.is_empty() {
                 out.push('\n');
             }
-            let w = self.subjects.iter().map(|s| s.label().len()).max().unwrap_or(0).max(8);
+            let w = self
+                .subjects
+                .iter()
+                .map(|s| s.label().len())
+                .max()
+                .unwrap_or(0)
+                .max(8);
             let _ = writeln!(out, "{:w$}  {:20}  {:10}  OWNER", "FUNCTION", "HASH", "KEY");
             for s in &self.subjects {
                 let id = s.id();
@@ -247,11 +277,26 @@ impl Report {
             if !out.is_empty() {
                 out.push('\n');
             }
-            let _ = writeln!(out, "{what}: {:.2}% of the key space changes owner", share * 100.0);
+            let _ = writeln!(
+                out,
+                "{what}: {:.2}% of the key space changes owner",
+                share * 100.0
+            );
             if !self.subjects.is_empty() {
-                let _ = writeln!(out, "{} of {} functions change owner", moved.len(), self.subjects.len());
+                let _ = writeln!(
+                    out,
+                    "{} of {} functions change owner",
+                    moved.len(),
+                    self.subjects.len()
+                );
                 for (s, before, after) in moved {
-                    let _ = writeln!(out, "  {}: {} -> {}", s.label(), before.unwrap_or("-"), after.unwrap_or("-"));
+                    let _ = writeln!(
+                        out,
+                        "  {}: {} -> {}",
+                        s.label(),
+                        before.unwrap_or("-"),
+                        after.unwrap_or("-")
+                    );
                 }
             }
         }

@@ -57,7 +57,8 @@ impl Shutdown {
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        self.tracker.spawn(fut.instrument(tracing::info_span!("task", name)))
+        self.tracker
+            .spawn(fut.instrument(tracing::info_span!("task", name)))
     }
 
     /// Cancels the root token on the first SIGTERM or SIGINT (tracked task).

@@ -150,14 +150,18 @@ where
             .with_span_list(false)
             .with_writer(writer)
             .boxed(),
-        Format::Text => tracing_subscriber::fmt::layer().with_ansi(ansi).with_writer(writer).boxed(),
+        Format::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(ansi)
+            .with_writer(writer)
+            .boxed(),
     }
 }
 
 /// Installs the global logger. A log file that cannot be opened is reported
 /// and logging continues on stderr only.
 pub fn init(args: &Args) {
-    let stderr = fmt_layer(args.log_format, std::io::stderr, false).with_filter(LevelFilter::from(args.log_level));
+    let stderr =
+        fmt_layer(args.log_format, std::io::stderr, false).with_filter(LevelFilter::from(args.log_level));
     let mut file_problem = None;
     let file = args.log_file.as_ref().and_then(|path| {
         if let Some(parent) = path.parent() {
@@ -203,7 +207,10 @@ pub async fn serve_metrics(
                 let mut body = String::new();
                 match prometheus_client::encoding::text::encode(&mut body, &registry) {
                     Ok(()) => (
-                        [(http::header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")],
+                        [(
+                            http::header::CONTENT_TYPE,
+                            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                        )],
                         body,
                     )
                         .into_response(),
@@ -218,7 +225,10 @@ pub async fn serve_metrics(
     );
     let token = shutdown.token().clone();
     shutdown.spawn("metrics-server", async move {
-        if let Err(e) = axum::serve(listener, app).with_graceful_shutdown(token.cancelled_owned()).await {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(token.cancelled_owned())
+            .await
+        {
             tracing::warn!(error = %e, "metrics endpoint stopped");
         }
     });

@@ -59,7 +59,10 @@ mod tests {
                 assert_ne!(a, b);
             }
         }
-        assert_ne!(FunctionId::of("ns", "dep", "t", true), FunctionId::of("ns", "dep", "t", false));
+        assert_ne!(
+            FunctionId::of("ns", "dep", "t", true),
+            FunctionId::of("ns", "dep", "t", false)
+        );
     }
 
     #[test]

@@ -128,7 +128,12 @@ fn duplicate<E: de::Error>(name: &str) -> E {
     E::custom(format!("duplicate field {name:?}"))
 }
 
-fn set_once<T, E: de::Error>(slot: &mut Option<T>, seen: &mut bool, name: &str, v: Option<T>) -> Result<(), E> {
+fn set_once<T, E: de::Error>(
+    slot: &mut Option<T>,
+    seen: &mut bool,
+    name: &str,
+    v: Option<T>,
+) -> Result<(), E> {
     if *seen {
         return Err(duplicate(name));
     }
@@ -155,12 +160,42 @@ impl<'de> Deserialize<'de> for FunctionDe {
                 let mut seen = [false; 6];
                 while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
                     match key.as_ref() {
-                        "namespace" => set_once(&mut namespace, &mut seen[0], "namespace", map.next_value::<Option<String>>()?)?,
-                        "deployment" => set_once(&mut deployment, &mut seen[1], "deployment", map.next_value::<Option<String>>()?)?,
-                        "tenant" => set_once(&mut tenant, &mut seen[2], "tenant", map.next_value::<Option<String>>()?)?,
-                        "metadata" => set_once(&mut metadata, &mut seen[3], "metadata", map.next_value::<Option<String>>()?)?,
-                        "scale" => set_once(&mut scale, &mut seen[4], "scale", map.next_value::<Option<ScaleDe>>()?.map(|s| s.0))?,
-                        "oneshot" => set_once(&mut oneshot, &mut seen[5], "oneshot", map.next_value::<Option<bool>>()?)?,
+                        "namespace" => set_once(
+                            &mut namespace,
+                            &mut seen[0],
+                            "namespace",
+                            map.next_value::<Option<String>>()?,
+                        )?,
+                        "deployment" => set_once(
+                            &mut deployment,
+                            &mut seen[1],
+                            "deployment",
+                            map.next_value::<Option<String>>()?,
+                        )?,
+                        "tenant" => set_once(
+                            &mut tenant,
+                            &mut seen[2],
+                            "tenant",
+                            map.next_value::<Option<String>>()?,
+                        )?,
+                        "metadata" => set_once(
+                            &mut metadata,
+                            &mut seen[3],
+                            "metadata",
+                            map.next_value::<Option<String>>()?,
+                        )?,
+                        "scale" => set_once(
+                            &mut scale,
+                            &mut seen[4],
+                            "scale",
+                            map.next_value::<Option<ScaleDe>>()?.map(|s| s.0),
+                        )?,
+                        "oneshot" => set_once(
+                            &mut oneshot,
+                            &mut seen[5],
+                            "oneshot",
+                            map.next_value::<Option<bool>>()?,
+                        )?,
                         _ => {
                             map.next_value::<IgnoredAny>()?;
                         }
@@ -250,22 +285,28 @@ impl<'de> Deserialize<'de> for U32Field {
             }
             fn visit_f64<E: de::Error>(self, v: f64) -> Result<U32Field, E> {
                 if v.fract() != 0.0 || !v.is_finite() {
-                    return Err(E::custom(format!("invalid value for uint32 field: {v} is not an integer")));
+                    return Err(E::custom(format!(
+                        "invalid value for uint32 field: {v} is not an integer"
+                    )));
                 }
                 if v < 0.0 {
-                    return Err(E::custom(format!("invalid value for uint32 field: {v} is negative")));
+                    return Err(E::custom(format!(
+                        "invalid value for uint32 field: {v} is negative"
+                    )));
                 }
                 if v > f64::from(u32::MAX) {
-                    return Err(E::custom(format!("invalid value for uint32 field: {v} is out of range")));
+                    return Err(E::custom(format!(
+                        "invalid value for uint32 field: {v} is out of range"
+                    )));
                 }
                 // Integral and within range: the conversion is exact.
                 #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
                 Ok(U32Field(Some(v as u32)))
             }
             fn visit_str<E: de::Error>(self, v: &str) -> Result<U32Field, E> {
-                let n: serde_json::Number = v
-                    .parse()
-                    .map_err(|_| E::custom(format!("invalid value for uint32 field: {v:?} is not a number")))?;
+                let n: serde_json::Number = v.parse().map_err(|_| {
+                    E::custom(format!("invalid value for uint32 field: {v:?} is not a number"))
+                })?;
                 if let Some(u) = n.as_u64() {
                     range(u)
                 } else if let Some(i) = n.as_i64() {
@@ -304,7 +345,10 @@ mod tests {
             (r#"{"scale":{"max_instances":1.5}}"#, "not an integer"),
             (r#"{"scale":{"max_instances":4294967296}}"#, "out of range"),
             (r#"{"scale":{"max_instances":"x"}}"#, "not a number"),
-            (r#"{"scale":{"min_instances":1,"minInstances":1}}"#, "duplicate field"),
+            (
+                r#"{"scale":{"min_instances":1,"minInstances":1}}"#,
+                "duplicate field",
+            ),
             (r#"{"tenant":"a","tenant":"b"}"#, "duplicate field"),
             (r#"{"tenant":5}"#, "invalid type"),
             (r#"{"oneshot":"true"}"#, "invalid type"),

@@ -22,11 +22,17 @@ pub enum ValidationError {
     MaxInstancesZero,
     #[error("scale.min_instances ({min}) must be <= scale.max_instances ({max})")]
     MinAboveMax { min: u32, max: u32 },
-    #[error("invalid namespace {0:?}: must be a DNS-1123 label (at most 63 lowercase alphanumerics or '-', starting and ending with an alphanumeric)")]
+    #[error(
+        "invalid namespace {0:?}: must be a DNS-1123 label (at most 63 lowercase alphanumerics or '-', starting and ending with an alphanumeric)"
+    )]
     InvalidNamespace(String),
-    #[error("invalid deployment {0:?}: must be a DNS-1123 subdomain of at most 63 characters (lowercase alphanumerics, '-' or '.', starting and ending with an alphanumeric)")]
+    #[error(
+        "invalid deployment {0:?}: must be a DNS-1123 subdomain of at most 63 characters (lowercase alphanumerics, '-' or '.', starting and ending with an alphanumeric)"
+    )]
     InvalidDeployment(String),
-    #[error("invalid tenant {0:?}: must be a Kubernetes label value (at most 63 alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric)")]
+    #[error(
+        "invalid tenant {0:?}: must be a Kubernetes label value (at most 63 alphanumerics, '-', '_' or '.', starting and ending with an alphanumeric)"
+    )]
     InvalidTenant(String),
 }
 
@@ -100,7 +106,8 @@ pub fn is_label_value(s: &str) -> bool {
     b.len() <= 63
         && b[0].is_ascii_alphanumeric()
         && b[b.len() - 1].is_ascii_alphanumeric()
-        && b.iter().all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
+        && b.iter()
+            .all(|&c| c.is_ascii_alphanumeric() || matches!(c, b'-' | b'_' | b'.'))
 }
 
 #[cfg(test)]
@@ -113,25 +120,50 @@ mod tests {
             namespace: "ns".into(),
             deployment: "dep".into(),
             tenant: "tenant-1".into(),
-            scale: Some(Scale { max_instances: Some(1), ..Scale::default() }),
+            scale: Some(Scale {
+                max_instances: Some(1),
+                ..Scale::default()
+            }),
             ..Function::default()
         }
     }
 
     #[test]
     fn rules_in_order_with_exact_messages() {
-        let cases: Vec<(Box<dyn Fn(&mut Function)>, &str)> = vec![
+        type Mutation = Box<dyn Fn(&mut Function)>;
+        let cases: Vec<(Mutation, &str)> = vec![
             (Box::new(|f| f.namespace.clear()), "missing namespace"),
-            (Box::new(|f| { f.namespace.clear(); f.tenant.clear() }), "missing namespace"),
+            (
+                Box::new(|f| {
+                    f.namespace.clear();
+                    f.tenant.clear()
+                }),
+                "missing namespace",
+            ),
             (Box::new(|f| f.deployment.clear()), "missing deployment"),
             (Box::new(|f| f.tenant.clear()), "missing tenant"),
             (Box::new(|f| f.scale = None), "missing scale"),
-            (Box::new(|f| f.scale = Some(Scale::default())), "scale.max_instances must be >= 1"),
             (
-                Box::new(|f| f.scale = Some(Scale { min_instances: Some(3), max_instances: Some(2), ..Scale::default() })),
+                Box::new(|f| f.scale = Some(Scale::default())),
+                "scale.max_instances must be >= 1",
+            ),
+            (
+                Box::new(|f| {
+                    f.scale = Some(Scale {
+                        min_instances: Some(3),
+                        max_instances: Some(2),
+                        ..Scale::default()
+                    })
+                }),
                 "scale.min_instances (3) must be <= scale.max_instances (2)",
             ),
-            (Box::new(|f| { f.scale = None; f.tenant = "bad tenant".into() }), "missing scale"),
+            (
+                Box::new(|f| {
+                    f.scale = None;
+                    f.tenant = "bad tenant".into()
+                }),
+                "missing scale",
+            ),
         ];
         for (mutate, want) in cases {
             let mut f = valid();
@@ -148,7 +180,13 @@ mod tests {
         assert!(matches!(f.validate(), Err(ValidationError::InvalidTenant(_))));
         for t in ["a b", "-a", "a-", "a\"b", "é"] {
             f.tenant = t.into();
-            assert!(f.validate().unwrap_err().to_string().starts_with("invalid tenant"), "{t}");
+            assert!(
+                f.validate()
+                    .unwrap_err()
+                    .to_string()
+                    .starts_with("invalid tenant"),
+                "{t}"
+            );
         }
         for t in ["A", "a_b.c-D", &"x".repeat(63)] {
             f.tenant = t.to_string();
@@ -156,11 +194,21 @@ mod tests {
         }
         let mut f = valid();
         f.namespace = "Prod".into();
-        assert!(f.validate().unwrap_err().to_string().starts_with("invalid namespace \"Prod\""));
+        assert!(
+            f.validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("invalid namespace \"Prod\"")
+        );
         let mut f = valid();
         f.deployment = "my.app".into();
         assert_eq!(f.validate(), Ok(()));
         f.deployment = "my_app".into();
-        assert!(f.validate().unwrap_err().to_string().starts_with("invalid deployment"));
+        assert!(
+            f.validate()
+                .unwrap_err()
+                .to_string()
+                .starts_with("invalid deployment")
+        );
     }
 }

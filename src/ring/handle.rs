@@ -102,6 +102,6 @@ mod tests {
         tokio::task::yield_now().await;
         h.update(|r| r.with_member("10.0.0.1"));
         let ring = waiter.await.unwrap().unwrap();
-        assert_eq!(ring.members().len(), 1);
+        assert_eq!(ring.sorted_members().len(), 1);
     }
 }

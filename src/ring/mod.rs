@@ -58,7 +58,12 @@ impl HashRing {
         let mut members = self.members.clone();
         members.push(Arc::from(ip));
         let new_idx = u16::try_from(members.len() - 1).expect("fewer than 65536 ring members");
-        let mut pairs: Vec<(u32, u16)> = self.positions.iter().copied().zip(self.owners.iter().copied()).collect();
+        let mut pairs: Vec<(u32, u16)> = self
+            .positions
+            .iter()
+            .copied()
+            .zip(self.owners.iter().copied())
+            .collect();
         pairs.reserve(usize::from(VNODES));
         let mut fresh: Vec<u32> = (0..VNODES).map(|i| vnode_hash(ip, i)).collect();
         fresh.sort_unstable();
@@ -96,7 +101,12 @@ impl HashRing {
         let (positions, owners) = pairs.into_iter().unzip();
         let mut sorted = members.clone();
         sorted.sort();
-        Self { positions, owners, members, sorted }
+        Self {
+            positions,
+            owners,
+            members,
+            sorted,
+        }
     }
 
     /// Whether the ring has no members.
@@ -113,7 +123,7 @@ impl HashRing {
 
     /// Members in lexicographic order.
     #[must_use]
-    pub fn members(&self) -> &[Arc<str>] {
+    pub fn sorted_members(&self) -> &[Arc<str>] {
         &self.sorted
     }
 
@@ -159,7 +169,11 @@ impl HashRing {
         for i in 0..n {
             let owner = usize::from(self.owners[i]);
             count[owner] += 1;
-            let prev = if i == 0 { self.positions[n - 1] } else { self.positions[i - 1] };
+            let prev = if i == 0 {
+                self.positions[n - 1]
+            } else {
+                self.positions[i - 1]
+            };
             let width = if n == 1 {
                 1u64 << 32
             } else {
@@ -195,8 +209,16 @@ impl HashRing {
         }
         let mut moved = 0u64;
         for (i, &b) in bounds.iter().enumerate() {
-            let prev = if i == 0 { bounds[bounds.len() - 1] } else { bounds[i - 1] };
-            let width = if bounds.len() == 1 { 1u64 << 32 } else { u64::from(b.wrapping_sub(prev)) };
+            let prev = if i == 0 {
+                bounds[bounds.len() - 1]
+            } else {
+                bounds[i - 1]
+            };
+            let width = if bounds.len() == 1 {
+                1u64 << 32
+            } else {
+                u64::from(b.wrapping_sub(prev))
+            };
             if self.owner_of_key(b) != other.owner_of_key(b) {
                 moved += width;
             }
