@@ -25,8 +25,10 @@ impl Service {
         Self { core }
     }
 
-    /// The caller's deadline (`grpc-timeout`), capped at twice the assign
-    /// timeout so no request waits without bound.
+    /// The caller's deadline (`grpc-timeout`) less a small margin, so the
+    /// caller receives this controller's answer rather than its own
+    /// timeout; capped at twice the assign timeout so no request waits
+    /// without bound.
     fn deadline<T>(&self, req: &Request<T>) -> Instant {
         let cap = self.core.config.scale.assign_timeout * 2;
         let asked = req
@@ -34,7 +36,7 @@ impl Service {
             .get("grpc-timeout")
             .and_then(|v| v.to_str().ok())
             .and_then(parse_grpc_timeout)
-            .unwrap_or(cap);
+            .map_or(cap, |d| d.saturating_sub((d / 10).min(Duration::from_millis(50))));
         Instant::now() + asked.min(cap)
     }
 }

@@ -18,7 +18,8 @@ use crate::domain::{FIELD_MANAGER, Function};
 #[derive(Debug, thiserror::Error)]
 pub enum WriteError {
     /// The claim's `test` operations failed (the pod is no longer in the
-    /// pool, or another controller won the race): try another pod.
+    /// pool, another controller won the race, or the pod is gone): try
+    /// another pod.
     #[error("pod {0} is no longer claimable")]
     Conflict(String),
     /// The API server rejected or failed the request.
@@ -29,7 +30,9 @@ pub enum WriteError {
 impl WriteError {
     fn from_kube(pod: &str, e: kube::Error) -> Self {
         match &e {
-            kube::Error::Api(s) if s.code == 422 || s.code == 409 => Self::Conflict(pod.to_owned()),
+            kube::Error::Api(s) if s.code == 422 || s.code == 409 || s.code == 404 => {
+                Self::Conflict(pod.to_owned())
+            }
             _ => Self::Api(Box::new(e)),
         }
     }
