@@ -28,7 +28,9 @@ fn keep_alive(ctl: &Ctl, f: &Function, in_flight: Arc<AtomicU32>) -> Cancellatio
     let token = stop.clone();
     tokio::spawn(async move {
         loop {
-            let _ = grpc.heartbeat(heartbeat("10.9.9.9", &f, in_flight.load(Ordering::SeqCst))).await;
+            let _ = grpc
+                .heartbeat(heartbeat("10.9.9.9", &f, in_flight.load(Ordering::SeqCst)))
+                .await;
             tokio::select! {
                 () = token.cancelled() => return,
                 () = tokio::time::sleep(Duration::from_millis(200)) => {}
@@ -61,13 +63,25 @@ async fn in_flight_load_scales_up_and_clamps_at_max() {
     // Desired 3 is clamped at max 2: the count stays at 2 over several ticks.
     let until = tokio::time::Instant::now() + Duration::from_secs(1);
     while tokio::time::Instant::now() < until {
-        assert!(sim.tenant_pods("busy").await.len() <= 2, "clamped at max_instances");
+        assert!(
+            sim.tenant_pods("busy").await.len() <= 2,
+            "clamped at max_instances"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let ups = ctl.core.metrics.scale_ups_total.get_or_create(&Metrics::function("load")).get();
+    let ups = ctl
+        .core
+        .metrics
+        .scale_ups_total
+        .get_or_create(&Metrics::function("load"))
+        .get();
     assert_eq!(ups, 2);
     let events = ctl.core.events.snapshot();
-    assert!(events.iter().any(|e| e.kind == EventType::ScaleUp && e.message == "scaling up from 0 to 2 instances"));
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == EventType::ScaleUp && e.message == "scaling up from 0 to 2 instances")
+    );
     stop.cancel();
     ctl.stop().await;
 }
@@ -137,7 +151,11 @@ async fn stabilization_keeps_the_maximum_before_scaling_down() {
     let dropped = tokio::time::Instant::now();
     // Within the window the earlier recommendation of 2 holds.
     while dropped.elapsed() < Duration::from_millis(1200) {
-        assert_eq!(sim.tenant_pods("surfer").await.len(), 2, "stabilized at the window maximum");
+        assert_eq!(
+            sim.tenant_pods("surfer").await.len(),
+            2,
+            "stabilized at the window maximum"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     eventually(Duration::from_secs(10), "scale down to one", || async {
@@ -146,7 +164,10 @@ async fn stabilization_keeps_the_maximum_before_scaling_down() {
     .await;
     // The last recommendation of 2 was made at most one heartbeat period plus
     // one tick (about 400 ms) before the drop; it expires 2 s after that.
-    assert!(dropped.elapsed() >= Duration::from_millis(1500), "not before the window expired");
+    assert!(
+        dropped.elapsed() >= Duration::from_millis(1500),
+        "not before the window expired"
+    );
     stop.cancel();
     ctl.stop().await;
 }
@@ -176,12 +197,22 @@ async fn template_rollout_replaces_stale_instances_one_for_one() {
         )
         .await
         .unwrap();
-    let replaced = eventually(Duration::from_secs(30), "replacement from the new ReplicaSet", || async {
-        let pods = sim.tenant_pods("rider").await;
-        assert!(pods.len() <= 3, "never more than max_instances + 1");
-        let rs = |p: &Pod| p.metadata.annotations.as_ref()?.get("skipper/replica-set").cloned();
-        (pods.len() == 1 && rs(&pods[0]).is_some_and(|r| r != old_rs)).then(|| pods[0].clone())
-    })
+    let replaced = eventually(
+        Duration::from_secs(30),
+        "replacement from the new ReplicaSet",
+        || async {
+            let pods = sim.tenant_pods("rider").await;
+            assert!(pods.len() <= 3, "never more than max_instances + 1");
+            let rs = |p: &Pod| {
+                p.metadata
+                    .annotations
+                    .as_ref()?
+                    .get("skipper/replica-set")
+                    .cloned()
+            };
+            (pods.len() == 1 && rs(&pods[0]).is_some_and(|r| r != old_rs)).then(|| pods[0].clone())
+        },
+    )
     .await;
     assert_ne!(replaced.metadata.name, inst.name);
     assert!(
@@ -298,6 +329,9 @@ async fn oneshot_gets_a_pod_per_request_and_release_deletes_it() {
         .release_instance(api::ReleaseInstanceRequest { instance: None })
         .await
         .unwrap_err();
-    assert_eq!((err.code(), err.message()), (Code::InvalidArgument, "missing instance name or namespace"));
+    assert_eq!(
+        (err.code(), err.message()),
+        (Code::InvalidArgument, "missing instance name or namespace")
+    );
     ctl.stop().await;
 }
