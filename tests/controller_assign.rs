@@ -1,6 +1,8 @@
 //! Pod assignment against the simulator: claims, the assign request, tokens,
 //! failures, waiting for the pool, and input rejected up front.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "common/controller.rs"]
 mod harness;
 

@@ -2,6 +2,8 @@
 //! controller pods, heartbeat forwarding, aggregated cluster state, owner
 //! change, forwarding between disagreeing rings, health and an empty ring.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "common/controller.rs"]
 mod harness;
 

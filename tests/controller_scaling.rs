@@ -2,6 +2,8 @@
 //! scale to zero when idle, the stabilization maximum, stale replacement on
 //! a template rollout, stuck-instance cleanup, and oneshot functions.
 
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "common/controller.rs"]
 mod harness;
 
