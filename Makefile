@@ -2,15 +2,18 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: build test lint fmt bench e2e clean
+.PHONY: build test lint fmt bench clean
 
+## build: the release binary at target/release/skipper
 build:
 	$(CARGO) build --release --bin skipper
 
+## test: every unit, integration and doc test
 test:
-	$(CARGO) build --bin skipper
-	$(CARGO) nextest run --no-fail-fast --all-targets || $(CARGO) test --all-targets
+	$(CARGO) nextest run --no-fail-fast
+	$(CARGO) test --doc
 
+## lint: formatting and clippy with warnings as errors
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
@@ -18,6 +21,7 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
+## bench: criterion micro-benchmarks (reports in target/criterion)
 bench:
 	$(CARGO) bench --bench ring
 

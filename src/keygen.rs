@@ -1,17 +1,112 @@
 //! `skipper keygen`: writes an Ed25519 key pair for assignment tokens.
+//!
+//! `private.pem` (PKCS#8, `PRIVATE KEY`, mode 0600) goes to the controllers
+//! (`--paseto-private-key`); `public.pem` (SPKI, `PUBLIC KEY`) goes to the
+//! pods that verify tokens.
 
+use std::io::Write as _;
+use std::os::unix::fs::OpenOptionsExt as _;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::cli::NotAvailable;
+use crate::token::SigningKey;
 
 /// Flags of `skipper keygen`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Directory to write private.pem and public.pem into (created if missing)
+    #[arg(long, env = "SKIPPER_OUT_DIR", value_name = "DIR")]
+    pub out_dir: PathBuf,
 
-/// Writes the key pair.
+    /// Overwrite existing key files
+    #[arg(long, env = "SKIPPER_FORCE")]
+    pub force: bool,
+}
+
+/// Why the key pair was not written.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{0} already exists; pass --force to overwrite it")]
+    Exists(PathBuf),
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Writes a fresh key pair into `dir`; returns the paths written.
 ///
 /// # Errors
-/// Not yet available in this build.
-pub fn main(_args: &Args) -> Result<ExitCode, NotAvailable> {
-    Err(NotAvailable("keygen"))
+/// [`Error::Exists`] when a key file exists and `force` is false; [`Error::Write`] on I/O failure.
+pub fn write_key_pair(dir: &Path, force: bool) -> Result<(PathBuf, PathBuf), Error> {
+    let private = dir.join("private.pem");
+    let public = dir.join("public.pem");
+    if !force {
+        for p in [&private, &public] {
+            if p.exists() {
+                return Err(Error::Exists(p.clone()));
+            }
+        }
+    }
+    std::fs::create_dir_all(dir).map_err(|source| Error::Write {
+        path: dir.to_owned(),
+        source,
+    })?;
+    let key = SigningKey::generate();
+    write_file(&private, key.to_pem().as_bytes(), 0o600)?;
+    write_file(&public, key.verifying_key().to_pem().as_bytes(), 0o644)?;
+    Ok((private, public))
+}
+
+fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), Error> {
+    let err = |source| Error::Write {
+        path: path.to_owned(),
+        source,
+    };
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(mode)
+        .open(path)
+        .map_err(err)?;
+    f.write_all(data).map_err(err)
+}
+
+/// Runs `skipper keygen`.
+///
+/// # Errors
+/// See [`write_key_pair`].
+pub fn main(args: &Args) -> Result<ExitCode, Error> {
+    let (private, public) = write_key_pair(&args.out_dir, args.force)?;
+    println!("wrote {} and {}", private.display(), public.display());
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::token::VerifyingKey;
+
+    #[test]
+    fn writes_a_matching_pair_and_refuses_to_overwrite() {
+        let dir = std::env::temp_dir().join(format!("skipper-keygen-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let (private, public) = write_key_pair(&dir, false).unwrap();
+        let sk = SigningKey::from_pem(&std::fs::read_to_string(&private).unwrap()).unwrap();
+        let pk = VerifyingKey::from_pem(&std::fs::read_to_string(&public).unwrap()).unwrap();
+        assert_eq!(sk.verifying_key(), pk);
+        use std::os::unix::fs::PermissionsExt as _;
+        assert_eq!(
+            std::fs::metadata(&private).unwrap().permissions().mode() & 0o777,
+            0o600
+        );
+        assert!(matches!(write_key_pair(&dir, false), Err(Error::Exists(_))));
+        write_key_pair(&dir, true).unwrap();
+        let sk2 = SigningKey::from_pem(&std::fs::read_to_string(&private).unwrap()).unwrap();
+        assert_ne!(sk2.verifying_key(), pk);
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }
