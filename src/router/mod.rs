@@ -49,17 +49,17 @@ use proxy::{Proxy, Settings};
 /// Why the router could not start or run.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("invalid configuration: {0}")]
+    #[error("invalid configuration")]
     Config(#[from] InvalidFlag),
-    #[error("failed to bind {addr}: {source}")]
+    #[error("failed to bind {addr}")]
     Bind {
         addr: SocketAddr,
         #[source]
         source: std::io::Error,
     },
-    #[error("failed to create the Kubernetes client for controller discovery: {0}")]
+    #[error("failed to create the Kubernetes client for controller discovery")]
     Kube(#[source] kube::Error),
-    #[error("failed to install signal handlers: {0}")]
+    #[error("failed to install signal handlers")]
     Signals(#[source] std::io::Error),
 }
 
