@@ -225,3 +225,75 @@ pub async fn run_heartbeats(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use prometheus_client::registry::Registry;
+
+    use super::*;
+    use crate::router::entry::parse;
+
+    fn parsed(tenant: &str, scale: u32) -> Arc<Parsed> {
+        Arc::new(
+            parse(&format!(
+                r#"{{"namespace":"ns","deployment":"app","tenant":"{tenant}","scale":{{"max_instances":{scale}}}}}"#
+            ))
+            .unwrap(),
+        )
+    }
+
+    fn activity() -> Activity {
+        Activity::new(Metrics::register(&mut Registry::default()))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn guards_count_in_flight_until_dropped() {
+        let a = activity();
+        let f = parsed("t1", 1);
+        let g1 = a.begin(&f).await;
+        let g2 = a.begin(&f).await;
+        let batch = a.batch(Duration::from_secs(15)).await;
+        assert_eq!(batch.len(), 1);
+        assert_eq!(batch[0].in_flight_requests, Some(2));
+        drop(g1);
+        drop(g2);
+        let batch = a.batch(Duration::from_secs(15)).await;
+        assert_eq!(batch[0].in_flight_requests, Some(0));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn idle_functions_are_forgotten_after_the_idle_bound() {
+        let a = activity();
+        drop(a.begin(&parsed("t1", 1)).await);
+        let busy = a.begin(&parsed("t2", 1)).await;
+        tokio::time::advance(Duration::from_secs(10)).await;
+        assert_eq!(a.batch(Duration::from_secs(15)).await.len(), 2);
+        tokio::time::advance(Duration::from_secs(6)).await;
+        let batch = a.batch(Duration::from_secs(15)).await;
+        assert_eq!(batch.len(), 1, "the idle function is forgotten");
+        assert_eq!(batch[0].function.as_ref().unwrap().tenant.as_deref(), Some("t2"));
+        drop(busy);
+        tokio::time::advance(Duration::from_secs(16)).await;
+        assert!(a.batch(Duration::from_secs(15)).await.is_empty());
+        assert!(a.is_empty());
+        // A forgotten function comes back on its next request.
+        let _g = a.begin(&parsed("t1", 1)).await;
+        assert_eq!(a.len(), 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn timestamps_are_the_last_activity_and_the_newest_spec_wins() {
+        let a = activity();
+        drop(a.begin(&parsed("t1", 1)).await);
+        let first = a.batch(Duration::from_secs(15)).await[0].timestamp.unwrap();
+        tokio::time::advance(Duration::from_secs(3)).await;
+        let idle = a.batch(Duration::from_secs(15)).await[0].timestamp.unwrap();
+        assert_eq!(first, idle, "an idle function reports its last activity");
+        drop(a.begin(&parsed("t1", 7)).await);
+        let batch = a.batch(Duration::from_secs(15)).await;
+        assert_eq!(batch.len(), 1);
+        assert!(batch[0].timestamp.unwrap().seconds >= first.seconds + 3);
+        let scale = batch[0].function.as_ref().unwrap().scale.unwrap();
+        assert_eq!(scale.max_instances, Some(7));
+    }
+}

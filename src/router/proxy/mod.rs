@@ -394,3 +394,45 @@ fn finish(resp: Response<UpstreamBody>, hold: Hold, ms: u64) -> Response<Body> {
     };
     Response::from_parts(parts, Body::new(body))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn backoff(min_ms: u64, max_ms: u64) -> Vec<Duration> {
+        let settings = Settings {
+            max_attempts: 6,
+            retry_min: Duration::from_millis(min_ms),
+            retry_max: Duration::from_millis(max_ms),
+            response_header_timeout: None,
+            get_instance_timeout: Duration::from_secs(1),
+        };
+        let e = crate::client::Endpoints::new(crate::client::ChannelSettings::default());
+        let p = Proxy::new(
+            Client::new(e),
+            Pool::new(
+                Duration::from_secs(1),
+                TaskTracker::new(),
+                CancellationToken::new(),
+            ),
+            settings,
+            TaskTracker::new(),
+            CancellationToken::new(),
+        );
+        p.backoff().take(12).collect()
+    }
+
+    #[test]
+    fn backoff_grows_with_jitter_and_stays_within_bounds() {
+        for _ in 0..200 {
+            let waits = backoff(100, 5000);
+            let first = waits[0].as_millis();
+            assert!((100..200).contains(&first), "{waits:?}");
+            let second = waits[1].as_millis();
+            assert!((200..400).contains(&second), "{waits:?}");
+            assert!(waits.iter().all(|w| *w <= Duration::from_secs(5)), "{waits:?}");
+            assert_eq!(*waits.last().unwrap(), Duration::from_secs(5));
+        }
+        assert!(backoff(10, 10).iter().all(|w| *w == Duration::from_millis(10)));
+    }
+}
