@@ -327,6 +327,18 @@ pub async fn start_upstream() -> Upstream {
     };
     let (u1, u2) = (up.clone(), up.clone());
     let app = axum::Router::new()
+        .route("/hello", any(|| async { "hello world" }))
+        .route(
+            "/sink",
+            any(|body: Body| async move {
+                let mut stream = body.into_data_stream();
+                let mut total = 0usize;
+                while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
+                    total += chunk.unwrap().len();
+                }
+                total.to_string()
+            }),
+        )
         .route(
             "/status/{code}",
             any(|axum::extract::Path(code): axum::extract::Path<u16>| async move {
