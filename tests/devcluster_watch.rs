@@ -3,6 +3,9 @@
 //! bookmarks, timeouts), Status errors, optimistic concurrency, paging and
 //! the fault-injection knobs.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
 #[path = "common/devcluster.rs"]
 mod common;
 

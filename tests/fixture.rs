@@ -1,6 +1,9 @@
 //! `skipper fixture`: the assignment checks in the spec's order, token
 //! persistence across restarts, echo, WebSocket ping/pong and the test knobs.
 
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
 #[path = "common/devcluster.rs"]
 mod common;
 
