@@ -372,6 +372,12 @@ impl Cluster {
         self.shared.kubelet.pid_of(ns, name)
     }
 
+    /// The directory of a pod (`POD_DIR`; holds its `log`).
+    #[must_use]
+    pub fn pod_dir(&self, ns: &str, name: &str) -> PathBuf {
+        self.shared.kubelet.pod_dir(ns, name)
+    }
+
     /// Pids of every running pod process.
     #[must_use]
     pub fn pod_pids(&self) -> Vec<u32> {
