@@ -314,3 +314,53 @@ async fn kubectl_drives_a_fixture_pool_against_skipper_dev_apiserver() {
     );
     std::fs::remove_dir_all(&api.dir).unwrap();
 }
+
+#[tokio::test]
+async fn the_written_kubeconfig_works_for_kube_rs() {
+    let api = Apiserver::start().await;
+    let kubeconfig = kube::config::Kubeconfig::read_from(api.path("kubeconfig")).unwrap();
+    let config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap();
+    assert_eq!(config.default_namespace, "default");
+    let client = kube::Client::try_from(config).unwrap();
+    let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(client);
+    let names: Vec<String> = namespaces
+        .list(&kube::api::ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter_map(|n| n.metadata.name)
+        .collect();
+    assert_eq!(names, ["default", "kube-system"]);
+}
+
+#[test]
+fn plain_dev_is_not_available_and_a_busy_address_is_named() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_skipper"))
+        .arg("dev")
+        .env_clear()
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not yet available"));
+
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_skipper"))
+        .args([
+            "dev",
+            "apiserver",
+            "--listen",
+            &addr,
+            "--kubeconfig",
+            "/nonexistent/kc",
+        ])
+        .env_clear()
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("listening on {addr}")));
+}

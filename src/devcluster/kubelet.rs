@@ -113,12 +113,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Signals a pod's whole process group (each pod process leads its own group).
 fn signal(pid: u32, sig: nix::sys::signal::Signal) {
     if pid == 0 {
         return;
     }
     if let Ok(pid) = i32::try_from(pid) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), sig);
     }
 }
 
@@ -389,6 +390,7 @@ impl Kubelet {
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log2))
+            .process_group(0)
             .kill_on_drop(true);
         let mut child = cmd
             .spawn()
@@ -414,15 +416,19 @@ impl Kubelet {
                     if !grace.is_zero() {
                         signal(pid, nix::sys::signal::Signal::SIGTERM);
                         if tokio::time::timeout(grace, child.wait()).await.is_ok() {
+                            signal(pid, nix::sys::signal::Signal::SIGKILL);
                             return Ok(());
                         }
                     }
+                    signal(pid, nix::sys::signal::Signal::SIGKILL);
                     let _ = child.kill().await;
                     return Ok(());
                 }
                 status = child.wait() => {
                     let code = status.ok().and_then(|s| s.code()).unwrap_or(137);
                     tracing::info!(pod = %name, namespace = %ns, code, "pod process exited");
+                    // Whatever the process left behind in its group goes with it.
+                    signal(pid, nix::sys::signal::Signal::SIGKILL);
                     pid_slot.store(0, Ordering::SeqCst);
                     let finished = now_rfc3339();
                     let _ = update_pod(store, &ns, &name, &uid, |st| {
