@@ -2,7 +2,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: build test lint fmt bench e2e clean
+.PHONY: build test lint fmt bench bench-sim e2e clean
 
 build:
 	$(CARGO) build --release --bin skipper
@@ -20,6 +20,10 @@ fmt:
 
 bench:
 	$(CARGO) bench --bench ring
+
+# Simulator figures: pool of 50 Ready, RSS per fixture pod, watch latency p50/p99.
+bench-sim:
+	$(CARGO) test --release --test devcluster_bench -- --ignored --nocapture --test-threads 1
 
 clean:
 	$(CARGO) clean

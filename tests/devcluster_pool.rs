@@ -12,9 +12,10 @@ mod common;
 use std::collections::HashSet;
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams, WatchEvent};
 use serde_json::{Value, json};
 use skipper::devcluster::{Cluster, pool_deployment, pool_deployment_json};
 use skipper::token::Version;
@@ -233,12 +234,43 @@ async fn deleting_a_pod_stops_its_process_and_a_crash_fails_the_pod() {
     let victim = name_of(&pods[0]);
     let pid = cluster.pod_pid(NS, &victim).unwrap();
     assert!(common::process_alive(pid));
+    let rv = api
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .unwrap();
+    let mut events = api
+        .watch(
+            &kube::api::WatchParams::default().fields(&format!("metadata.name={victim}")),
+            &rv,
+        )
+        .await
+        .unwrap()
+        .boxed();
     let deleted = api.delete(&victim, &DeleteParams::default()).await.unwrap();
     let terminating = deleted.left().unwrap();
     assert!(
         terminating.metadata.deletion_timestamp.is_some(),
         "graceful deletion"
     );
+    assert_eq!(terminating.metadata.deletion_grace_period_seconds, Some(5));
+    // MODIFIED with deletionTimestamp first, DELETED once the process is gone.
+    let mut seen = Vec::new();
+    while let Some(ev) = tokio::time::timeout(WAIT, events.next()).await.unwrap() {
+        match ev.unwrap() {
+            WatchEvent::Modified(p) => seen.push(("MODIFIED", p.metadata.deletion_timestamp.is_some())),
+            WatchEvent::Deleted(_) => {
+                seen.push(("DELETED", true));
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert_eq!(seen.first(), Some(&("MODIFIED", true)));
+    assert_eq!(seen.last(), Some(&("DELETED", true)));
+    assert!(!common::process_alive(pid), "the process is gone before DELETED");
     common::eventually("pod gone and process stopped", WAIT, || {
         let api = api.clone();
         let victim = victim.clone();

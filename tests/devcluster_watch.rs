@@ -103,6 +103,18 @@ async fn watcher_lists_then_streams_adds_modifications_and_deletes() {
 }
 
 #[tokio::test]
+async fn streaming_lists_send_initial_events_then_changes() {
+    let cluster = common::cluster(&[NS]).await;
+    let api: Api<ConfigMap> = Api::namespaced(cluster.client().unwrap(), NS);
+    let pp = PostParams::default();
+    api.create(&pp, &cm("s1", &[])).await.unwrap();
+    let mut w = watcher(api.clone(), watcher::Config::default().streaming_lists()).boxed();
+    assert_eq!(initial_names(&mut w).await, ["s1"]);
+    api.create(&pp, &cm("s2", &[])).await.unwrap();
+    assert!(matches!(next_event(&mut w).await, watcher::Event::Apply(c) if name(&c) == "s2"));
+}
+
+#[tokio::test]
 async fn label_selectors_filter_and_objects_leave_when_labels_stop_matching() {
     let cluster = common::cluster(&[NS]).await;
     let api: Api<ConfigMap> = Api::namespaced(cluster.client().unwrap(), NS);
