@@ -2,15 +2,18 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: build test lint fmt bench bench-sim e2e clean
+.PHONY: build test lint fmt bench bench-sim clean
 
+## build: the release binary at target/release/skipper
 build:
 	$(CARGO) build --release --bin skipper
 
+## test: every unit, integration and doc test
 test:
-	$(CARGO) build --bin skipper
-	$(CARGO) nextest run --no-fail-fast --all-targets || $(CARGO) test --all-targets
+	$(CARGO) nextest run --no-fail-fast
+	$(CARGO) test --doc
 
+## lint: formatting and clippy with warnings as errors
 lint:
 	$(CARGO) fmt --all -- --check
 	$(CARGO) clippy --all-targets -- -D warnings
@@ -18,10 +21,11 @@ lint:
 fmt:
 	$(CARGO) fmt --all
 
+## bench: criterion micro-benchmarks (reports in target/criterion)
 bench:
 	$(CARGO) bench --bench ring
 
-# Simulator figures: pool of 50 Ready, RSS per fixture pod, watch latency p50/p99.
+## bench-sim: simulator figures (pool of 50 Ready, RSS per fixture pod, watch latency p50/p99)
 bench-sim:
 	$(CARGO) test --release --test devcluster_bench -- --ignored --nocapture --test-threads 1
 

@@ -13,6 +13,7 @@
 //! - [`ring`]: the consistent hash ring (immutable value) and its async handle.
 //! - [`api`]: generated protobuf/gRPC types and conversions to domain types.
 //! - [`cli`]: the `skipper` command line; each subcommand's flags live in its module.
+//! - [`client`]: the typed `ControllerService` client (retry table, endpoint spreading).
 //! - [`controller`], [`router`]: the two long-running components. They meet only
 //!   at the proto: neither imports the other.
 //! - [`ring_inspect`]: the operator tool for ring ownership.
@@ -24,6 +25,7 @@
 
 pub mod api;
 pub mod cli;
+pub mod client;
 pub mod config;
 pub mod controller;
 pub mod devcluster;

@@ -2,6 +2,7 @@
 //! `tests/data/help/`. After an intended change, regenerate them with
 //! `SKIPPER_BLESS=1 cargo test --test cli_help` and review the diff.
 
+#![allow(clippy::unwrap_used)] // test helpers outside #[test] functions
 use std::path::PathBuf;
 use std::process::Command;
 

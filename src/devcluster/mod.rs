@@ -20,8 +20,9 @@
 //!
 //! # async fn example(public_key_pem: &str) -> Result<(), Box<dyn std::error::Error>> {
 //! let cluster = Cluster::start(Config {
-//!     // Integration tests: `current_exe()` is the test binary, so name the real one.
-//!     skipper_exe: env!("CARGO_BIN_EXE_skipper").into(),
+//!     // In integration tests `current_exe()` is the test binary: pass
+//!     // `env!("CARGO_BIN_EXE_skipper")` here.
+//!     skipper_exe: "target/debug/skipper".into(),
 //!     namespaces: vec!["fixtures".into()],
 //!     ..Config::default()
 //! })

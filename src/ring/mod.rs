@@ -43,9 +43,23 @@ impl HashRing {
         I: IntoIterator<Item = S>,
         S: AsRef<str>,
     {
-        members
-            .into_iter()
-            .fold(Self::default(), |ring, m| ring.with_member(m.as_ref()))
+        let mut list: Vec<Arc<str>> = Vec::new();
+        for m in members {
+            let m = m.as_ref();
+            if !list.iter().any(|x| &**x == m) {
+                list.push(Arc::from(m));
+            }
+        }
+        let mut pairs: Vec<(u32, u16)> = Vec::with_capacity(list.len() * usize::from(VNODES));
+        for (i, m) in list.iter().enumerate() {
+            let i = u16::try_from(i).expect("fewer than 65536 ring members");
+            pairs.extend((0..VNODES).map(|v| (vnode_hash(m, v), i)));
+        }
+        // Sorting by (position, member index) and keeping the first of each
+        // position gives a collided position to the member added first.
+        pairs.sort_unstable();
+        pairs.dedup_by_key(|&mut (p, _)| p);
+        Self::from_parts(pairs, list)
     }
 
     /// A new ring with `ip` added after the current members. Positions that

@@ -1,0 +1,506 @@
+//! The typed `skipper.ControllerService` client, used by routers and by
+//! controllers to reach their peers.
+//!
+//! What lives here:
+//! - [`RETRY_POLICIES`]: the per-method retry table of the wire contract
+//!   (retry only `UNAVAILABLE`, randomised exponential backoff as the gRPC
+//!   retry design describes). `backon` computes the schedule; the choice of
+//!   retry crate stays inside this module.
+//! - [`Endpoints`]: a set of controller addresses that discovery (DNS
+//!   re-resolution, EndpointSlice watches) replaces at run time. Calls are
+//!   spread round-robin over it; each address has one lazily connected
+//!   channel that is kept while the address stays in the set.
+//! - [`Client`]: one method per RPC, each with a caller-supplied deadline
+//!   that bounds the whole call, retries included.
+//!
+//! Nothing here knows about routing or supervisors.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
+use tokio::sync::{Notify, watch};
+use tonic::transport::{Channel, Endpoint};
+
+use crate::api;
+use crate::api::controller_service_client::ControllerServiceClient;
+
+/// An RPC of `skipper.ControllerService`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Method {
+    GetInstance,
+    Heartbeat,
+    Scale,
+    ReleaseInstance,
+    GetClusterState,
+}
+
+impl Method {
+    /// The method name as it appears in the gRPC path.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::GetInstance => "GetInstance",
+            Self::Heartbeat => "Heartbeat",
+            Self::Scale => "Scale",
+            Self::ReleaseInstance => "ReleaseInstance",
+            Self::GetClusterState => "GetClusterState",
+        }
+    }
+
+    /// The retry policy of this method ([`RetryPolicy::NONE`] when the table
+    /// has no entry).
+    #[must_use]
+    pub fn retry_policy(self) -> RetryPolicy {
+        RETRY_POLICIES
+            .iter()
+            .find(|(m, _)| *m == self)
+            .map_or(RetryPolicy::NONE, |(_, p)| *p)
+    }
+}
+
+impl std::fmt::Display for Method {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// How one method is retried: only `UNAVAILABLE` is retried, up to
+/// `max_attempts` attempts in total, waiting a uniformly random time in
+/// `[0, min(initial_backoff * multiplier^(n-1), max_backoff)]` before retry `n`.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RetryPolicy {
+    /// Attempts in total, the first included (1 = no retry).
+    pub max_attempts: usize,
+    /// Cap on the backoff before the first retry.
+    pub initial_backoff: Duration,
+    /// Cap on any backoff.
+    pub max_backoff: Duration,
+    /// Growth of the cap per retry.
+    pub multiplier: f32,
+}
+
+impl RetryPolicy {
+    /// No retries.
+    pub const NONE: Self = Self {
+        max_attempts: 1,
+        initial_backoff: Duration::ZERO,
+        max_backoff: Duration::ZERO,
+        multiplier: 1.0,
+    };
+
+    /// The deterministic backoff caps, one per retry (the jitter is applied
+    /// on top when the retry happens).
+    fn schedule(self) -> ExponentialBuilder {
+        ExponentialBuilder::new()
+            .with_min_delay(self.initial_backoff)
+            .with_max_delay(self.max_backoff)
+            .with_factor(self.multiplier)
+            .with_max_times(self.max_attempts.saturating_sub(1))
+    }
+
+    /// The caps this policy waits under before each retry, in order.
+    #[must_use]
+    pub fn backoff_caps(self) -> Vec<Duration> {
+        self.schedule().build().collect()
+    }
+}
+
+/// The per-method retry table (spec §2.5). `GetClusterState` is not retried.
+pub const RETRY_POLICIES: &[(Method, RetryPolicy)] = &[
+    (
+        Method::GetInstance,
+        RetryPolicy {
+            max_attempts: 3,
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(100),
+            multiplier: 2.0,
+        },
+    ),
+    (
+        Method::Heartbeat,
+        RetryPolicy {
+            max_attempts: 2,
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(50),
+            multiplier: 2.0,
+        },
+    ),
+    (
+        Method::Scale,
+        RetryPolicy {
+            max_attempts: 3,
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_millis(500),
+            multiplier: 2.0,
+        },
+    ),
+    (
+        Method::ReleaseInstance,
+        RetryPolicy {
+            max_attempts: 2,
+            initial_backoff: Duration::from_millis(10),
+            max_backoff: Duration::from_millis(50),
+            multiplier: 2.0,
+        },
+    ),
+];
+
+/// Uniform in `[0, cap]` (the gRPC retry design's randomised backoff).
+fn full_jitter(cap: Duration) -> Duration {
+    // Nanosecond counts of retry caps fit in u64 by a wide margin.
+    let nanos = u64::try_from(cap.as_nanos()).unwrap_or(u64::MAX);
+    Duration::from_nanos(rand::random_range(0..=nanos))
+}
+
+/// A failed call.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// Discovery currently knows no controller address.
+    #[error("failed to call {method}: no controller endpoints known")]
+    NoEndpoints { method: Method },
+    /// The controller answered with a gRPC error (after the retries the
+    /// method's policy allows).
+    #[error("failed to call {method}: {}: {}", .status.code(), .status.message())]
+    Rpc {
+        method: Method,
+        #[source]
+        status: Box<tonic::Status>,
+    },
+    /// The caller's deadline passed before an answer arrived.
+    #[error("failed to call {method}: deadline of {deadline:?} exceeded")]
+    DeadlineExceeded { method: Method, deadline: Duration },
+}
+
+impl Error {
+    /// The gRPC code this failure amounts to (`UNAVAILABLE` when no endpoint
+    /// is known, `DEADLINE_EXCEEDED` on the caller's deadline).
+    #[must_use]
+    pub fn code(&self) -> tonic::Code {
+        match self {
+            Self::NoEndpoints { .. } => tonic::Code::Unavailable,
+            Self::Rpc { status, .. } => status.code(),
+            Self::DeadlineExceeded { .. } => tonic::Code::DeadlineExceeded,
+        }
+    }
+}
+
+/// Result of a client call.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// One controller address with its lazily connected channel.
+#[derive(Debug, Clone)]
+struct Target {
+    addr: SocketAddr,
+    channel: Channel,
+}
+
+/// Connection settings applied to every channel.
+#[derive(Debug, Clone, Copy)]
+pub struct ChannelSettings {
+    /// Bound on establishing a TCP connection to a controller.
+    pub connect_timeout: Duration,
+}
+
+impl Default for ChannelSettings {
+    fn default() -> Self {
+        Self {
+            connect_timeout: Duration::from_secs(2),
+        }
+    }
+}
+
+/// The controller addresses calls are spread over, replaceable at run time.
+///
+/// Cloning shares the set. Discovery calls [`Endpoints::replace`];
+/// [`Endpoints::failures`] wakes discovery when a call found a controller
+/// unreachable so it can re-resolve early.
+#[derive(Debug, Clone)]
+pub struct Endpoints {
+    targets: Arc<watch::Sender<Arc<[Target]>>>,
+    next: Arc<AtomicUsize>,
+    failure: Arc<Notify>,
+    settings: ChannelSettings,
+}
+
+impl Endpoints {
+    /// An empty set (calls fail with [`Error::NoEndpoints`] until
+    /// [`Endpoints::replace`] gives addresses).
+    #[must_use]
+    pub fn new(settings: ChannelSettings) -> Self {
+        let (tx, _) = watch::channel(Arc::from(Vec::new()));
+        Self {
+            targets: Arc::new(tx),
+            next: Arc::new(AtomicUsize::new(0)),
+            failure: Arc::new(Notify::new()),
+            settings,
+        }
+    }
+
+    /// A set holding `addrs`.
+    #[must_use]
+    pub fn fixed(addrs: &[SocketAddr], settings: ChannelSettings) -> Self {
+        let e = Self::new(settings);
+        e.replace(addrs);
+        e
+    }
+
+    /// Replaces the address set. Channels of addresses that stay are kept;
+    /// new addresses get a channel that connects on first use.
+    pub fn replace(&self, addrs: &[SocketAddr]) {
+        let current = self.targets.borrow().clone();
+        let mut old: HashMap<SocketAddr, Channel> =
+            current.iter().map(|t| (t.addr, t.channel.clone())).collect();
+        let next: Vec<Target> = addrs
+            .iter()
+            .map(|&addr| Target {
+                addr,
+                channel: old.remove(&addr).unwrap_or_else(|| self.channel(addr)),
+            })
+            .collect();
+        self.targets.send_replace(Arc::from(next));
+    }
+
+    /// The current addresses, in order.
+    #[must_use]
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.targets.borrow().iter().map(|t| t.addr).collect()
+    }
+
+    /// Notified each time a call finds a controller unavailable.
+    #[must_use]
+    pub fn failures(&self) -> Arc<Notify> {
+        self.failure.clone()
+    }
+
+    fn channel(&self, addr: SocketAddr) -> Channel {
+        let uri = format!("http://{addr}");
+        // A `http://<socket address>` URI is always valid; `from_shared` only
+        // rejects malformed URIs.
+        #[allow(clippy::expect_used)]
+        let endpoint = Endpoint::from_shared(uri).expect("socket address URI");
+        endpoint
+            .connect_timeout(self.settings.connect_timeout)
+            .tcp_nodelay(true)
+            .connect_lazy()
+    }
+
+    /// The next target, round-robin.
+    fn pick(&self) -> Option<Target> {
+        let targets = self.targets.borrow().clone();
+        if targets.is_empty() {
+            return None;
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % targets.len();
+        Some(targets[i].clone())
+    }
+}
+
+/// The typed `ControllerService` client. Cheap to clone.
+#[derive(Debug, Clone)]
+pub struct Client {
+    endpoints: Endpoints,
+}
+
+impl Client {
+    /// A client spreading calls over `endpoints`.
+    #[must_use]
+    pub fn new(endpoints: Endpoints) -> Self {
+        Self { endpoints }
+    }
+
+    /// The endpoint set this client uses.
+    #[must_use]
+    pub fn endpoints(&self) -> &Endpoints {
+        &self.endpoints
+    }
+
+    /// Asks for a ready instance of a function.
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn get_instance(
+        &self,
+        req: api::GetInstanceRequest,
+        deadline: Duration,
+    ) -> Result<api::GetInstanceResponse> {
+        self.call(Method::GetInstance, deadline, req, |mut c, r| async move {
+            c.get_instance(r).await
+        })
+        .await
+    }
+
+    /// Sends a batch of heartbeats. An empty batch sends nothing.
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn heartbeat(
+        &self,
+        req: api::HeartbeatRequest,
+        deadline: Duration,
+    ) -> Result<api::HeartbeatResponse> {
+        if req.heartbeats.is_empty() {
+            return Ok(api::HeartbeatResponse {});
+        }
+        self.call(Method::Heartbeat, deadline, req, |mut c, r| async move {
+            c.heartbeat(r).await
+        })
+        .await
+    }
+
+    /// Scales a function on its ring owner.
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn scale(&self, req: api::ScaleRequest, deadline: Duration) -> Result<api::ScaleResponse> {
+        self.call(Method::Scale, deadline, req, |mut c, r| async move {
+            c.scale(r).await
+        })
+        .await
+    }
+
+    /// Releases (deletes) an instance.
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn release_instance(
+        &self,
+        req: api::ReleaseInstanceRequest,
+        deadline: Duration,
+    ) -> Result<api::ReleaseInstanceResponse> {
+        self.call(Method::ReleaseInstance, deadline, req, |mut c, r| async move {
+            c.release_instance(r).await
+        })
+        .await
+    }
+
+    /// Fetches a controller's state snapshot.
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn get_cluster_state(
+        &self,
+        req: api::GetClusterStateRequest,
+        deadline: Duration,
+    ) -> Result<api::GetClusterStateResponse> {
+        self.call(Method::GetClusterState, deadline, req, |mut c, r| async move {
+            c.get_cluster_state(r).await
+        })
+        .await
+    }
+
+    /// One call: attempts per the method's policy, each on the next endpoint,
+    /// all inside `deadline`.
+    async fn call<Req, Resp, F, Fut>(
+        &self,
+        method: Method,
+        deadline: Duration,
+        req: Req,
+        rpc: F,
+    ) -> Result<Resp>
+    where
+        Req: Clone,
+        F: Fn(ControllerServiceClient<Channel>, tonic::Request<Req>) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
+    {
+        let policy = method.retry_policy();
+        let end = tokio::time::Instant::now() + deadline;
+        let attempt = || async {
+            let target = self.endpoints.pick().ok_or(Error::NoEndpoints { method })?;
+            let mut request = tonic::Request::new(req.clone());
+            request.set_timeout(end.saturating_duration_since(tokio::time::Instant::now()));
+            match rpc(ControllerServiceClient::new(target.channel), request).await {
+                Ok(resp) => Ok(resp.into_inner()),
+                Err(_) if tokio::time::Instant::now() >= end => {
+                    Err(Error::DeadlineExceeded { method, deadline })
+                }
+                Err(status) => {
+                    if status.code() == tonic::Code::Unavailable {
+                        self.endpoints.failure.notify_one();
+                    }
+                    Err(Error::Rpc {
+                        method,
+                        status: Box::new(status),
+                    })
+                }
+            }
+        };
+        let retried = attempt
+            .retry(policy.schedule())
+            .when(|e: &Error| e.code() == tonic::Code::Unavailable)
+            .adjust(|_, cap| cap.map(full_jitter));
+        match tokio::time::timeout_at(end, retried).await {
+            Ok(result) => result,
+            Err(_) => Err(Error::DeadlineExceeded { method, deadline }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_retried_method_has_one_policy() {
+        for m in [
+            Method::GetInstance,
+            Method::Heartbeat,
+            Method::Scale,
+            Method::ReleaseInstance,
+        ] {
+            assert_eq!(RETRY_POLICIES.iter().filter(|(x, _)| *x == m).count(), 1);
+        }
+        assert_eq!(Method::GetClusterState.retry_policy(), RetryPolicy::NONE);
+    }
+
+    #[test]
+    fn backoff_caps_grow_by_the_multiplier_up_to_the_maximum() {
+        let ms = |p: RetryPolicy| -> Vec<u128> {
+            p.backoff_caps()
+                .iter()
+                .map(|d| (d.as_micros() + 500) / 1000)
+                .collect()
+        };
+        assert_eq!(ms(Method::GetInstance.retry_policy()), vec![10, 20]);
+        assert_eq!(ms(Method::Heartbeat.retry_policy()), vec![10]);
+        assert_eq!(ms(Method::Scale.retry_policy()), vec![50, 100]);
+        let long = RetryPolicy {
+            max_attempts: 6,
+            ..Method::GetInstance.retry_policy()
+        };
+        assert_eq!(ms(long), vec![10, 20, 40, 80, 100]);
+        assert!(RetryPolicy::NONE.backoff_caps().is_empty());
+    }
+
+    #[test]
+    fn jitter_stays_within_zero_and_the_cap() {
+        let cap = Duration::from_millis(50);
+        for _ in 0..1000 {
+            assert!(full_jitter(cap) <= cap);
+        }
+        assert_eq!(full_jitter(Duration::ZERO), Duration::ZERO);
+    }
+
+    #[test]
+    fn replacing_endpoints_keeps_order_and_round_robins() {
+        let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let b: SocketAddr = "127.0.0.1:2".parse().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let e = Endpoints::new(ChannelSettings::default());
+            assert!(e.pick().is_none());
+            e.replace(&[a, b]);
+            assert_eq!(e.addrs(), vec![a, b]);
+            let picks: Vec<_> = (0..4).map(|_| e.pick().unwrap().addr).collect();
+            assert_eq!(picks, vec![a, b, a, b]);
+            e.replace(&[b]);
+            assert_eq!(e.pick().unwrap().addr, b);
+        });
+    }
+}
