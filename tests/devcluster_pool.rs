@@ -226,7 +226,7 @@ async fn the_claim_patch_fails_on_a_pod_without_annotations() {
 }
 
 #[tokio::test]
-async fn deleting_a_pod_stops_its_process_and_a_crash_fails_the_pod() {
+async fn deleting_a_pod_stops_its_process_and_a_crash_leaves_it_unready() {
     let (cluster, client, _) = start_pool(2).await;
     let pods = ready_pool(&cluster, 2).await;
     let api: Api<Pod> = Api::namespaced(client.clone(), NS);
@@ -278,26 +278,54 @@ async fn deleting_a_pod_stops_its_process_and_a_crash_fails_the_pod() {
     })
     .await;
 
-    let crashed = name_of(&pods[1]);
+    // A crash leaves the pod Running but unready; nothing restarts or replaces it.
+    let fresh = ready_pool(&cluster, 2).await;
+    let crashed = name_of(&fresh[0]);
     let pid = cluster.kill_pod_process(NS, &crashed).unwrap();
-    common::eventually("crashed pod marked Failed", WAIT, || {
+    let pod = common::eventually("crashed pod unready", WAIT, || {
         let api = api.clone();
         let crashed = crashed.clone();
         async move {
             let p = api.get(&crashed).await.ok()?;
-            (p.status?.phase.as_deref() == Some("Failed")).then_some(())
+            let cs = p.status.as_ref()?.container_statuses.as_ref()?.first()?.clone();
+            (!cs.ready && cs.last_state.is_some()).then_some(p)
         }
     })
     .await;
     assert!(!common::process_alive(pid));
-    let fresh = ready_pool(&cluster, 2).await;
-    assert!(
-        fresh
-            .iter()
-            .all(|p| name_of(p) != victim && name_of(p) != crashed)
+    let status = pod.status.unwrap();
+    assert_eq!(status.phase.as_deref(), Some("Running"));
+    let cs = &status.container_statuses.unwrap()[0];
+    assert_eq!(
+        cs.last_state
+            .as_ref()
+            .unwrap()
+            .terminated
+            .as_ref()
+            .unwrap()
+            .exit_code,
+        137
     );
+    assert_eq!(
+        cs.state
+            .as_ref()
+            .unwrap()
+            .waiting
+            .as_ref()
+            .unwrap()
+            .reason
+            .as_deref(),
+        Some("CrashLoopBackOff")
+    );
+    assert_eq!(cs.restart_count, 0);
+    let survivors = ready_pool(&cluster, 1).await;
+    let all = api
+        .list(&ListParams::default().labels("skipper/deployment=fixture"))
+        .await
+        .unwrap();
+    assert_eq!(all.items.len(), 2, "no replacement for an unready pod");
     // Over HTTP too.
-    let target = name_of(&fresh[0]);
+    let target = name_of(&survivors[0]);
     let resp = reqwest::Client::new()
         .post(format!("{}/_sim/pods/{NS}/{target}/kill", cluster.base_url()))
         .send()
@@ -310,6 +338,32 @@ async fn deleting_a_pod_stops_its_process_and_a_crash_fails_the_pod() {
         .await
         .unwrap();
     assert_eq!(missing.status(), 404);
+}
+
+#[tokio::test]
+async fn a_pod_with_restart_policy_never_ends_failed_with_its_exit_code() {
+    let cluster = common::cluster(&[NS]).await;
+    let api: Api<Pod> = Api::namespaced(cluster.client().unwrap(), NS);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "once"},
+        "spec": {"restartPolicy": "Never", "containers": [{"name": "main", "image": "sh",
+            "command": ["/bin/sh", "-c", "exit 3"]}]},
+    }))
+    .unwrap();
+    api.create(&PostParams::default(), &pod).await.unwrap();
+    let status = common::eventually("pod failed", WAIT, || {
+        let api = api.clone();
+        async move {
+            let s = api.get("once").await.ok()?.status?;
+            (s.phase.as_deref() == Some("Failed")).then_some(s)
+        }
+    })
+    .await;
+    let cs = &status.container_statuses.unwrap()[0];
+    assert_eq!(
+        cs.state.as_ref().unwrap().terminated.as_ref().unwrap().exit_code,
+        3
+    );
 }
 
 #[tokio::test]

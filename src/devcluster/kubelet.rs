@@ -3,7 +3,9 @@
 //! real process, marks it Running and Ready once its readiness probe (or its
 //! first container port) answers, samples CPU and RSS from `/proc`, and stops
 //! the process when the pod is deleted. Nothing is restarted: a process that
-//! exits leaves its pod `Failed` (or `Succeeded`).
+//! exits leaves its pod Running but unready (container waiting in
+//! `CrashLoopBackOff`, exit in `lastState`), or `Failed`/`Succeeded` under
+//! `restartPolicy: Never` — so a crashing Deployment does not churn pods.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -266,10 +268,17 @@ impl Kubelet {
         let exit = self.run_pod_inner(&store, &pod, &stop, &grace, &pid_slot).await;
         if let Err(e) = exit {
             tracing::warn!(pod = %name, namespace = %ns, error = %e, "pod failed to start");
+            let never = pod.pointer("/spec/restartPolicy").and_then(Value::as_str) == Some("Never");
             let _ = update_pod(&store, &ns, &name, &uid, |st| {
-                st["phase"] = json!("Failed");
+                if never {
+                    st["phase"] = json!("Failed");
+                }
                 st["message"] = json!(e);
                 st["reason"] = json!("RunContainerError");
+                if st["containerStatuses"][0].is_object() {
+                    st["containerStatuses"][0]["state"] =
+                        json!({"waiting": {"reason": "RunContainerError", "message": e}});
+                }
             });
             stop.cancelled().await;
         }
@@ -431,15 +440,26 @@ impl Kubelet {
                     signal(pid, nix::sys::signal::Signal::SIGKILL);
                     pid_slot.store(0, Ordering::SeqCst);
                     let finished = now_rfc3339();
+                    let restart_policy = pod.pointer("/spec/restartPolicy").and_then(Value::as_str).unwrap_or("Always");
                     let _ = update_pod(store, &ns, &name, &uid, |st| {
-                        st["phase"] = json!(if code == 0 { "Succeeded" } else { "Failed" });
+                        let terminated = json!({"terminated": {
+                            "exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
+                            "finishedAt": finished}});
                         set_condition(st, "Ready", false);
                         set_condition(st, "ContainersReady", false);
                         st["containerStatuses"][0]["ready"] = json!(false);
                         st["containerStatuses"][0]["started"] = json!(false);
-                        st["containerStatuses"][0]["state"] = json!({"terminated": {
-                            "exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
-                            "finishedAt": finished}});
+                        if restart_policy == "Never" || (restart_policy == "OnFailure" && code == 0) {
+                            st["phase"] = json!(if code == 0 { "Succeeded" } else { "Failed" });
+                            st["containerStatuses"][0]["state"] = terminated;
+                        } else {
+                            // The kubelet would restart it; the simulator restarts
+                            // nothing, so the pod stays Running and unready.
+                            st["containerStatuses"][0]["lastState"] = terminated;
+                            st["containerStatuses"][0]["state"] = json!({"waiting": {
+                                "reason": "CrashLoopBackOff",
+                                "message": "the simulator does not restart containers"}});
+                        }
                     });
                     stop.cancelled().await;
                     return Ok(());

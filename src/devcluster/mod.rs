@@ -339,7 +339,8 @@ impl Cluster {
         }
     }
 
-    /// SIGKILLs a pod's process, as a crash would; the pod turns `Failed`.
+    /// SIGKILLs a pod's process group, as a crash would: the pod turns unready
+    /// (`Failed` under `restartPolicy: Never`) and nothing restarts it.
     ///
     /// # Errors
     /// `NotFound` when the pod has no running process.
