@@ -35,7 +35,9 @@ pub struct KubeletSettings {
     pub pod_root: PathBuf,
     /// Handed to pods as `KUBECONFIG`.
     pub kubeconfig: PathBuf,
+    /// How often a starting pod is probed.
     pub probe_interval: Duration,
+    /// How often CPU and memory are sampled.
     pub metrics_interval: Duration,
     /// Node names, round-robin.
     pub nodes: Vec<String>,
@@ -44,10 +46,15 @@ pub struct KubeletSettings {
 /// Resource usage of a pod's process.
 #[derive(Debug, Clone)]
 pub struct Usage {
+    /// Container name.
     pub container: String,
+    /// CPU over the last interval, in millicores.
     pub cpu_millis: u64,
+    /// Resident set size.
     pub memory_bytes: u64,
+    /// When the sample was taken (RFC 3339).
     pub timestamp: String,
+    /// The interval the CPU figure covers.
     pub window: Duration,
 }
 

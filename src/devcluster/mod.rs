@@ -44,14 +44,23 @@
 //! HTTP as `POST /_sim/pods/<ns>/<name>/kill`, `/_sim/drop-watches`,
 //! `/_sim/compact`, `/_sim/fail-writes?count=N&status=S`, `/_sim/latency?ms=N`.
 
+/// Deployment, ReplicaSet, garbage-collection and EndpointSlice loops.
 pub mod controllers;
+/// API errors and their `Status` mapping.
 pub mod error;
+/// The pod runtime.
 pub mod kubelet;
+/// JSON, merge and strategic-merge patches.
 pub mod patch;
+/// Served resource kinds and discovery.
 pub mod resources;
+/// Label and field selectors.
 pub mod selector;
+/// The HTTP server and fault endpoints.
 pub mod server;
+/// The object store and watch history.
 pub mod store;
+/// Table output for kubectl.
 pub mod table;
 
 use std::net::SocketAddr;
@@ -500,6 +509,7 @@ pub fn pool_deployment(
 /// Flags of `skipper dev`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DevArgs {
+    /// A part to run on its own; none runs the whole playground.
     #[command(subcommand)]
     pub command: Option<DevCommand>,
 }
@@ -539,6 +549,7 @@ pub struct ApiserverArgs {
     #[arg(long, env = "SKIPPER_BOOKMARK_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub bookmark_interval: Duration,
 
+    /// Logging and telemetry flags.
     #[command(flatten)]
     pub telemetry: crate::telemetry::Args,
 }

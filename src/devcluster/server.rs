@@ -58,13 +58,19 @@ impl Faults {
 
 /// Everything a request handler needs.
 pub struct Shared {
+    /// The objects.
     pub store: Arc<Store>,
+    /// The pod runtime (logs, metrics, kills).
     pub kubelet: Arc<Kubelet>,
+    /// Injected faults.
     pub faults: Faults,
     /// Cancelled (and replaced) to drop every open watch.
     pub watches: Mutex<CancellationToken>,
+    /// Cancelled when the cluster stops.
     pub root: CancellationToken,
+    /// Bookmark period of watches that ask for them.
     pub bookmark_interval: Duration,
+    /// Upper bound on `timeoutSeconds`.
     pub max_watch_timeout: Duration,
 }
 

@@ -34,10 +34,15 @@ impl EventType {
 /// One change, as recorded in the history.
 #[derive(Debug)]
 pub struct Event {
+    /// resourceVersion of the change.
     pub rv: u64,
+    /// Resource of the object.
     pub res: &'static ResourceDef,
+    /// Namespace of the object ("" for cluster-scoped).
     pub namespace: String,
+    /// What happened.
     pub kind: EventType,
+    /// The object after the change (the last state for a deletion).
     pub object: Value,
     /// The object before a modification (selectors decide ADDED/DELETED from it).
     pub old: Option<Value>,
