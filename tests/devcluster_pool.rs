@@ -495,6 +495,45 @@ async fn pods_get_their_environment_and_services_get_endpoint_slices() {
 }
 
 #[tokio::test]
+async fn deleting_a_deployment_or_a_namespace_removes_everything_it_owns() {
+    let (cluster, client, _) = start_pool(2).await;
+    ready_pool(&cluster, 2).await;
+    let pids = cluster.pod_pids();
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    deployments.delete("fixture", &DeleteParams::default()).await.unwrap();
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    let rs: Api<ReplicaSet> = Api::namespaced(client.clone(), NS);
+    common::eventually("ReplicaSets and pods collected", WAIT, || {
+        let (pods, rs) = (pods.clone(), rs.clone());
+        let alive = pids.iter().any(|p| common::process_alive(*p));
+        async move {
+            let p = pods.list(&ListParams::default()).await.ok()?.items.len();
+            let r = rs.list(&ListParams::default()).await.ok()?.items.len();
+            (p == 0 && r == 0 && !alive).then_some(())
+        }
+    })
+    .await;
+
+    let (_, pem) = common::keys();
+    deployments
+        .create(&PostParams::default(), &pool_deployment(NS, "fixture", 2, &pem))
+        .await
+        .unwrap();
+    ready_pool(&cluster, 2).await;
+    let pids = cluster.pod_pids();
+    let namespaces: Api<k8s_openapi::api::core::v1::Namespace> = Api::all(client.clone());
+    namespaces.delete(NS, &DeleteParams::default()).await.unwrap();
+    common::eventually("namespace emptied and processes stopped", WAIT, || {
+        let alive = pids.iter().any(|p| common::process_alive(*p));
+        let namespaces = namespaces.clone();
+        async move { (namespaces.get_opt(NS).await.ok()?.is_none() && !alive).then_some(()) }
+    })
+    .await;
+    let err = deployments.get("fixture").await.unwrap_err();
+    assert!(matches!(err, kube::Error::Api(s) if s.code == 404));
+}
+
+#[tokio::test]
 async fn shutdown_and_drop_stop_every_pod_process() {
     let (cluster, _, _) = start_pool(2).await;
     ready_pool(&cluster, 2).await;

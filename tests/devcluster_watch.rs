@@ -312,6 +312,13 @@ async fn errors_are_status_objects_with_real_reasons_and_codes() {
     );
     let fresh = api.get("dup").await.unwrap();
     api.replace("dup", &pp, &fresh).await.unwrap();
+    // A merge patch carrying a stale resourceVersion is a conflict too.
+    let stale_rv = created.metadata.resource_version.clone().unwrap();
+    let precondition = Patch::Merge(serde_json::json!({"metadata": {"resourceVersion": stale_rv}, "data": {"k": "x"}}));
+    assert_eq!(
+        api_error(api.patch("dup", &PatchParams::default(), &precondition).await.unwrap_err()),
+        (409, "Conflict".into())
+    );
     // A failed JSON Patch test is 422 Invalid.
     // kube 5 takes json-patch 4's `Patch`; let inference pick it.
     let patch =
