@@ -341,6 +341,76 @@ async fn deleting_a_pod_stops_its_process_and_a_crash_leaves_it_unready() {
 }
 
 #[tokio::test]
+async fn readiness_follows_the_readiness_probe_after_start() {
+    let cluster = common::cluster(&[NS]).await;
+    let client = cluster.client().unwrap();
+    let (key, pem) = common::keys();
+    // Probe "/": the fixture answers 503 until it is assigned.
+    let mut manifest = pool_deployment_json(NS, "fixture", 1, &pem);
+    manifest["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["httpGet"]["path"] = json!("/");
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    deployments
+        .create(&PostParams::default(), &serde_json::from_value(manifest).unwrap())
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(client, NS);
+    let pod = common::eventually("pod running", WAIT, || {
+        let pods = pods.clone();
+        async move {
+            let p = pods
+                .list(&ListParams::default())
+                .await
+                .ok()?
+                .items
+                .into_iter()
+                .next()?;
+            p.status.as_ref()?.pod_ip.as_ref()?;
+            (p.status.as_ref()?.phase.as_deref() == Some("Running")).then_some(p)
+        }
+    })
+    .await;
+    let name = pod.metadata.name.clone().unwrap();
+    let ip = pod.status.unwrap().pod_ip.unwrap();
+    let ready = |want: bool| {
+        let pods = pods.clone();
+        let name = name.clone();
+        async move {
+            let p = pods.get(&name).await.ok()?;
+            let r = p
+                .status?
+                .conditions?
+                .iter()
+                .any(|c| c.type_ == "Ready" && c.status == "True");
+            (r == want).then_some(())
+        }
+    };
+    common::eventually("fixture listening", WAIT, || {
+        let url = format!("http://{ip}:8888/healthz");
+        async move { reqwest::get(url).await.ok().map(|_| ()) }
+    })
+    .await;
+    assert!(
+        ready(false).await.is_some(),
+        "503 from the probe path keeps the pod unready"
+    );
+    let resp = reqwest::Client::new()
+        .post(format!("http://{ip}:8888/__skipper/assign"))
+        .header("X-Skipper-Token", common::token(&key, Version::V2, "t"))
+        .header("X-Skipper-Function", common::function_json("t"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    common::eventually("ready once the probe path answers 200", WAIT, || ready(true)).await;
+    // A frozen process fails the probe (1s timeout) and the pod turns unready; thawed, it recovers.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(cluster.pod_pid(NS, &name).unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGSTOP).unwrap();
+    common::eventually("unready while frozen", WAIT, || ready(false)).await;
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGCONT).unwrap();
+    common::eventually("ready again", WAIT, || ready(true)).await;
+}
+
+#[tokio::test]
 async fn a_pod_with_restart_policy_never_ends_failed_with_its_exit_code() {
     let cluster = common::cluster(&[NS]).await;
     let api: Api<Pod> = Api::namespaced(cluster.client().unwrap(), NS);
@@ -500,7 +570,10 @@ async fn deleting_a_deployment_or_a_namespace_removes_everything_it_owns() {
     ready_pool(&cluster, 2).await;
     let pids = cluster.pod_pids();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
-    deployments.delete("fixture", &DeleteParams::default()).await.unwrap();
+    deployments
+        .delete("fixture", &DeleteParams::default())
+        .await
+        .unwrap();
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let rs: Api<ReplicaSet> = Api::namespaced(client.clone(), NS);
     common::eventually("ReplicaSets and pods collected", WAIT, || {

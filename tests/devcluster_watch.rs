@@ -314,9 +314,14 @@ async fn errors_are_status_objects_with_real_reasons_and_codes() {
     api.replace("dup", &pp, &fresh).await.unwrap();
     // A merge patch carrying a stale resourceVersion is a conflict too.
     let stale_rv = created.metadata.resource_version.clone().unwrap();
-    let precondition = Patch::Merge(serde_json::json!({"metadata": {"resourceVersion": stale_rv}, "data": {"k": "x"}}));
+    let precondition =
+        Patch::Merge(serde_json::json!({"metadata": {"resourceVersion": stale_rv}, "data": {"k": "x"}}));
     assert_eq!(
-        api_error(api.patch("dup", &PatchParams::default(), &precondition).await.unwrap_err()),
+        api_error(
+            api.patch("dup", &PatchParams::default(), &precondition)
+                .await
+                .unwrap_err()
+        ),
         (409, "Conflict".into())
     );
     // A failed JSON Patch test is 422 Invalid.

@@ -421,8 +421,24 @@ impl Kubelet {
             st["containerStatuses"][0]["state"] = json!({"running": {"startedAt": started}});
         });
         let probe = Probe::of(&container, &ports, ip);
+        // An explicit readinessProbe keeps running after Ready (every
+        // periodSeconds; failureThreshold failures make the pod unready).
+        let recheck = container.get("readinessProbe").is_some_and(Value::is_object);
+        let period = Duration::from_secs(
+            container
+                .pointer("/readinessProbe/periodSeconds")
+                .and_then(Value::as_u64)
+                .unwrap_or(10)
+                .max(1),
+        );
+        let failure_threshold = container
+            .pointer("/readinessProbe/failureThreshold")
+            .and_then(Value::as_u64)
+            .unwrap_or(3)
+            .max(1);
+        let mut failures = 0u64;
         let mut ready = false;
-        let mut probe_tick = tokio::time::interval(self.settings.probe_interval);
+        let mut next_probe = tokio::time::Instant::now();
         let mut metrics_tick = tokio::time::interval(self.settings.metrics_interval);
         let mut last_sample: Option<(u64, Instant)> = None;
         loop {
@@ -471,15 +487,20 @@ impl Kubelet {
                     stop.cancelled().await;
                     return Ok(());
                 }
-                _ = probe_tick.tick(), if !ready => {
-                    if probe.check().await {
-                        ready = true;
+                () = tokio::time::sleep_until(next_probe), if !ready || recheck => {
+                    let ok = probe.check().await;
+                    failures = if ok { 0 } else { failures + 1 };
+                    let flip = if ready { failures >= failure_threshold } else { ok };
+                    if flip {
+                        ready = !ready;
                         let _ = update_pod(store, &ns, &name, &uid, |st| {
-                            set_condition(st, "Ready", true);
-                            set_condition(st, "ContainersReady", true);
-                            st["containerStatuses"][0]["ready"] = json!(true);
+                            set_condition(st, "Ready", ready);
+                            set_condition(st, "ContainersReady", ready);
+                            st["containerStatuses"][0]["ready"] = json!(ready);
                         });
                     }
+                    next_probe = tokio::time::Instant::now()
+                        + if ready { period } else { self.settings.probe_interval };
                 }
                 _ = metrics_tick.tick() => {
                     if let Some(sample) = sample_proc(pid) {
