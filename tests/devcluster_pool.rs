@@ -191,6 +191,26 @@ async fn exactly_one_of_two_concurrent_claims_wins_and_the_pool_refills() {
         .unwrap();
     assert_eq!(echo["tenant"], "acme");
 
+    // Busy CPU in the pod shows up in its metrics.
+    let burn = tokio::spawn(reqwest::get(format!("http://{ip}:8888/burn?burn_ms=3000")));
+    common::eventually("CPU usage reported", WAIT, || {
+        let url = format!(
+            "{}/apis/metrics.k8s.io/v1beta1/namespaces/{NS}/pods/{target}",
+            cluster.base_url()
+        );
+        async move {
+            let v: Value = reqwest::get(url).await.ok()?.json().await.ok()?;
+            let cpu: u64 = v["containers"][0]["usage"]["cpu"]
+                .as_str()?
+                .trim_end_matches('m')
+                .parse()
+                .ok()?;
+            (cpu >= 100).then_some(())
+        }
+    })
+    .await;
+    assert_eq!(burn.await.unwrap().unwrap().status(), 200);
+
     // Claiming again fails the test ops.
     let again = api.patch(&target, &field_manager(), &claim_patch("other")).await;
     assert!(matches!(again, Err(kube::Error::Api(s)) if s.code == 422));

@@ -40,9 +40,20 @@
 //!
 //! Faults: [`Cluster::kill_pod_process`], [`Cluster::drop_watches`],
 //! [`Cluster::compact`] (forces `410 Gone` on the next re-watch),
-//! [`Cluster::fail_next_writes`], [`Cluster::set_latency`]; the same over
-//! HTTP as `POST /_sim/pods/<ns>/<name>/kill`, `/_sim/drop-watches`,
-//! `/_sim/compact`, `/_sim/fail-writes?count=N&status=S`, `/_sim/latency?ms=N`.
+//! [`Cluster::fail_next_writes`], [`Cluster::set_latency`],
+//! [`Cluster::forbid_namespace`]; the same over HTTP as
+//! `POST /_sim/pods/<ns>/<name>/kill`, `/_sim/drop-watches`, `/_sim/compact`,
+//! `/_sim/fail-writes?count=N&status=S`, `/_sim/latency?ms=N`,
+//! `/_sim/forbid?namespace=NS[&allow=true]`.
+//!
+//! Differences from a real cluster worth knowing: no authentication or RBAC
+//! (use [`Cluster::forbid_namespace`] for `403`), no admission or schema
+//! validation beyond names, selectors and required containers, no
+//! server-side apply or `dryRun`, rollouts replace all pods at once, a
+//! crashed container is not restarted (the pod stays Running and unready),
+//! only the first container of a pod runs, and a simulator killed with
+//! SIGKILL leaves its pod processes behind (a normal exit, panic or Ctrl-C
+//! stops them).
 
 /// Deployment, ReplicaSet, garbage-collection and EndpointSlice loops.
 pub mod controllers;
@@ -370,6 +381,17 @@ impl Cluster {
     /// The next `n` API writes fail with `status` (a `Status` body with the matching reason).
     pub fn fail_next_writes(&self, n: u32, status: StatusCode) {
         self.shared.faults.fail_next_writes(n, status);
+    }
+
+    /// Answers every request in namespace `ns` with `403 Forbidden` (as a
+    /// missing RBAC grant would), until [`Cluster::allow_namespace`].
+    pub fn forbid_namespace(&self, ns: &str) {
+        self.shared.faults.forbid_namespace(ns);
+    }
+
+    /// Lifts [`Cluster::forbid_namespace`].
+    pub fn allow_namespace(&self, ns: &str) {
+        self.shared.faults.allow_namespace(ns);
     }
 
     /// Delays every API request by `d` (zero turns it off).

@@ -30,6 +30,7 @@ pub struct Faults {
     fail_writes: AtomicU32,
     fail_status: AtomicU16,
     latency_ms: AtomicU64,
+    forbidden: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Faults {
@@ -43,6 +44,30 @@ impl Faults {
     pub fn set_latency(&self, d: Duration) {
         self.latency_ms
             .store(u64::try_from(d.as_millis()).unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+
+    /// Every request in namespace `ns` is answered `403 Forbidden` (as
+    /// without RBAC permission) until [`Faults::allow_namespace`].
+    pub fn forbid_namespace(&self, ns: &str) {
+        self.forbidden
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(ns.to_owned());
+    }
+
+    /// Lifts [`Faults::forbid_namespace`].
+    pub fn allow_namespace(&self, ns: &str) {
+        self.forbidden
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(ns);
+    }
+
+    fn is_forbidden(&self, ns: &str) -> bool {
+        self.forbidden
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(ns)
     }
 
     fn take_write_failure(&self) -> Option<StatusCode> {
@@ -221,6 +246,15 @@ fn sim_endpoint(shared: &Shared, method: &Method, rest: &str, q: &HashMap<String
             shared.faults.fail_next_writes(n, status);
             Ok(json!({"count": n, "status": status.as_u16()}))
         }
+        ["forbid"] => {
+            let ns = q.get("namespace").cloned().unwrap_or_default();
+            if q.get("allow").is_some_and(|a| a == "true") {
+                shared.faults.allow_namespace(&ns);
+            } else {
+                shared.faults.forbid_namespace(&ns);
+            }
+            Ok(json!({"namespace": ns}))
+        }
         ["latency"] => {
             let ms = q.get("ms").and_then(|c| c.parse().ok()).unwrap_or(0);
             shared.faults.set_latency(Duration::from_millis(ms));
@@ -257,6 +291,14 @@ fn serve(
         Target::Doc(_) => return Err(ApiError::MethodNotAllowed),
         Target::Res { res, ns, name, sub } => (res, ns, name, sub),
     };
+    if let Some(ns) = ns.as_deref()
+        && shared.faults.is_forbidden(ns)
+    {
+        return Err(ApiError::Forbidden {
+            res,
+            ns: ns.to_owned(),
+        });
+    }
     let accept = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
