@@ -209,7 +209,7 @@ async fn exactly_one_of_two_concurrent_claims_wins_and_the_pool_refills() {
         }
     })
     .await;
-    assert_eq!(burn.await.unwrap().unwrap().status(), 200);
+    burn.abort();
 
     // Claiming again fails the test ops.
     let again = api.patch(&target, &field_manager(), &claim_patch("other")).await;
