@@ -431,6 +431,50 @@ async fn readiness_follows_the_readiness_probe_after_start() {
 }
 
 #[tokio::test]
+async fn a_recreated_pod_with_the_same_name_starts_with_a_fresh_pod_directory() {
+    let cluster = common::cluster(&[NS]).await;
+    let api: Api<Pod> = Api::namespaced(cluster.client().unwrap(), NS);
+    let (key, pem) = common::keys();
+    let template = pool_deployment_json(NS, "same", 1, &pem)["spec"]["template"].clone();
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "same", "labels": {"app": "same"}},
+        "spec": template["spec"],
+    }))
+    .unwrap();
+    for round in 0..2 {
+        api.create(&PostParams::default(), &pod).await.unwrap();
+        let ready = common::eventually("pod ready", WAIT, || {
+            let p = cluster.ready_pods(NS, "app=same");
+            async move { p.into_iter().next() }
+        })
+        .await;
+        let ip = ip_of(&ready);
+        assert_eq!(
+            reqwest::get(format!("http://{ip}:8888/")).await.unwrap().status(),
+            503,
+            "round {round}: a new pod is unassigned"
+        );
+        let resp = reqwest::Client::new()
+            .post(format!("http://{ip}:8888/__skipper/assign"))
+            .header("X-Skipper-Token", common::token(&key, Version::V2, "t"))
+            .header("X-Skipper-Function", common::function_json("t"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200);
+        let dir = cluster.pod_dir(NS, "same").unwrap();
+        assert!(dir.join("token").exists());
+        api.delete("same", &DeleteParams::default()).await.unwrap();
+        common::eventually("pod gone", WAIT, || {
+            let api = api.clone();
+            async move { api.get_opt("same").await.ok()?.is_none().then_some(()) }
+        })
+        .await;
+        assert!(!dir.exists(), "the pod directory goes with the pod");
+    }
+}
+
+#[tokio::test]
 async fn a_pod_with_restart_policy_never_ends_failed_with_its_exit_code() {
     let cluster = common::cluster(&[NS]).await;
     let api: Api<Pod> = Api::namespaced(cluster.client().unwrap(), NS);

@@ -258,8 +258,8 @@ impl Kubelet {
 
     /// Directory of a pod (holds its log and `POD_DIR` files).
     #[must_use]
-    pub fn pod_dir(&self, ns: &str, name: &str) -> PathBuf {
-        self.settings.pod_root.join(format!("{ns}_{name}"))
+    pub fn pod_dir(&self, ns: &str, name: &str, uid: &str) -> PathBuf {
+        self.settings.pod_root.join(format!("{ns}_{name}_{uid}"))
     }
 
     async fn run_pod(
@@ -291,11 +291,15 @@ impl Kubelet {
         }
         pid_slot.store(0, Ordering::SeqCst);
         lock(&self.metrics).remove(&(ns.clone(), name.clone()));
-        // The pod is removed once its process is gone (unless the cluster is shutting down).
-        if let Some(cur) = store.get(by_kind("Pod"), &ns, &name)
-            && uid_of(&cur) == uid
-            && is_terminating(&cur)
-        {
+        // The pod (and its directory, like an emptyDir) is removed once its
+        // process is gone; a crashed pod that was not deleted keeps both.
+        let cur = store.get(by_kind("Pod"), &ns, &name);
+        let deleting = cur.as_ref().is_some_and(|c| uid_of(c) == uid && is_terminating(c));
+        let deleted = cur.as_ref().is_none_or(|c| uid_of(c) != uid);
+        if deleting || deleted {
+            let _ = std::fs::remove_dir_all(self.pod_dir(&ns, &name, &uid));
+        }
+        if deleting {
             let _ = store.remove(by_kind("Pod"), &ns, &name, Some(&uid));
         }
         lock(&self.runtimes).remove(&uid);
@@ -378,7 +382,9 @@ impl Kubelet {
                 return Ok(());
             }
         };
-        let dir = self.pod_dir(&ns, &name);
+        // Like an emptyDir, the directory belongs to this pod incarnation (its
+        // uid): a new pod with the same name starts empty (no stale token).
+        let dir = self.pod_dir(&ns, &name, &uid);
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let env = self.environment(store, &pod, &container, ip, &dir);
         let expand = |s: &str| expand_vars(s, &env);

@@ -356,12 +356,12 @@ fn serve(
             Ok(json_response(StatusCode::OK, &scale_of(&obj)))
         }
         (Method::GET, Some(name), Some("log")) => {
-            store.get(res, &ns_str, &name).ok_or_else(|| ApiError::NotFound {
+            let pod = store.get(res, &ns_str, &name).ok_or_else(|| ApiError::NotFound {
                 res,
                 name: name.clone(),
             })?;
-            let text = std::fs::read_to_string(shared.kubelet.pod_dir(&ns_str, &name).join("log"))
-                .unwrap_or_default();
+            let dir = shared.kubelet.pod_dir(&ns_str, &name, uid_of(&pod));
+            let text = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
             Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], text).into_response())
         }
         (Method::POST, None, None) => {
