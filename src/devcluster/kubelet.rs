@@ -294,7 +294,9 @@ impl Kubelet {
         // The pod (and its directory, like an emptyDir) is removed once its
         // process is gone; a crashed pod that was not deleted keeps both.
         let cur = store.get(by_kind("Pod"), &ns, &name);
-        let deleting = cur.as_ref().is_some_and(|c| uid_of(c) == uid && is_terminating(c));
+        let deleting = cur
+            .as_ref()
+            .is_some_and(|c| uid_of(c) == uid && is_terminating(c));
         let deleted = cur.as_ref().is_none_or(|c| uid_of(c) != uid);
         if deleting || deleted {
             let _ = std::fs::remove_dir_all(self.pod_dir(&ns, &name, &uid));
@@ -442,6 +444,13 @@ impl Kubelet {
             .and_then(Value::as_u64)
             .unwrap_or(3)
             .max(1);
+        let probe_timeout = Duration::from_secs(
+            container
+                .pointer("/readinessProbe/timeoutSeconds")
+                .and_then(Value::as_u64)
+                .unwrap_or(1)
+                .max(1),
+        );
         let mut failures = 0u64;
         let mut ready = false;
         let mut next_probe = tokio::time::Instant::now();
@@ -494,7 +503,7 @@ impl Kubelet {
                     return Ok(());
                 }
                 () = tokio::time::sleep_until(next_probe), if !ready || recheck => {
-                    let ok = probe.check().await;
+                    let ok = probe.check(probe_timeout).await;
                     failures = if ok { 0 } else { failures + 1 };
                     let flip = if ready { failures >= failure_threshold } else { ok };
                     if flip {
@@ -786,7 +795,7 @@ impl Probe {
         }
     }
 
-    async fn check(&self) -> bool {
+    async fn check(&self, timeout: Duration) -> bool {
         let attempt = async {
             match self {
                 Self::Started => true,
