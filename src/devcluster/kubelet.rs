@@ -824,9 +824,7 @@ impl Probe {
                 }
             }
         };
-        tokio::time::timeout(Duration::from_secs(1), attempt)
-            .await
-            .unwrap_or(false)
+        tokio::time::timeout(timeout, attempt).await.unwrap_or(false)
     }
 }
 
