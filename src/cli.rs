@@ -19,7 +19,8 @@ pub struct Cli {
 }
 
 /// The subcommands.
-// Parsed once at start-up; boxing the larger argument sets buys nothing.
+// Parsed once at start-up and moved into its subcommand: the size of the
+// largest flag set does not matter.
 #[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {

@@ -62,6 +62,7 @@ pub struct Args {
     #[arg(long, env = "SKIPPER_ASSIGN_STATUS", value_parser = parse_status)]
     pub assign_status: Option<u16>,
 
+    /// Logging and telemetry flags.
     #[command(flatten)]
     pub telemetry: crate::telemetry::Args,
 }
@@ -104,10 +105,15 @@ pub enum FixtureError {
 /// Validated fixture settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
+    /// Verifies assignment tokens.
     pub key: VerifyingKey,
+    /// Listen address.
     pub addr: SocketAddr,
+    /// Where an accepted token is persisted.
     pub token_path: PathBuf,
+    /// Wait before handling an assign request.
     pub assign_delay: Duration,
+    /// Answer every assign request with this status.
     pub assign_status: Option<u16>,
 }
 

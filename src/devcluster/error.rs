@@ -37,6 +37,8 @@ pub enum ApiError {
     Gone { requested: u64, oldest: u64 },
     #[error("namespace {0} is being terminated")]
     Terminating(String),
+    #[error("{} is forbidden: User \"system:serviceaccount:skipper:controller\" cannot access resource \"{}\" in API group \"{}\" in the namespace \"{ns}\"", res.group_resource(), res.plural, res.group)]
+    Forbidden { res: &'static ResourceDef, ns: String },
 }
 
 impl ApiError {
@@ -54,7 +56,7 @@ impl ApiError {
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
             Self::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType"),
             Self::Gone { .. } => (StatusCode::GONE, "Expired"),
-            Self::Terminating(_) => (StatusCode::FORBIDDEN, "Forbidden"),
+            Self::Terminating(_) | Self::Forbidden { .. } => (StatusCode::FORBIDDEN, "Forbidden"),
             Self::Injected(code) => (*code, reason_for(*code)),
         }
     }

@@ -3,7 +3,9 @@
 //! real process, marks it Running and Ready once its readiness probe (or its
 //! first container port) answers, samples CPU and RSS from `/proc`, and stops
 //! the process when the pod is deleted. Nothing is restarted: a process that
-//! exits leaves its pod `Failed` (or `Succeeded`).
+//! exits leaves its pod Running but unready (container waiting in
+//! `CrashLoopBackOff`, exit in `lastState`), or `Failed`/`Succeeded` under
+//! `restartPolicy: Never` — so a crashing Deployment does not churn pods.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::{Ipv4Addr, SocketAddr};
@@ -33,7 +35,9 @@ pub struct KubeletSettings {
     pub pod_root: PathBuf,
     /// Handed to pods as `KUBECONFIG`.
     pub kubeconfig: PathBuf,
+    /// How often a starting pod is probed.
     pub probe_interval: Duration,
+    /// How often CPU and memory are sampled.
     pub metrics_interval: Duration,
     /// Node names, round-robin.
     pub nodes: Vec<String>,
@@ -42,10 +46,15 @@ pub struct KubeletSettings {
 /// Resource usage of a pod's process.
 #[derive(Debug, Clone)]
 pub struct Usage {
+    /// Container name.
     pub container: String,
+    /// CPU over the last interval, in millicores.
     pub cpu_millis: u64,
+    /// Resident set size.
     pub memory_bytes: u64,
+    /// When the sample was taken (RFC 3339).
     pub timestamp: String,
+    /// The interval the CPU figure covers.
     pub window: Duration,
 }
 
@@ -113,12 +122,13 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
+/// Signals a pod's whole process group (each pod process leads its own group).
 fn signal(pid: u32, sig: nix::sys::signal::Signal) {
     if pid == 0 {
         return;
     }
     if let Ok(pid) = i32::try_from(pid) {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), sig);
+        let _ = nix::sys::signal::killpg(nix::unistd::Pid::from_raw(pid), sig);
     }
 }
 
@@ -248,8 +258,8 @@ impl Kubelet {
 
     /// Directory of a pod (holds its log and `POD_DIR` files).
     #[must_use]
-    pub fn pod_dir(&self, ns: &str, name: &str) -> PathBuf {
-        self.settings.pod_root.join(format!("{ns}_{name}"))
+    pub fn pod_dir(&self, ns: &str, name: &str, uid: &str) -> PathBuf {
+        self.settings.pod_root.join(format!("{ns}_{name}_{uid}"))
     }
 
     async fn run_pod(
@@ -265,20 +275,33 @@ impl Kubelet {
         let exit = self.run_pod_inner(&store, &pod, &stop, &grace, &pid_slot).await;
         if let Err(e) = exit {
             tracing::warn!(pod = %name, namespace = %ns, error = %e, "pod failed to start");
+            let never = pod.pointer("/spec/restartPolicy").and_then(Value::as_str) == Some("Never");
             let _ = update_pod(&store, &ns, &name, &uid, |st| {
-                st["phase"] = json!("Failed");
+                if never {
+                    st["phase"] = json!("Failed");
+                }
                 st["message"] = json!(e);
                 st["reason"] = json!("RunContainerError");
+                if st["containerStatuses"][0].is_object() {
+                    st["containerStatuses"][0]["state"] =
+                        json!({"waiting": {"reason": "RunContainerError", "message": e}});
+                }
             });
             stop.cancelled().await;
         }
         pid_slot.store(0, Ordering::SeqCst);
         lock(&self.metrics).remove(&(ns.clone(), name.clone()));
-        // The pod is removed once its process is gone (unless the cluster is shutting down).
-        if let Some(cur) = store.get(by_kind("Pod"), &ns, &name)
-            && uid_of(&cur) == uid
-            && is_terminating(&cur)
-        {
+        // The pod (and its directory, like an emptyDir) is removed once its
+        // process is gone; a crashed pod that was not deleted keeps both.
+        let cur = store.get(by_kind("Pod"), &ns, &name);
+        let deleting = cur
+            .as_ref()
+            .is_some_and(|c| uid_of(c) == uid && is_terminating(c));
+        let deleted = cur.as_ref().is_none_or(|c| uid_of(c) != uid);
+        if deleting || deleted {
+            let _ = std::fs::remove_dir_all(self.pod_dir(&ns, &name, &uid));
+        }
+        if deleting {
             let _ = store.remove(by_kind("Pod"), &ns, &name, Some(&uid));
         }
         lock(&self.runtimes).remove(&uid);
@@ -361,7 +384,9 @@ impl Kubelet {
                 return Ok(());
             }
         };
-        let dir = self.pod_dir(&ns, &name);
+        // Like an emptyDir, the directory belongs to this pod incarnation (its
+        // uid): a new pod with the same name starts empty (no stale token).
+        let dir = self.pod_dir(&ns, &name, &uid);
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let env = self.environment(store, &pod, &container, ip, &dir);
         let expand = |s: &str| expand_vars(s, &env);
@@ -389,6 +414,7 @@ impl Kubelet {
             .stdin(Stdio::null())
             .stdout(Stdio::from(log))
             .stderr(Stdio::from(log2))
+            .process_group(0)
             .kill_on_drop(true);
         let mut child = cmd
             .spawn()
@@ -403,8 +429,31 @@ impl Kubelet {
             st["containerStatuses"][0]["state"] = json!({"running": {"startedAt": started}});
         });
         let probe = Probe::of(&container, &ports, ip);
+        // An explicit readinessProbe keeps running after Ready (every
+        // periodSeconds; failureThreshold failures make the pod unready).
+        let recheck = container.get("readinessProbe").is_some_and(Value::is_object);
+        let period = Duration::from_secs(
+            container
+                .pointer("/readinessProbe/periodSeconds")
+                .and_then(Value::as_u64)
+                .unwrap_or(10)
+                .max(1),
+        );
+        let failure_threshold = container
+            .pointer("/readinessProbe/failureThreshold")
+            .and_then(Value::as_u64)
+            .unwrap_or(3)
+            .max(1);
+        let probe_timeout = Duration::from_secs(
+            container
+                .pointer("/readinessProbe/timeoutSeconds")
+                .and_then(Value::as_u64)
+                .unwrap_or(1)
+                .max(1),
+        );
+        let mut failures = 0u64;
         let mut ready = false;
-        let mut probe_tick = tokio::time::interval(self.settings.probe_interval);
+        let mut next_probe = tokio::time::Instant::now();
         let mut metrics_tick = tokio::time::interval(self.settings.metrics_interval);
         let mut last_sample: Option<(u64, Instant)> = None;
         loop {
@@ -414,39 +463,59 @@ impl Kubelet {
                     if !grace.is_zero() {
                         signal(pid, nix::sys::signal::Signal::SIGTERM);
                         if tokio::time::timeout(grace, child.wait()).await.is_ok() {
+                            signal(pid, nix::sys::signal::Signal::SIGKILL);
                             return Ok(());
                         }
                     }
+                    signal(pid, nix::sys::signal::Signal::SIGKILL);
                     let _ = child.kill().await;
                     return Ok(());
                 }
                 status = child.wait() => {
                     let code = status.ok().and_then(|s| s.code()).unwrap_or(137);
                     tracing::info!(pod = %name, namespace = %ns, code, "pod process exited");
+                    // Whatever the process left behind in its group goes with it.
+                    signal(pid, nix::sys::signal::Signal::SIGKILL);
                     pid_slot.store(0, Ordering::SeqCst);
                     let finished = now_rfc3339();
+                    let restart_policy = pod.pointer("/spec/restartPolicy").and_then(Value::as_str).unwrap_or("Always");
                     let _ = update_pod(store, &ns, &name, &uid, |st| {
-                        st["phase"] = json!(if code == 0 { "Succeeded" } else { "Failed" });
+                        let terminated = json!({"terminated": {
+                            "exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
+                            "finishedAt": finished}});
                         set_condition(st, "Ready", false);
                         set_condition(st, "ContainersReady", false);
                         st["containerStatuses"][0]["ready"] = json!(false);
                         st["containerStatuses"][0]["started"] = json!(false);
-                        st["containerStatuses"][0]["state"] = json!({"terminated": {
-                            "exitCode": code, "reason": if code == 0 { "Completed" } else { "Error" },
-                            "finishedAt": finished}});
+                        if restart_policy == "Never" || (restart_policy == "OnFailure" && code == 0) {
+                            st["phase"] = json!(if code == 0 { "Succeeded" } else { "Failed" });
+                            st["containerStatuses"][0]["state"] = terminated;
+                        } else {
+                            // The kubelet would restart it; the simulator restarts
+                            // nothing, so the pod stays Running and unready.
+                            st["containerStatuses"][0]["lastState"] = terminated;
+                            st["containerStatuses"][0]["state"] = json!({"waiting": {
+                                "reason": "CrashLoopBackOff",
+                                "message": "the simulator does not restart containers"}});
+                        }
                     });
                     stop.cancelled().await;
                     return Ok(());
                 }
-                _ = probe_tick.tick(), if !ready => {
-                    if probe.check().await {
-                        ready = true;
+                () = tokio::time::sleep_until(next_probe), if !ready || recheck => {
+                    let ok = probe.check(probe_timeout).await;
+                    failures = if ok { 0 } else { failures + 1 };
+                    let flip = if ready { failures >= failure_threshold } else { ok };
+                    if flip {
+                        ready = !ready;
                         let _ = update_pod(store, &ns, &name, &uid, |st| {
-                            set_condition(st, "Ready", true);
-                            set_condition(st, "ContainersReady", true);
-                            st["containerStatuses"][0]["ready"] = json!(true);
+                            set_condition(st, "Ready", ready);
+                            set_condition(st, "ContainersReady", ready);
+                            st["containerStatuses"][0]["ready"] = json!(ready);
                         });
                     }
+                    next_probe = tokio::time::Instant::now()
+                        + if ready { period } else { self.settings.probe_interval };
                 }
                 _ = metrics_tick.tick() => {
                     if let Some(sample) = sample_proc(pid) {
@@ -726,7 +795,7 @@ impl Probe {
         }
     }
 
-    async fn check(&self) -> bool {
+    async fn check(&self, timeout: Duration) -> bool {
         let attempt = async {
             match self {
                 Self::Started => true,
@@ -755,9 +824,7 @@ impl Probe {
                 }
             }
         };
-        tokio::time::timeout(Duration::from_secs(1), attempt)
-            .await
-            .unwrap_or(false)
+        tokio::time::timeout(timeout, attempt).await.unwrap_or(false)
     }
 }
 

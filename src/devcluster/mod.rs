@@ -20,8 +20,9 @@
 //!
 //! # async fn example(public_key_pem: &str) -> Result<(), Box<dyn std::error::Error>> {
 //! let cluster = Cluster::start(Config {
-//!     // Integration tests: `current_exe()` is the test binary, so name the real one.
-//!     skipper_exe: env!("CARGO_BIN_EXE_skipper").into(),
+//!     // In integration tests `current_exe()` is the test binary: pass
+//!     // `env!("CARGO_BIN_EXE_skipper")` here.
+//!     skipper_exe: "target/debug/skipper".into(),
 //!     namespaces: vec!["fixtures".into()],
 //!     ..Config::default()
 //! })
@@ -39,18 +40,38 @@
 //!
 //! Faults: [`Cluster::kill_pod_process`], [`Cluster::drop_watches`],
 //! [`Cluster::compact`] (forces `410 Gone` on the next re-watch),
-//! [`Cluster::fail_next_writes`], [`Cluster::set_latency`]; the same over
-//! HTTP as `POST /_sim/pods/<ns>/<name>/kill`, `/_sim/drop-watches`,
-//! `/_sim/compact`, `/_sim/fail-writes?count=N&status=S`, `/_sim/latency?ms=N`.
+//! [`Cluster::fail_next_writes`], [`Cluster::set_latency`],
+//! [`Cluster::forbid_namespace`]; the same over HTTP as
+//! `POST /_sim/pods/<ns>/<name>/kill`, `/_sim/drop-watches`, `/_sim/compact`,
+//! `/_sim/fail-writes?count=N&status=S`, `/_sim/latency?ms=N`,
+//! `/_sim/forbid?namespace=NS[&allow=true]`.
+//!
+//! Differences from a real cluster worth knowing: no authentication or RBAC
+//! (use [`Cluster::forbid_namespace`] for `403`), no admission or schema
+//! validation beyond names, selectors and required containers, no
+//! server-side apply or `dryRun`, rollouts replace all pods at once, a
+//! crashed container is not restarted (the pod stays Running and unready),
+//! only the first container of a pod runs, and a simulator killed with
+//! SIGKILL leaves its pod processes behind (a normal exit, panic or Ctrl-C
+//! stops them).
 
+/// Deployment, ReplicaSet, garbage-collection and EndpointSlice loops.
 pub mod controllers;
+/// API errors and their `Status` mapping.
 pub mod error;
+/// The pod runtime.
 pub mod kubelet;
+/// JSON, merge and strategic-merge patches.
 pub mod patch;
+/// Served resource kinds and discovery.
 pub mod resources;
+/// Label and field selectors.
 pub mod selector;
+/// The HTTP server and fault endpoints.
 pub mod server;
+/// The object store and watch history.
 pub mod store;
+/// Table output for kubectl.
 pub mod table;
 
 use std::net::SocketAddr;
@@ -338,7 +359,8 @@ impl Cluster {
         }
     }
 
-    /// SIGKILLs a pod's process, as a crash would; the pod turns `Failed`.
+    /// SIGKILLs a pod's process group, as a crash would: the pod turns unready
+    /// (`Failed` under `restartPolicy: Never`) and nothing restarts it.
     ///
     /// # Errors
     /// `NotFound` when the pod has no running process.
@@ -361,6 +383,17 @@ impl Cluster {
         self.shared.faults.fail_next_writes(n, status);
     }
 
+    /// Answers every request in namespace `ns` with `403 Forbidden` (as a
+    /// missing RBAC grant would), until [`Cluster::allow_namespace`].
+    pub fn forbid_namespace(&self, ns: &str) {
+        self.shared.faults.forbid_namespace(ns);
+    }
+
+    /// Lifts [`Cluster::forbid_namespace`].
+    pub fn allow_namespace(&self, ns: &str) {
+        self.shared.faults.allow_namespace(ns);
+    }
+
     /// Delays every API request by `d` (zero turns it off).
     pub fn set_latency(&self, d: Duration) {
         self.shared.faults.set_latency(d);
@@ -370,6 +403,13 @@ impl Cluster {
     #[must_use]
     pub fn pod_pid(&self, ns: &str, name: &str) -> Option<u32> {
         self.shared.kubelet.pid_of(ns, name)
+    }
+
+    /// The directory of a pod (`POD_DIR`; holds its `log`), while the pod exists.
+    #[must_use]
+    pub fn pod_dir(&self, ns: &str, name: &str) -> Option<PathBuf> {
+        let pod = self.shared.store.get(by_kind("Pod"), ns, name)?;
+        Some(self.shared.kubelet.pod_dir(ns, name, store::uid_of(&pod)))
     }
 
     /// Pids of every running pod process.
@@ -492,6 +532,7 @@ pub fn pool_deployment(
 /// Flags of `skipper dev`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct DevArgs {
+    /// A part to run on its own; none runs the whole playground.
     #[command(subcommand)]
     pub command: Option<DevCommand>,
 }
@@ -531,6 +572,7 @@ pub struct ApiserverArgs {
     #[arg(long, env = "SKIPPER_BOOKMARK_INTERVAL", default_value = "5s", value_parser = parse_duration)]
     pub bookmark_interval: Duration,
 
+    /// Logging and telemetry flags.
     #[command(flatten)]
     pub telemetry: crate::telemetry::Args,
 }

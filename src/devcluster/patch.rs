@@ -1,7 +1,8 @@
 //! Patch application with API-server semantics: RFC 6902 JSON Patch (a
 //! `test` of `null` succeeds for an absent member whose parent exists), JSON
-//! merge patch, and strategic merge patch (merge semantics; enough for
-//! labels, annotations, replicas and other map fields).
+//! merge patch, and strategic merge patch (maps merge; lists of objects merge
+//! by their key — `name`, `containerPort`, `uid`, `mountPath` or `type` —
+//! honouring `$patch: delete`; other lists are replaced).
 
 use json_patch::PatchOperation;
 use serde_json::Value;
@@ -52,8 +53,74 @@ pub fn apply(doc: &mut Value, kind: PatchKind, body: &[u8]) -> Result<(), ApiErr
             if !patch.is_object() {
                 return Err(ApiError::BadRequest("the patch must be a JSON object".into()));
             }
-            json_patch::merge(doc, &strip_directives(patch));
+            if kind == PatchKind::Merge {
+                json_patch::merge(doc, &patch);
+            } else {
+                strategic_merge(doc, &patch);
+            }
             Ok(())
+        }
+    }
+}
+
+const MERGE_KEYS: &[&str] = &["name", "containerPort", "uid", "mountPath", "type"];
+
+fn strategic_merge(doc: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *doc = strip_directives(patch.clone());
+        return;
+    };
+    if !doc.is_object() {
+        *doc = Value::Object(serde_json::Map::new());
+    }
+    for (k, v) in p {
+        if k.starts_with('$') {
+            continue;
+        }
+        let Some(target) = doc.as_object_mut() else { return };
+        match v {
+            Value::Null => {
+                target.remove(k);
+            }
+            Value::Object(_) => strategic_merge(target.entry(k.clone()).or_insert(Value::Null), v),
+            Value::Array(items) => match target.get_mut(k) {
+                Some(Value::Array(orig)) if merge_key(orig, items).is_some() => {
+                    let key = merge_key(orig, items).unwrap_or("name");
+                    merge_list(orig, items, key);
+                }
+                _ => {
+                    target.insert(k.clone(), strip_directives(v.clone()));
+                }
+            },
+            other => {
+                target.insert(k.clone(), other.clone());
+            }
+        }
+    }
+}
+
+fn merge_key(orig: &[Value], patch: &[Value]) -> Option<&'static str> {
+    if patch.is_empty() {
+        return None;
+    }
+    MERGE_KEYS.iter().copied().find(|key| {
+        orig.iter()
+            .chain(patch)
+            .all(|e| e.get(*key).is_some_and(|v| !v.is_null()))
+    })
+}
+
+fn merge_list(orig: &mut Vec<Value>, patch: &[Value], key: &str) {
+    for item in patch {
+        let pos = orig.iter().position(|o| o.get(key) == item.get(key));
+        let delete = item.get("$patch").and_then(Value::as_str) == Some("delete");
+        match (pos, delete) {
+            (Some(i), true) => {
+                orig.remove(i);
+            }
+            (None, true) => {}
+            (Some(i), false) => strategic_merge(&mut orig[i], item),
+            (None, false) => orig.push(strip_directives(item.clone())),
         }
     }
 }

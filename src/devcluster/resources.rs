@@ -7,12 +7,17 @@ use serde_json::{Value, json};
 pub struct ResourceDef {
     /// API group; empty for the core group.
     pub group: &'static str,
+    /// API version within the group.
     pub version: &'static str,
     /// Lower-case plural used in URLs.
     pub plural: &'static str,
+    /// Singular name (discovery).
     pub singular: &'static str,
+    /// Object kind.
     pub kind: &'static str,
+    /// Whether objects live in namespaces.
     pub namespaced: bool,
+    /// kubectl short names.
     pub short_names: &'static [&'static str],
     /// Served subresources (`status`, `scale`).
     pub subresources: &'static [&'static str],

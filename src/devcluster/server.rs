@@ -30,6 +30,7 @@ pub struct Faults {
     fail_writes: AtomicU32,
     fail_status: AtomicU16,
     latency_ms: AtomicU64,
+    forbidden: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Faults {
@@ -45,6 +46,30 @@ impl Faults {
             .store(u64::try_from(d.as_millis()).unwrap_or(u64::MAX), Ordering::SeqCst);
     }
 
+    /// Every request in namespace `ns` is answered `403 Forbidden` (as
+    /// without RBAC permission) until [`Faults::allow_namespace`].
+    pub fn forbid_namespace(&self, ns: &str) {
+        self.forbidden
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(ns.to_owned());
+    }
+
+    /// Lifts [`Faults::forbid_namespace`].
+    pub fn allow_namespace(&self, ns: &str) {
+        self.forbidden
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(ns);
+    }
+
+    fn is_forbidden(&self, ns: &str) -> bool {
+        self.forbidden
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(ns)
+    }
+
     fn take_write_failure(&self) -> Option<StatusCode> {
         self.fail_writes
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
@@ -58,13 +83,19 @@ impl Faults {
 
 /// Everything a request handler needs.
 pub struct Shared {
+    /// The objects.
     pub store: Arc<Store>,
+    /// The pod runtime (logs, metrics, kills).
     pub kubelet: Arc<Kubelet>,
+    /// Injected faults.
     pub faults: Faults,
     /// Cancelled (and replaced) to drop every open watch.
     pub watches: Mutex<CancellationToken>,
+    /// Cancelled when the cluster stops.
     pub root: CancellationToken,
+    /// Bookmark period of watches that ask for them.
     pub bookmark_interval: Duration,
+    /// Upper bound on `timeoutSeconds`.
     pub max_watch_timeout: Duration,
 }
 
@@ -215,6 +246,15 @@ fn sim_endpoint(shared: &Shared, method: &Method, rest: &str, q: &HashMap<String
             shared.faults.fail_next_writes(n, status);
             Ok(json!({"count": n, "status": status.as_u16()}))
         }
+        ["forbid"] => {
+            let ns = q.get("namespace").cloned().unwrap_or_default();
+            if q.get("allow").is_some_and(|a| a == "true") {
+                shared.faults.allow_namespace(&ns);
+            } else {
+                shared.faults.forbid_namespace(&ns);
+            }
+            Ok(json!({"namespace": ns}))
+        }
         ["latency"] => {
             let ms = q.get("ms").and_then(|c| c.parse().ok()).unwrap_or(0);
             shared.faults.set_latency(Duration::from_millis(ms));
@@ -251,6 +291,14 @@ fn serve(
         Target::Doc(_) => return Err(ApiError::MethodNotAllowed),
         Target::Res { res, ns, name, sub } => (res, ns, name, sub),
     };
+    if let Some(ns) = ns.as_deref()
+        && shared.faults.is_forbidden(ns)
+    {
+        return Err(ApiError::Forbidden {
+            res,
+            ns: ns.to_owned(),
+        });
+    }
     let accept = headers
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
@@ -308,12 +356,12 @@ fn serve(
             Ok(json_response(StatusCode::OK, &scale_of(&obj)))
         }
         (Method::GET, Some(name), Some("log")) => {
-            store.get(res, &ns_str, &name).ok_or_else(|| ApiError::NotFound {
+            let pod = store.get(res, &ns_str, &name).ok_or_else(|| ApiError::NotFound {
                 res,
                 name: name.clone(),
             })?;
-            let text = std::fs::read_to_string(shared.kubelet.pod_dir(&ns_str, &name).join("log"))
-                .unwrap_or_default();
+            let dir = shared.kubelet.pod_dir(&ns_str, &name, uid_of(&pod));
+            let text = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
             Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], text).into_response())
         }
         (Method::POST, None, None) => {

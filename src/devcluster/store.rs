@@ -34,10 +34,15 @@ impl EventType {
 /// One change, as recorded in the history.
 #[derive(Debug)]
 pub struct Event {
+    /// resourceVersion of the change.
     pub rv: u64,
+    /// Resource of the object.
     pub res: &'static ResourceDef,
+    /// Namespace of the object ("" for cluster-scoped).
     pub namespace: String,
+    /// What happened.
     pub kind: EventType,
+    /// The object after the change (the last state for a deletion).
     pub object: Value,
     /// The object before a modification (selectors decide ADDED/DELETED from it).
     pub old: Option<Value>,
@@ -515,6 +520,40 @@ impl Store {
     }
 }
 
+/// Container defaults of a real API server (port protocol, probe timings).
+fn default_container(c: &mut Value) {
+    if let Some(ports) = c.get_mut("ports").and_then(Value::as_array_mut) {
+        for p in ports {
+            if p.get("protocol").is_none() {
+                p["protocol"] = json!("TCP");
+            }
+        }
+    }
+    for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
+        if let Some(pr) = c.get_mut(probe).filter(|p| p.is_object()) {
+            for (field, value) in [
+                ("timeoutSeconds", 1),
+                ("periodSeconds", 10),
+                ("successThreshold", 1),
+                ("failureThreshold", 3),
+            ] {
+                if pr.get(field).is_none() {
+                    pr[field] = json!(value);
+                }
+            }
+            if let Some(h) = pr.get_mut("httpGet").filter(|h| h.get("scheme").is_none()) {
+                h["scheme"] = json!("HTTP");
+            }
+        }
+    }
+    if c.get("imagePullPolicy").is_none() {
+        c["imagePullPolicy"] = json!("IfNotPresent");
+    }
+    if c.get("terminationMessagePath").is_none() {
+        c["terminationMessagePath"] = json!("/dev/termination-log");
+    }
+}
+
 /// Server-side defaults a freshly created object gets.
 fn apply_defaults(res: &'static ResourceDef, obj: &mut Value) {
     match res.kind {
@@ -529,6 +568,14 @@ fn apply_defaults(res: &'static ResourceDef, obj: &mut Value) {
             }
             if obj.pointer("/spec/terminationGracePeriodSeconds").is_none() {
                 obj["spec"]["terminationGracePeriodSeconds"] = json!(30);
+            }
+            if obj.pointer("/spec/serviceAccountName").is_none() {
+                obj["spec"]["serviceAccountName"] = json!("default");
+            }
+            if let Some(containers) = obj.pointer_mut("/spec/containers").and_then(Value::as_array_mut) {
+                for c in containers {
+                    default_container(c);
+                }
             }
         }
         "Namespace" => {

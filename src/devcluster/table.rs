@@ -102,7 +102,7 @@ fn cells(res: &ResourceDef, o: &Value) -> Vec<Value> {
             } else {
                 let phase = s(o.pointer("/status/phase"));
                 match o.pointer("/status/containerStatuses/0/state/waiting/reason") {
-                    Some(r) if phase == "Pending" => s(Some(r)),
+                    Some(r) if phase != "Failed" && phase != "Succeeded" => s(Some(r)),
                     _ => phase,
                 }
             };
