@@ -63,6 +63,8 @@ pub mod error;
 pub mod kubelet;
 /// JSON, merge and strategic-merge patches.
 pub mod patch;
+/// The local playground (`skipper dev`).
+pub mod playground;
 /// Served resource kinds and discovery.
 pub mod resources;
 /// Label and field selectors.
@@ -531,10 +533,15 @@ pub fn pool_deployment(
 
 /// Flags of `skipper dev`.
 #[derive(Debug, Clone, clap::Args)]
+#[command(args_conflicts_with_subcommands = true)]
 pub struct DevArgs {
     /// A part to run on its own; none runs the whole playground.
     #[command(subcommand)]
     pub command: Option<DevCommand>,
+
+    /// Flags of the whole playground.
+    #[command(flatten)]
+    pub playground: playground::PlaygroundArgs,
 }
 
 /// Parts of the playground that run on their own.
@@ -588,15 +595,17 @@ pub enum DevError {
     Kubeconfig { path: PathBuf, source: std::io::Error },
     #[error("installing signal handlers: {0}")]
     Signals(std::io::Error),
+    #[error(transparent)]
+    Playground(#[from] playground::PlaygroundError),
 }
 
-/// Runs `skipper dev` (the playground is not available yet) or `skipper dev apiserver`.
+/// Runs the playground (`skipper dev`) or `skipper dev apiserver`.
 ///
 /// # Errors
-/// [`DevError`] for bad flags, a busy address, or the missing playground.
+/// [`DevError`] for bad flags, a busy address, or a part that does not start.
 pub async fn main(args: DevArgs) -> Result<ExitCode, DevError> {
     let Some(DevCommand::Apiserver(args)) = args.command else {
-        return Err(NotAvailable("dev").into());
+        return Ok(playground::run(args.playground).await?);
     };
     crate::telemetry::init(&args.telemetry);
     let cluster = Cluster::start(Config {

@@ -1,0 +1,875 @@
+//! `skipper dev`: the local playground.
+//!
+//! Starts the simulated cluster in-process, generates an assignment key
+//! pair, creates the objects of `manifests/` against it (the controller
+//! Deployment, its Services, Secret and RBAC in namespace `skipper`; one pool
+//! Deployment per `--pool` in namespace `default`, from
+//! `manifests/example-pool.yaml`), waits for every controller to report
+//! `SERVING` and every pool to be Ready, then runs one `skipper router`
+//! process on `--listen` that discovers the controllers through the
+//! EndpointSlices of the headless controller Service. Controllers and pool
+//! pods are pods of the simulated cluster (each on its own loopback IP); the
+//! router is a child process (its log goes to `router.log` in the work
+//! directory). SIGINT or SIGTERM stops the router, then every pod, and exits 0.
+//!
+//! The manifests are used as shipped, with these adjustments made in code:
+//! namespace, name and replicas of each pool; the pool's token file inside the
+//! pod's own directory (the simulator has no volumes); `--command` replacing
+//! the fixture; and controller environment (function namespaces, intervals,
+//! text logs, metrics bound to the pod IP).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, ExitStatus, Stdio};
+use std::time::Duration;
+
+use kube::api::{Api, DynamicObject, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpListener;
+
+use super::{Cluster, ClusterError, Config};
+use crate::config::parse_positive_duration;
+use crate::domain::{Function, Scale};
+use crate::shutdown::Shutdown;
+use crate::telemetry::{self, Format, Level};
+use crate::token::SigningKey;
+
+/// `manifests/namespace.yaml`.
+pub const NAMESPACE_YAML: &str = include_str!("../../manifests/namespace.yaml");
+/// `manifests/rbac.yaml`.
+pub const RBAC_YAML: &str = include_str!("../../manifests/rbac.yaml");
+/// `manifests/controller.yaml`.
+pub const CONTROLLER_YAML: &str = include_str!("../../manifests/controller.yaml");
+/// `manifests/router.yaml`.
+pub const ROUTER_YAML: &str = include_str!("../../manifests/router.yaml");
+/// `manifests/example-pool.yaml`.
+pub const EXAMPLE_POOL_YAML: &str = include_str!("../../manifests/example-pool.yaml");
+
+/// Namespace of the controllers (as in `manifests/`).
+pub const CONTROLLER_NAMESPACE: &str = "skipper";
+/// Namespace of the playground's pools.
+pub const POOL_NAMESPACE: &str = "default";
+/// Label selector of the controller pods (ring membership).
+pub const CONTROLLER_SELECTOR: &str = "app.kubernetes.io/name=skipper,app.kubernetes.io/component=controller";
+/// The headless controller Service the router watches.
+pub const CONTROLLER_HEADLESS_SERVICE: &str = "skipper-controller-headless";
+/// The controllers' gRPC port (as in `manifests/controller.yaml`).
+pub const CONTROLLER_PORT: u16 = 50051;
+/// The controllers' metrics port (as in `manifests/controller.yaml`).
+pub const CONTROLLER_METRICS_PORT: u16 = 9090;
+/// The Secret holding the controllers' PASETO private key.
+pub const PASETO_SECRET: &str = "skipper-controller-paseto";
+/// The ConfigMap holding the pools' PASETO public key.
+pub const PUBLIC_KEY_CONFIG_MAP: &str = "skipper-paseto-public";
+/// The port a pool pod serves on (`manifests/example-pool.yaml`); a
+/// `--command` program must listen on `$POD_IP:$PORT` with this port.
+pub const POOL_PORT: u16 = 8888;
+
+/// One `--pool NAME=REPLICAS`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolSpec {
+    /// Deployment name (`skipper/deployment` label value).
+    pub name: String,
+    /// Pod count.
+    pub replicas: u16,
+}
+
+/// RFC 1123 label: 1–63 of `[a-z0-9-]`, alphanumeric at both ends.
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.first().is_some_and(alnum)
+        && b.last().is_some_and(alnum)
+        && b.iter().all(|c| alnum(c) || *c == b'-')
+}
+
+/// Parses `NAME=REPLICAS`.
+///
+/// # Errors
+/// A message naming what is wrong.
+pub fn parse_pool(s: &str) -> Result<PoolSpec, String> {
+    let (name, replicas) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=REPLICAS"))?;
+    if !is_dns_label(name) {
+        return Err(format!(
+            "{name:?} is not a valid Deployment name (RFC 1123 label)"
+        ));
+    }
+    let replicas = replicas
+        .parse::<u16>()
+        .map_err(|e| format!("replicas {replicas:?} in {s:?}: {e}"))?;
+    if replicas > 500 {
+        return Err(format!("replicas {replicas} in {s:?}: at most 500"));
+    }
+    Ok(PoolSpec {
+        name: name.to_owned(),
+        replicas,
+    })
+}
+
+/// Flags of the playground (`skipper dev` without a subcommand).
+#[derive(Debug, Clone, clap::Args)]
+#[group(skip)]
+pub struct PlaygroundArgs {
+    /// Pool Deployment to create in namespace `default`, NAME=REPLICAS (repeatable)
+    #[arg(
+        long = "pool",
+        env = "SKIPPER_POOL",
+        value_name = "NAME=REPLICAS",
+        default_value = "fixture=3",
+        value_delimiter = ',',
+        value_parser = parse_pool
+    )]
+    pub pools: Vec<PoolSpec>,
+
+    /// Shell command pool pods run instead of `skipper fixture`; it gets POD_IP and PORT and must
+    /// serve HTTP on $POD_IP:$PORT
+    #[arg(long = "command", env = "SKIPPER_COMMAND", value_name = "SHELL")]
+    pub pod_command: Option<String>,
+
+    /// Write a kubeconfig for the simulated cluster here (for kubectl)
+    #[arg(long, env = "SKIPPER_KUBECONFIG_OUT", value_name = "PATH")]
+    pub kubeconfig_out: Option<PathBuf>,
+
+    /// Controllers' --scale-interval
+    #[arg(long, env = "SKIPPER_SCALE_INTERVAL", default_value = "5s", value_parser = parse_positive_duration)]
+    pub scale_interval: Duration,
+
+    /// Controllers' --heartbeat-timeout (idle functions scale to zero after it)
+    #[arg(long, env = "SKIPPER_HEARTBEAT_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration)]
+    pub heartbeat_timeout: Duration,
+
+    /// Number of controller pods (ring members)
+    #[arg(long, env = "SKIPPER_CONTROLLERS", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub controllers: u16,
+
+    /// Extra environment of the controller pods, KEY=VALUE (repeatable)
+    #[arg(long = "controller-env", env = "SKIPPER_CONTROLLER_ENV", value_name = "KEY=VALUE",
+          value_delimiter = ',', value_parser = parse_env)]
+    pub controller_env: Vec<(String, String)>,
+
+    /// Where the router listens
+    #[arg(long, env = "SKIPPER_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Where the router serves Prometheus /metrics
+    #[arg(long, env = "SKIPPER_METRICS_LISTEN", default_value = "127.0.0.1:9090")]
+    pub metrics_listen: SocketAddr,
+
+    /// Bound on bringing everything up
+    #[arg(long, env = "SKIPPER_READY_TIMEOUT", default_value = "120s", value_parser = parse_positive_duration)]
+    pub ready_timeout: Duration,
+
+    /// Log level of the playground itself (pods and the router log to files in its work directory)
+    #[arg(long, env = "SKIPPER_LOG_LEVEL", default_value = "warn", ignore_case = true)]
+    pub log_level: Level,
+}
+
+/// Parses `KEY=VALUE`.
+///
+/// # Errors
+/// When there is no `=` or the key is empty.
+pub fn parse_env(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("{s:?} is not KEY=VALUE")),
+    }
+}
+
+/// Why the playground failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaygroundError {
+    #[error(
+        "--listen {addr}: cannot listen there ({source}); is another `skipper dev` running? choose another address with --listen"
+    )]
+    ListenBusy {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("starting the simulated cluster: {0}")]
+    Cluster(#[from] ClusterError),
+    #[error("--kubeconfig-out {path}: {source}")]
+    KubeconfigOut { path: PathBuf, source: std::io::Error },
+    #[error("manifest {file}: {reason}")]
+    Manifest { file: &'static str, reason: String },
+    #[error("creating {kind} {name}: {source}")]
+    Create {
+        kind: String,
+        name: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    #[error("not ready within --ready-timeout {timeout:?}: {waiting_for}")]
+    NotReady { timeout: Duration, waiting_for: String },
+    #[error("starting the router {exe}: {source}")]
+    RouterStart { exe: PathBuf, source: std::io::Error },
+    #[error("the router exited ({status}); see {log}")]
+    RouterExited { status: ExitStatus, log: PathBuf },
+    #[error("installing signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+/// Splits a multi-document YAML manifest into JSON objects (empty documents skipped).
+///
+/// # Errors
+/// When a document is not valid YAML.
+pub fn manifest_documents(yaml: &str) -> Result<Vec<Value>, serde_yaml_ng::Error> {
+    let mut out = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(yaml) {
+        let v: Value = serde::Deserialize::deserialize(doc)?;
+        if v.is_object() {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+/// Creates one manifest object (any kind the API server serves) with the
+/// namespace in its metadata; cluster-scoped when it has none.
+///
+/// # Errors
+/// The API error, naming the kind and name.
+pub async fn create_object(client: &kube::Client, obj: &Value) -> Result<(), PlaygroundError> {
+    let api_version = str_at(obj, "/apiVersion");
+    let kind = str_at(obj, "/kind").to_owned();
+    let name = str_at(obj, "/metadata/name").to_owned();
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &kind));
+    let ns = str_at(obj, "/metadata/namespace");
+    let api: Api<DynamicObject> = if ns.is_empty() {
+        Api::all_with(client.clone(), &ar)
+    } else {
+        Api::namespaced_with(client.clone(), ns, &ar)
+    };
+    let err = |source: kube::Error| PlaygroundError::Create {
+        kind: kind.clone(),
+        name: name.clone(),
+        source: Box::new(source),
+    };
+    let typed: DynamicObject =
+        serde_json::from_value(obj.clone()).map_err(|e| err(kube::Error::SerdeError(e)))?;
+    api.create(&PostParams::default(), &typed).await.map_err(err)?;
+    Ok(())
+}
+
+fn documents(file: &'static str, yaml: &str) -> Result<Vec<Value>, PlaygroundError> {
+    manifest_documents(yaml).map_err(|e| PlaygroundError::Manifest {
+        file,
+        reason: e.to_string(),
+    })
+}
+
+fn set_env(container: &mut Value, name: &str, value: &str) {
+    if !container["env"].is_array() {
+        container["env"] = json!([]);
+    }
+    if let Some(env) = container["env"].as_array_mut() {
+        env.retain(|e| e.get("name").and_then(Value::as_str) != Some(name));
+        env.push(json!({"name": name, "value": value}));
+    }
+}
+
+/// The pool Deployment of `manifests/example-pool.yaml`, renamed to
+/// `pool.name` in `namespace` with `pool.replicas` pods, its token file in
+/// the pod's own directory, and `command` (run with `sh -c`) instead of the
+/// fixture when given.
+///
+/// # Errors
+/// When the manifest has no Deployment.
+pub fn pool_manifest(
+    namespace: &str,
+    pool: &PoolSpec,
+    command: Option<&str>,
+) -> Result<Value, PlaygroundError> {
+    let mut d = documents("example-pool.yaml", EXAMPLE_POOL_YAML)?
+        .into_iter()
+        .find(|d| str_at(d, "/kind") == "Deployment")
+        .ok_or(PlaygroundError::Manifest {
+            file: "example-pool.yaml",
+            reason: "no Deployment".into(),
+        })?;
+    let name = pool.name.as_str();
+    d["metadata"]["name"] = json!(name);
+    d["metadata"]["namespace"] = json!(namespace);
+    d["metadata"]["labels"]["skipper/deployment"] = json!(name);
+    d["spec"]["replicas"] = json!(pool.replicas);
+    d["spec"]["selector"]["matchLabels"]["skipper/deployment"] = json!(name);
+    d["spec"]["template"]["metadata"]["labels"]["skipper/deployment"] = json!(name);
+    let spec = &mut d["spec"]["template"]["spec"];
+    if let Some(obj) = spec.as_object_mut() {
+        obj.remove("volumes");
+    }
+    let container = &mut spec["containers"][0];
+    if let Some(obj) = container.as_object_mut() {
+        obj.remove("volumeMounts");
+    }
+    set_env(container, "SKIPPER_FIXTURE_TOKEN_PATH", "$(POD_DIR)/token");
+    if let Some(cmd) = command {
+        container["command"] = json!(["sh", "-c", cmd]);
+        if let Some(obj) = container.as_object_mut() {
+            obj.remove("args");
+        }
+        set_env(container, "PORT", &POOL_PORT.to_string());
+        container["readinessProbe"] = json!({"tcpSocket": {"port": "http"}, "periodSeconds": 1});
+    }
+    Ok(d)
+}
+
+/// The other objects of `manifests/example-pool.yaml` (RBAC) moved to `namespace`.
+fn pool_rbac(namespace: &str) -> Result<Vec<Value>, PlaygroundError> {
+    let mut out = Vec::new();
+    for mut d in documents("example-pool.yaml", EXAMPLE_POOL_YAML)? {
+        if matches!(str_at(&d, "/kind"), "Namespace" | "Deployment") {
+            continue;
+        }
+        d["metadata"]["namespace"] = json!(namespace);
+        out.push(d);
+    }
+    Ok(out)
+}
+
+/// The objects of `manifests/controller.yaml` with `replicas` controllers
+/// serving the pool namespaces, and `env` added to their container.
+fn controller_manifests(replicas: u16, env: &[(String, String)]) -> Result<Vec<Value>, PlaygroundError> {
+    let mut docs = documents("controller.yaml", CONTROLLER_YAML)?;
+    for d in &mut docs {
+        if str_at(d, "/kind") != "Deployment" {
+            continue;
+        }
+        d["spec"]["replicas"] = json!(replicas);
+        let container = &mut d["spec"]["template"]["spec"]["containers"][0];
+        for (k, v) in env {
+            set_env(container, k, v);
+        }
+    }
+    Ok(docs)
+}
+
+/// The header value of a function served by pool `deployment` for `tenant`.
+#[must_use]
+pub fn example_function(deployment: &str, tenant: &str) -> String {
+    Function {
+        namespace: POOL_NAMESPACE.into(),
+        deployment: deployment.into(),
+        tenant: tenant.into(),
+        metadata: None,
+        scale: Some(Scale {
+            max_instances: Some(1),
+            ..Scale::default()
+        }),
+        oneshot: None,
+    }
+    .to_json()
+}
+
+/// GET `path` over HTTP/1.0; the status code, if any answer came.
+async fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
+    let attempt = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await
+            .ok()?;
+        let mut buf = Vec::with_capacity(64);
+        let mut chunk = [0u8; 64];
+        while buf.len() < 12 {
+            let n = s.read(&mut chunk).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        String::from_utf8_lossy(&buf[9..12]).parse().ok()
+    };
+    tokio::time::timeout(Duration::from_secs(2), attempt)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Whether a controller's gRPC health service reports `SERVING`.
+async fn controller_serving(ip: &str) -> bool {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let check = async {
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(format!("http://{ip}:{CONTROLLER_PORT}")).ok()?;
+        let channel = endpoint
+            .connect_timeout(Duration::from_secs(1))
+            .connect()
+            .await
+            .ok()?;
+        let resp = HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .ok()?;
+        Some(
+            resp.into_inner().status
+                == tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+        )
+    };
+    tokio::time::timeout(Duration::from_secs(2), check)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+}
+
+/// Polls `check` every 100ms until it yields `Some`, or fails naming `what`
+/// once `deadline` has passed.
+async fn wait_for<T, F, Fut>(
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+    what: &str,
+    mut check: F,
+) -> Result<T, PlaygroundError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    loop {
+        if let Some(v) = check().await {
+            return Ok(v);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(PlaygroundError::NotReady {
+                timeout,
+                waiting_for: what.to_owned(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn pod_ips(pods: &[Value]) -> Vec<String> {
+    let mut ips: Vec<String> = pods
+        .iter()
+        .map(|p| str_at(p, "/status/podIP").to_owned())
+        .filter(|ip| !ip.is_empty())
+        .collect();
+    ips.sort();
+    ips
+}
+
+/// The router child process; stopped with SIGTERM (then SIGKILL) on drop.
+struct RouterProcess {
+    child: tokio::process::Child,
+    log: PathBuf,
+}
+
+impl RouterProcess {
+    async fn stop(mut self, grace: Duration) {
+        if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+        }
+        if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+fn spawn_router(
+    args: &PlaygroundArgs,
+    exe: &Path,
+    kubeconfig: &Path,
+    work_dir: &Path,
+) -> Result<RouterProcess, PlaygroundError> {
+    let log = work_dir.join("router.log");
+    let open = || std::fs::OpenOptions::new().create(true).append(true).open(&log);
+    let start_err = |source| PlaygroundError::RouterStart {
+        exe: exe.to_path_buf(),
+        source,
+    };
+    let (out, err) = (open().map_err(start_err)?, open().map_err(start_err)?);
+    // Heartbeats well inside the heartbeat timeout.
+    let heartbeat = (args.heartbeat_timeout / 3).clamp(Duration::from_millis(200), Duration::from_secs(5));
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.arg("router")
+        .args(["--host", &args.listen.ip().to_string()])
+        .args(["--port", &args.listen.port().to_string()])
+        .args(["--pod-ip", &args.listen.ip().to_string()])
+        .args(["--controller-service-host", "skipper-controller.skipper.svc"])
+        .args(["--controller-namespace", CONTROLLER_NAMESPACE])
+        .args(["--controller-headless-service-name", CONTROLLER_HEADLESS_SERVICE])
+        .args(["--controller-port", &CONTROLLER_PORT.to_string()])
+        .args(["--zone", "zone-a"])
+        .args(["--heartbeat-interval", &crate::config::format_duration(heartbeat)])
+        .args(["--log-format", "text"])
+        .args(["--telemetry", "true"])
+        .args([
+            "--telemetry-prometheus-host",
+            &args.metrics_listen.ip().to_string(),
+        ])
+        .args([
+            "--telemetry-prometheus-port",
+            &args.metrics_listen.port().to_string(),
+        ])
+        .env_clear()
+        .env("KUBECONFIG", kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        .kill_on_drop(true);
+    for var in ["PATH", "HOME", "LANG", "RUST_BACKTRACE"] {
+        if let Ok(v) = std::env::var(var) {
+            cmd.env(var, v);
+        }
+    }
+    let child = cmd.spawn().map_err(start_err)?;
+    Ok(RouterProcess { child, log })
+}
+
+/// What the playground brought up.
+struct Up {
+    controller_ips: Vec<String>,
+}
+
+async fn bring_up(
+    args: &PlaygroundArgs,
+    cluster: &Cluster,
+    router: &mut RouterProcess,
+) -> Result<Up, PlaygroundError> {
+    let deadline = tokio::time::Instant::now() + args.ready_timeout;
+    let timeout = args.ready_timeout;
+    let mut controller_ips = Vec::new();
+    wait_for(deadline, timeout, "the controller pods to be Ready", || {
+        let pods = cluster.ready_pods(CONTROLLER_NAMESPACE, CONTROLLER_SELECTOR);
+        let ips = pod_ips(&pods);
+        let ok = ips.len() == usize::from(args.controllers);
+        if ok {
+            controller_ips.clone_from(&ips);
+        }
+        async move { ok.then_some(()) }
+    })
+    .await?;
+    for ip in &controller_ips {
+        wait_for(
+            deadline,
+            timeout,
+            &format!("controller {ip} to report SERVING"),
+            || async { controller_serving(ip).await.then_some(()) },
+        )
+        .await?;
+    }
+    for pool in &args.pools {
+        let selector = format!("skipper/deployment={}", pool.name);
+        wait_for(
+            deadline,
+            timeout,
+            &format!("{} Ready pods of pool {}", pool.replicas, pool.name),
+            || {
+                let ok = cluster.ready_pods(POOL_NAMESPACE, &selector).len() >= usize::from(pool.replicas);
+                async move { ok.then_some(()) }
+            },
+        )
+        .await?;
+    }
+    let listen = args.listen;
+    loop {
+        if let Some(status) = router
+            .child
+            .try_wait()
+            .map_err(|source| PlaygroundError::RouterStart {
+                exe: PathBuf::from("skipper router"),
+                source,
+            })?
+        {
+            return Err(PlaygroundError::RouterExited {
+                status,
+                log: router.log.clone(),
+            });
+        }
+        if http_status(listen, "/healthz").await == Some(200) {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(PlaygroundError::NotReady {
+                timeout,
+                waiting_for: format!("the router's /healthz on {listen}"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(Up { controller_ips })
+}
+
+fn print_ready(args: &PlaygroundArgs, cluster: &Cluster, up: &Up) {
+    let pool = args.pools.first().map_or("fixture", |p| p.name.as_str());
+    let function = example_function(pool, "t1");
+    let listen = args.listen;
+    let kubeconfig = args
+        .kubeconfig_out
+        .as_deref()
+        .unwrap_or_else(|| cluster.kubeconfig_path());
+    let members = up.controller_ips.join(",");
+    let first = up.controller_ips.first().map_or("", String::as_str);
+    println!("skipper dev ready: router http://{listen}");
+    println!("curl -sS -H 'X-Skipper-Function: {function}' http://{listen}/hello");
+    println!();
+    println!(
+        "  kubectl:       KUBECONFIG={} kubectl get pods -A",
+        kubeconfig.display()
+    );
+    println!("  controllers:   {members} (gRPC :{CONTROLLER_PORT}, metrics :{CONTROLLER_METRICS_PORT})");
+    println!("  metrics:       curl -s http://{}/metrics", args.metrics_listen);
+    println!("                 curl -s http://{first}:{CONTROLLER_METRICS_PORT}/metrics");
+    println!("  ring-inspect:  skipper ring-inspect --members {members} --function '{function}'");
+    println!(
+        "  logs:          {} (router.log; pods/<namespace>_<pod>_<uid>/log)",
+        cluster
+            .kubeconfig_path()
+            .parent()
+            .unwrap_or_else(|| Path::new("."))
+            .display()
+    );
+    println!("  stop:          Ctrl-C");
+}
+
+/// Runs the playground until SIGINT/SIGTERM.
+///
+/// # Errors
+/// [`PlaygroundError`]: a busy `--listen`, a manifest the simulator rejects,
+/// or a part that does not come up within `--ready-timeout`.
+pub async fn run(args: PlaygroundArgs) -> Result<ExitCode, PlaygroundError> {
+    telemetry::init(&telemetry::Args {
+        log_level: args.log_level,
+        log_format: Format::Text,
+        ..telemetry::Args::default()
+    });
+    // Fail at once on a busy port, before anything starts.
+    drop(
+        TcpListener::bind(args.listen)
+            .await
+            .map_err(|source| PlaygroundError::ListenBusy {
+                addr: args.listen,
+                source,
+            })?,
+    );
+    let shutdown = Shutdown::new();
+    shutdown.trigger_on_signals().map_err(PlaygroundError::Signals)?;
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("skipper"));
+    let cluster = Cluster::start(Config {
+        skipper_exe: exe.clone(),
+        ..Config::default()
+    })
+    .await?;
+    if let Some(path) = &args.kubeconfig_out {
+        cluster
+            .write_kubeconfig(path)
+            .map_err(|source| PlaygroundError::KubeconfigOut {
+                path: path.clone(),
+                source,
+            })?;
+    }
+    let result = tokio::select! {
+        r = serve(&args, &cluster, &exe, &shutdown) => r,
+        () = shutdown.cancelled() => Ok(()),
+    };
+    shutdown.trigger();
+    cluster.shutdown().await;
+    result.map(|()| ExitCode::SUCCESS)
+}
+
+async fn serve(
+    args: &PlaygroundArgs,
+    cluster: &Cluster,
+    exe: &Path,
+    shutdown: &Shutdown,
+) -> Result<(), PlaygroundError> {
+    apply_manifests(args, cluster).await?;
+    let work_dir = cluster
+        .kubeconfig_path()
+        .parent()
+        .unwrap_or_else(|| Path::new("."))
+        .to_path_buf();
+    let mut router = spawn_router(args, exe, cluster.kubeconfig_path(), &work_dir)?;
+    let up = match bring_up(args, cluster, &mut router).await {
+        Ok(up) => up,
+        Err(e) => {
+            router.stop(Duration::from_secs(2)).await;
+            return Err(e);
+        }
+    };
+    print_ready(args, cluster, &up);
+    let exited = tokio::select! {
+        () = shutdown.cancelled() => None,
+        status = router.child.wait() => Some(status),
+    };
+    match exited {
+        None => {
+            router.stop(Duration::from_secs(10)).await;
+            Ok(())
+        }
+        Some(status) => Err(PlaygroundError::RouterExited {
+            status: status.map_err(|source| PlaygroundError::RouterStart {
+                exe: exe.to_path_buf(),
+                source,
+            })?,
+            log: router.log,
+        }),
+    }
+}
+
+async fn apply_manifests(args: &PlaygroundArgs, cluster: &Cluster) -> Result<(), PlaygroundError> {
+    let client = cluster.client()?;
+    let key = SigningKey::generate();
+    let public_pem = key.verifying_key().to_pem();
+    for d in documents("namespace.yaml", NAMESPACE_YAML)? {
+        create_object(&client, &d).await?;
+    }
+    for d in documents("rbac.yaml", RBAC_YAML)? {
+        create_object(&client, &d).await?;
+    }
+    create_object(
+        &client,
+        &json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": PASETO_SECRET, "namespace": CONTROLLER_NAMESPACE},
+                "type": "Opaque",
+                "stringData": {"SKIPPER_PASETO_PRIVATE_KEY": key.to_pem()}}),
+    )
+    .await?;
+    create_object(
+        &client,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": PUBLIC_KEY_CONFIG_MAP, "namespace": POOL_NAMESPACE},
+                "data": {"SKIPPER_PUBLIC_KEY": public_pem}}),
+    )
+    .await?;
+    for d in pool_rbac(POOL_NAMESPACE)? {
+        create_object(&client, &d).await?;
+    }
+    for pool in &args.pools {
+        create_object(
+            &client,
+            &pool_manifest(POOL_NAMESPACE, pool, args.pod_command.as_deref())?,
+        )
+        .await?;
+    }
+    let mut env: BTreeMap<String, String> = BTreeMap::new();
+    env.insert("SKIPPER_FUNCTION_NAMESPACES".into(), POOL_NAMESPACE.into());
+    env.insert(
+        "SKIPPER_SCALE_INTERVAL".into(),
+        crate::config::format_duration(args.scale_interval),
+    );
+    env.insert(
+        "SKIPPER_HEARTBEAT_TIMEOUT".into(),
+        crate::config::format_duration(args.heartbeat_timeout),
+    );
+    env.insert("SKIPPER_LOG_FORMAT".into(), "text".into());
+    for (k, v) in &args.controller_env {
+        env.insert(k.clone(), v.clone());
+    }
+    let env: Vec<(String, String)> = env.into_iter().collect();
+    for d in controller_manifests(args.controllers, &env)? {
+        create_object(&client, &d).await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pool_flag_parses_and_rejects() {
+        assert_eq!(
+            parse_pool("fixture=3"),
+            Ok(PoolSpec {
+                name: "fixture".into(),
+                replicas: 3
+            })
+        );
+        assert!(parse_pool("fixture").unwrap_err().contains("NAME=REPLICAS"));
+        assert!(parse_pool("Bad_Name=1").unwrap_err().contains("Deployment name"));
+        assert!(parse_pool("a=x").unwrap_err().contains("replicas"));
+        assert!(parse_pool("a=501").unwrap_err().contains("at most 500"));
+    }
+
+    #[test]
+    fn env_flag_parses() {
+        assert_eq!(parse_env("A=b=c"), Ok(("A".into(), "b=c".into())));
+        assert!(parse_env("=x").is_err());
+        assert!(parse_env("x").is_err());
+    }
+
+    #[test]
+    fn pool_manifest_is_renamed_and_resized() {
+        let pool = PoolSpec {
+            name: "echo".into(),
+            replicas: 5,
+        };
+        let d = pool_manifest("default", &pool, None).unwrap();
+        assert_eq!(d["metadata"]["name"], "echo");
+        assert_eq!(d["metadata"]["namespace"], "default");
+        assert_eq!(d["spec"]["replicas"], 5);
+        assert_eq!(d["spec"]["selector"]["matchLabels"]["skipper/deployment"], "echo");
+        assert_eq!(
+            d["spec"]["selector"]["matchExpressions"][0],
+            json!({"key": "skipper/tenant", "operator": "DoesNotExist"})
+        );
+        assert_eq!(
+            d["spec"]["template"]["metadata"]["labels"]["skipper/deployment"],
+            "echo"
+        );
+        let c = &d["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(c["command"], json!(["skipper", "fixture"]));
+        let token = c["env"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|e| e["name"] == "SKIPPER_FIXTURE_TOKEN_PATH")
+            .unwrap();
+        assert_eq!(token["value"], "$(POD_DIR)/token");
+    }
+
+    #[test]
+    fn command_replaces_the_fixture() {
+        let pool = PoolSpec {
+            name: "mine".into(),
+            replicas: 1,
+        };
+        let d = pool_manifest("default", &pool, Some("exec my-server")).unwrap();
+        let c = &d["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(c["command"], json!(["sh", "-c", "exec my-server"]));
+        assert!(c.get("args").is_none());
+        assert_eq!(c["readinessProbe"]["tcpSocket"]["port"], "http");
+    }
+
+    #[test]
+    fn controller_manifest_gets_replicas_and_env() {
+        let docs =
+            controller_manifests(3, &[("SKIPPER_FUNCTION_NAMESPACES".into(), "default".into())]).unwrap();
+        let d = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+        assert_eq!(d["spec"]["replicas"], 3);
+        let env = d["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap();
+        let ns: Vec<_> = env
+            .iter()
+            .filter(|e| e["name"] == "SKIPPER_FUNCTION_NAMESPACES")
+            .collect();
+        assert_eq!(ns.len(), 1);
+        assert_eq!(ns[0]["value"], "default");
+    }
+
+    #[test]
+    fn example_function_is_valid() {
+        let f = Function::from_json(&example_function("fixture", "t1")).unwrap();
+        f.validate().unwrap();
+        assert_eq!(f.tenant, "t1");
+        assert_eq!(f.namespace, POOL_NAMESPACE);
+    }
+}
