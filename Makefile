@@ -2,16 +2,21 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: build test lint fmt bench bench-router bench-sim clean
+.PHONY: build test e2e lint fmt bench bench-router bench-sim clean
 
 ## build: the release binary at target/release/skipper
 build:
 	$(CARGO) build --release --bin skipper
 
-## test: every unit, integration and doc test
+## test: every unit, integration and doc test (the e2e suite runs in `make e2e`)
 test:
-	$(CARGO) nextest run --no-fail-fast
+	$(CARGO) nextest run --no-fail-fast -E 'not binary(e2e)'
 	$(CARGO) test --doc
+
+## e2e: the end-to-end scenarios against the real binary (`skipper dev`), two at a time
+e2e:
+	$(CARGO) build --bin skipper
+	$(CARGO) test --test e2e -- --test-threads 2 --nocapture
 
 ## lint: formatting and clippy with warnings as errors
 lint:

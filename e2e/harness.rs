@@ -1,0 +1,527 @@
+//! Runs the real `skipper dev` (simulated cluster, controller pods, router
+//! process, pool pods) and talks to it the way users do: HTTP through the
+//! router, kube-rs and the simulator's fault endpoints through the
+//! kubeconfig it writes, gRPC to the controllers. [`Dev`] stops the whole
+//! tree on drop, also when a test fails.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::StreamExt;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use kube::runtime::{WatchStreamExt, watcher};
+use serde_json::Value;
+use skipper::api;
+use skipper::client::{ChannelSettings, Client, Endpoints};
+use tokio::io::{AsyncBufReadExt as _, BufReader};
+
+/// Namespace of the playground's pools.
+pub const NS: &str = "default";
+/// Label carrying the tenant of an assigned pod.
+pub const TENANT: &str = "skipper/tenant";
+
+/// How a scenario's playground is started.
+pub struct Opts {
+    pub controllers: u16,
+    pub pool: u16,
+    pub scale_interval: &'static str,
+    pub heartbeat_timeout: &'static str,
+    pub controller_env: Vec<&'static str>,
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Self {
+            controllers: 1,
+            pool: 3,
+            scale_interval: "1s",
+            heartbeat_timeout: "5s",
+            controller_env: vec![
+                "SKIPPER_HPA_DOWNSCALE_STABILIZATION=2s",
+                "SKIPPER_HPA_INITIAL_READINESS_DELAY=1s",
+                "SKIPPER_FUNCTION_ASSIGN_TIMEOUT=5s",
+            ],
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap().port()
+}
+
+/// A running `skipper dev`.
+pub struct Dev {
+    child: Option<tokio::process::Child>,
+    pub router: String,
+    pub api_server: String,
+    pub client: kube::Client,
+    pub http: reqwest::Client,
+    pub controller_ips: Vec<String>,
+    pub stdout: Arc<Mutex<Vec<String>>>,
+    dir: PathBuf,
+}
+
+impl Dev {
+    /// Starts `skipper dev` and waits (at most 120s) for its ready line.
+    pub async fn start(opts: Opts) -> Self {
+        let dir = std::env::temp_dir().join(format!(
+            "skipper-e2e-{}-{:x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        std::fs::create_dir_all(&dir).unwrap();
+        let kubeconfig = dir.join("kubeconfig");
+        let listen = format!("127.0.0.1:{}", free_port());
+        let metrics = format!("127.0.0.1:{}", free_port());
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_skipper"));
+        cmd.arg("dev")
+            .args(["--listen", &listen, "--metrics-listen", &metrics])
+            .arg("--kubeconfig-out")
+            .arg(&kubeconfig)
+            .args(["--controllers", &opts.controllers.to_string()])
+            .args(["--pool", &format!("fixture={}", opts.pool)])
+            .args(["--scale-interval", opts.scale_interval])
+            .args(["--heartbeat-timeout", opts.heartbeat_timeout])
+            .args(["--log-level", "info"]);
+        for e in &opts.controller_env {
+            cmd.args(["--controller-env", e]);
+        }
+        let stderr = std::fs::File::create(dir.join("dev.stderr")).unwrap();
+        cmd.stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::from(stderr))
+            .kill_on_drop(true);
+        let mut child = cmd.spawn().unwrap();
+        let stdout = Arc::new(Mutex::new(Vec::new()));
+        let lines = stdout.clone();
+        let mut reader = BufReader::new(child.stdout.take().unwrap()).lines();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        tokio::spawn(async move {
+            let mut ready_tx = Some(ready_tx);
+            while let Ok(Some(line)) = reader.next_line().await {
+                if line.starts_with("skipper dev ready") {
+                    if let Some(tx) = ready_tx.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                lines.lock().unwrap().push(line);
+            }
+        });
+        let mut dev = Self {
+            child: Some(child),
+            router: format!("http://{listen}"),
+            api_server: String::new(),
+            client: kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap())).unwrap(),
+            http: reqwest::Client::builder()
+                .pool_max_idle_per_host(64)
+                .timeout(Duration::from_secs(60))
+                .build()
+                .unwrap(),
+            controller_ips: Vec::new(),
+            stdout,
+            dir,
+        };
+        if tokio::time::timeout(Duration::from_secs(120), ready_rx)
+            .await
+            .is_err()
+        {
+            panic!(
+                "skipper dev not ready within 120s; stderr in {}",
+                dev.dir.join("dev.stderr").display()
+            );
+        }
+        // Wait for the rest of the ready block (controllers line).
+        let controllers = wait_until(Duration::from_secs(5), "the controllers line", || {
+            let l = dev.stdout.lock().unwrap();
+            let line = l.iter().find(|l| l.trim_start().starts_with("controllers:"))?;
+            let ips = line.split_whitespace().nth(1)?.to_owned();
+            Some(ips)
+        })
+        .await;
+        dev.controller_ips = controllers.split(',').map(str::to_owned).collect();
+        let text = std::fs::read_to_string(&kubeconfig).unwrap();
+        let server = text
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("server: "))
+            .unwrap()
+            .to_owned();
+        dev.client = kube::Client::try_from(kube::Config::new(server.parse().unwrap())).unwrap();
+        dev.api_server = server;
+        dev
+    }
+
+    /// The output of `skipper dev` so far.
+    pub fn output(&self) -> String {
+        self.stdout.lock().unwrap().join("\n")
+    }
+
+    /// Sends one request for `function` through the router.
+    pub async fn request(&self, function: &str, path: &str) -> Result<(u16, String), reqwest::Error> {
+        let resp = self
+            .http
+            .get(format!("{}{path}", self.router))
+            .header("X-Skipper-Function", function)
+            .send()
+            .await?;
+        let status = resp.status().as_u16();
+        let body = resp.text().await?;
+        Ok((status, body))
+    }
+
+    /// One request that must succeed; returns the tenant the echo names.
+    pub async fn echo_tenant(&self, function: &str, path: &str) -> String {
+        let (status, body) = self.request(function, path).await.unwrap();
+        assert_eq!(status, 200, "body: {body}");
+        let v: Value = serde_json::from_str(&body).unwrap();
+        v["tenant"].as_str().unwrap().to_owned()
+    }
+
+    /// Every pod in the pool namespace.
+    pub async fn pods(&self) -> Vec<Pod> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), NS);
+        api.list(&ListParams::default()).await.unwrap().items
+    }
+
+    /// Running, non-terminating pods serving `tenant`, by name.
+    pub async fn tenant_pods(&self, tenant: &str) -> BTreeSet<String> {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), NS);
+        api.list(&ListParams::default().labels(&format!("{TENANT}={tenant}")))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter_map(|p| p.metadata.name)
+            .collect()
+    }
+
+    /// Ready, unassigned pool pods.
+    pub async fn idle_pool_pods(&self) -> usize {
+        self.pods()
+            .await
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| !p.metadata.labels.as_ref().is_some_and(|l| l.contains_key(TENANT)))
+            .filter(|p| pod_ready(p))
+            .count()
+    }
+
+    /// POSTs a fault to the simulator (`/_sim/...`).
+    pub async fn fault(&self, path: &str) {
+        let resp = self
+            .http
+            .post(format!("{}/_sim/{path}", self.api_server))
+            .send()
+            .await
+            .unwrap();
+        assert!(resp.status().is_success(), "fault {path}: {}", resp.status());
+    }
+
+    /// The local state of the controller at `ip`.
+    pub async fn controller_state(&self, ip: &str) -> api::ClusterState {
+        let addr: SocketAddr = format!("{ip}:50051").parse().unwrap();
+        let client = Client::new(Endpoints::fixed(&[addr], ChannelSettings::default()));
+        client
+            .get_cluster_state(
+                api::GetClusterStateRequest {
+                    local_only: Some(true),
+                },
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap()
+            .cluster_state
+            .unwrap()
+    }
+
+    /// The cluster state aggregated across the ring by the controller at `ip`.
+    pub async fn aggregated_state(&self, ip: &str) -> api::ClusterState {
+        let addr: SocketAddr = format!("{ip}:50051").parse().unwrap();
+        let client = Client::new(Endpoints::fixed(&[addr], ChannelSettings::default()));
+        client
+            .get_cluster_state(
+                api::GetClusterStateRequest { local_only: None },
+                Duration::from_secs(5),
+            )
+            .await
+            .unwrap()
+            .cluster_state
+            .unwrap()
+    }
+
+    /// Records, for every pod, each tenant label it ever carried, and for
+    /// each tenant the most pods it had at once, until dropped.
+    pub fn record_assignments(&self) -> Recorder {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), NS);
+        let seen = Arc::new(Mutex::new(Assignments::default()));
+        let state = seen.clone();
+        let task = tokio::spawn(async move {
+            let mut stream = std::pin::pin!(watcher(api, watcher::Config::default()).default_backoff());
+            let mut live: BTreeMap<String, String> = BTreeMap::new();
+            while let Some(ev) = stream.next().await {
+                let (pod, deleted) = match ev {
+                    Ok(watcher::Event::Apply(p) | watcher::Event::InitApply(p)) => (p, false),
+                    Ok(watcher::Event::Delete(p)) => (p, true),
+                    _ => continue,
+                };
+                let uid = pod.metadata.uid.clone().unwrap_or_default();
+                let tenant = pod.metadata.labels.as_ref().and_then(|l| l.get(TENANT)).cloned();
+                let alive = !deleted
+                    && pod.metadata.deletion_timestamp.is_none()
+                    && pod.status.as_ref().and_then(|s| s.phase.as_deref()) != Some("Failed");
+                let mut s = state.lock().unwrap();
+                match tenant {
+                    Some(t) if alive => {
+                        s.tenants_of_pod.entry(uid.clone()).or_default().insert(t.clone());
+                        live.insert(uid, t);
+                    }
+                    Some(t) => {
+                        s.tenants_of_pod.entry(uid.clone()).or_default().insert(t);
+                        live.remove(&uid);
+                    }
+                    None => {
+                        live.remove(&uid);
+                    }
+                }
+                let mut per: BTreeMap<&str, u32> = BTreeMap::new();
+                for t in live.values() {
+                    *per.entry(t.as_str()).or_default() += 1;
+                }
+                for (t, n) in per {
+                    let max = s.max_pods_of_tenant.entry(t.to_owned()).or_default();
+                    *max = (*max).max(n);
+                }
+            }
+        });
+        Recorder { seen, task }
+    }
+}
+
+/// What [`Dev::record_assignments`] saw.
+#[derive(Debug, Default, Clone)]
+pub struct Assignments {
+    /// Pod uid → tenants it carried.
+    pub tenants_of_pod: BTreeMap<String, BTreeSet<String>>,
+    /// Tenant → most live (not terminating) pods at once.
+    pub max_pods_of_tenant: BTreeMap<String, u32>,
+}
+
+/// A running assignment recorder.
+pub struct Recorder {
+    seen: Arc<Mutex<Assignments>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Recorder {
+    pub fn snapshot(&self) -> Assignments {
+        self.seen.lock().unwrap().clone()
+    }
+}
+
+impl Drop for Recorder {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl Drop for Dev {
+    fn drop(&mut self) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Some(pid) = child.id() {
+            let _ = nix::sys::signal::kill(
+                nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+                nix::sys::signal::Signal::SIGTERM,
+            );
+        }
+        // `skipper dev` stops the router and every pod; give it 20s.
+        let deadline = Instant::now() + Duration::from_secs(20);
+        while Instant::now() < deadline {
+            if matches!(child.try_wait(), Ok(Some(_))) {
+                let _ = std::fs::remove_dir_all(&self.dir);
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        let _ = child.start_kill();
+    }
+}
+
+/// Whether a pod's Ready condition is True.
+pub fn pod_ready(p: &Pod) -> bool {
+    p.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// Polls `check` every 100ms until it yields `Some`; panics naming `what` after `limit`.
+pub async fn wait_until<T, F>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Option<T>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = check() {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// As [`wait_until`] with an async check.
+pub async fn wait_for<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if let Some(v) = check().await {
+            return v;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out after {limit:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A function header value.
+pub fn function(tenant: &str, scale: &str, oneshot: bool) -> String {
+    let oneshot = if oneshot { r#","oneshot":true"# } else { "" };
+    format!(r#"{{"namespace":"{NS}","deployment":"fixture","tenant":"{tenant}","scale":{scale}{oneshot}}}"#)
+}
+
+/// A function with at most one instance.
+pub fn single(tenant: &str) -> String {
+    function(tenant, r#"{"max_instances":1}"#, false)
+}
+
+/// Counts of a load run.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LoadStats {
+    /// Requests issued.
+    pub sent: u64,
+    /// Requests whose first attempt failed and that the client retried.
+    pub retried: u64,
+    /// Requests that failed after every retry.
+    pub failed: u64,
+}
+
+/// A running load.
+pub struct Load {
+    /// Requests completed (successfully or not) so far.
+    pub done: Arc<AtomicU64>,
+    stop: tokio_util::sync::CancellationToken,
+    handle: tokio::task::JoinHandle<(LoadStats, Vec<String>)>,
+}
+
+impl Load {
+    /// Waits until `n` more requests have completed.
+    pub async fn progress(&self, n: u64) {
+        let target = self.done.load(Ordering::SeqCst) + n;
+        wait_until(Duration::from_secs(60), &format!("{n} more requests"), || {
+            (self.done.load(Ordering::SeqCst) >= target).then_some(())
+        })
+        .await;
+    }
+
+    /// Stops the load; its counts and the errors seen.
+    pub async fn finish(self) -> (LoadStats, Vec<String>) {
+        self.stop.cancel();
+        self.handle.await.unwrap()
+    }
+}
+
+/// Steady load: `workers` loops over `functions` (each request retried at
+/// most twice by the client) until [`Load::finish`].
+pub fn load(dev: &Dev, functions: Vec<String>, workers: usize) -> Load {
+    let http = dev.http.clone();
+    let router = dev.router.clone();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let done = Arc::new(AtomicU64::new(0));
+    let (stop2, done2) = (stop.clone(), done.clone());
+    let handle = tokio::spawn(async move {
+        let (stop, done) = (stop2, done2);
+        let functions = Arc::new(functions);
+        let mut set = tokio::task::JoinSet::new();
+        for w in 0..workers {
+            let (http, router, functions, stop, done) = (
+                http.clone(),
+                router.clone(),
+                functions.clone(),
+                stop.clone(),
+                done.clone(),
+            );
+            set.spawn(async move {
+                let mut stats = LoadStats::default();
+                let mut errors = Vec::new();
+                let mut i = w;
+                while !stop.is_cancelled() {
+                    let f = &functions[i % functions.len()];
+                    i += 1;
+                    stats.sent += 1;
+                    let mut ok = false;
+                    for attempt in 0..3 {
+                        if attempt == 1 {
+                            stats.retried += 1;
+                        }
+                        let r = http
+                            .get(format!("{router}/load"))
+                            .header("X-Skipper-Function", f.as_str())
+                            .send()
+                            .await;
+                        match r {
+                            Ok(resp) if resp.status().is_success() => {
+                                let body = resp.text().await.unwrap_or_default();
+                                let v: Value = serde_json::from_str(&body).unwrap_or_default();
+                                let want: Value = serde_json::from_str(f).unwrap();
+                                if v["tenant"] == want["tenant"] {
+                                    ok = true;
+                                    break;
+                                }
+                                errors.push(format!("wrong tenant: {body}"));
+                            }
+                            Ok(resp) => errors.push(format!(
+                                "{}: {}",
+                                resp.status(),
+                                resp.text().await.unwrap_or_default()
+                            )),
+                            Err(e) => errors.push(e.to_string()),
+                        }
+                    }
+                    if !ok {
+                        stats.failed += 1;
+                    }
+                    done.fetch_add(1, Ordering::SeqCst);
+                }
+                (stats, errors)
+            });
+        }
+        let mut total = LoadStats::default();
+        let mut errors = Vec::new();
+        while let Some(r) = set.join_next().await {
+            let (s, e) = r.unwrap();
+            total.sent += s.sent;
+            total.retried += s.retried;
+            total.failed += s.failed;
+            errors.extend(e);
+        }
+        (total, errors)
+    });
+    Load { done, stop, handle }
+}
