@@ -33,6 +33,8 @@ pub struct Opts {
     pub scale_interval: &'static str,
     pub heartbeat_timeout: &'static str,
     pub controller_env: Vec<&'static str>,
+    /// More `skipper dev` arguments.
+    pub extra: Vec<String>,
 }
 
 impl Default for Opts {
@@ -47,6 +49,7 @@ impl Default for Opts {
                 "SKIPPER_HPA_INITIAL_READINESS_DELAY=1s",
                 "SKIPPER_FUNCTION_ASSIGN_TIMEOUT=5s",
             ],
+            extra: Vec::new(),
         }
     }
 }
@@ -93,6 +96,7 @@ impl Dev {
         for e in &opts.controller_env {
             cmd.args(["--controller-env", e]);
         }
+        cmd.args(&opts.extra);
         let stderr = std::fs::File::create(dir.join("dev.stderr")).unwrap();
         cmd.stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -328,6 +332,40 @@ impl Recorder {
 impl Drop for Recorder {
     fn drop(&mut self) {
         self.task.abort();
+    }
+}
+
+impl Dev {
+    /// Sends SIGINT (Ctrl-C) and waits at most 30s for the exit status.
+    pub async fn interrupt(mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().unwrap();
+        let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+        nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(30), child.wait())
+            .await
+            .expect("skipper dev did not exit within 30s of SIGINT")
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&self.dir);
+        status
+    }
+
+    /// Pids of every pod process (from the pods' `sim://PID` container ids).
+    pub async fn pod_pids(&self) -> Vec<i32> {
+        let api: Api<Pod> = Api::all(self.client.clone());
+        api.list(&ListParams::default())
+            .await
+            .unwrap()
+            .items
+            .iter()
+            .filter_map(|p| {
+                p.status.as_ref()?.container_statuses.as_ref()?[0]
+                    .container_id
+                    .as_deref()?
+                    .strip_prefix("sim://")?
+                    .parse()
+                    .ok()
+            })
+            .collect()
     }
 }
 

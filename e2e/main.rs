@@ -9,6 +9,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod harness;
+mod playground;
 mod scenarios;
 
 /// Prints a scenario's wall time when it ends (also on failure).
