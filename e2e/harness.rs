@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::Stdio;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -110,10 +110,10 @@ impl Dev {
         tokio::spawn(async move {
             let mut ready_tx = Some(ready_tx);
             while let Ok(Some(line)) = reader.next_line().await {
-                if line.starts_with("skipper dev ready") {
-                    if let Some(tx) = ready_tx.take() {
-                        let _ = tx.send(());
-                    }
+                if line.starts_with("skipper dev ready")
+                    && let Some(tx) = ready_tx.take()
+                {
+                    let _ = tx.send(());
                 }
                 lines.lock().unwrap().push(line);
             }
@@ -381,15 +381,14 @@ impl Drop for Dev {
             );
         }
         // `skipper dev` stops the router and every pod; give it 20s.
-        let deadline = Instant::now() + Duration::from_secs(20);
-        while Instant::now() < deadline {
-            if matches!(child.try_wait(), Ok(Some(_))) {
-                let _ = std::fs::remove_dir_all(&self.dir);
-                return;
-            }
-            std::thread::sleep(Duration::from_millis(50));
+        let handle = tokio::runtime::Handle::current();
+        let exited = tokio::task::block_in_place(|| {
+            handle.block_on(async { tokio::time::timeout(Duration::from_secs(20), child.wait()).await })
+        });
+        if exited.is_err() {
+            let _ = child.start_kill();
         }
-        let _ = child.start_kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 

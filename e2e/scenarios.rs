@@ -17,7 +17,11 @@ const WAIT: Duration = Duration::from_secs(60);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s01_echo_and_affinity() {
     let _t = Timer::start("s01 echo and affinity");
-    let dev = Dev::start(Opts::default()).await;
+    let dev = Dev::start(Opts {
+        heartbeat_timeout: "60s",
+        ..Opts::default()
+    })
+    .await;
     assert!(
         dev.output().contains("X-Skipper-Function"),
         "no curl in:\n{}",
@@ -35,8 +39,10 @@ async fn s01_echo_and_affinity() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s02_twenty_tenants_twenty_pods() {
     let _t = Timer::start("s02 20 tenants");
+    // No scale to zero while the 20 assignments are checked.
     let dev = Dev::start(Opts {
         pool: 5,
+        heartbeat_timeout: "60s",
         ..Opts::default()
     })
     .await;
