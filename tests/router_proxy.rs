@@ -339,6 +339,53 @@ async fn response_header_timeout_is_504() {
 }
 
 #[tokio::test]
+async fn request_timeout_is_504() {
+    let w = world(|c| c.request_timeout = Some(Duration::from_millis(100))).await;
+    let resp = http()
+        .get(w.router.url("/block"))
+        .header(HEADER_FUNCTION, header())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 504);
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("request timeout"), "{body}");
+    w.upstream.open();
+    w.router.stop().await;
+}
+
+#[tokio::test]
+async fn oneshot_instance_is_released_after_an_upstream_failure() {
+    let w = world(|_| {}).await;
+    let rude = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let rude_addr = rude.local_addr().unwrap();
+    tokio::spawn(async move {
+        let Ok((mut s, _)) = rude.accept().await else {
+            return;
+        };
+        let mut buf = [0u8; 1024];
+        let _ = tokio::io::AsyncReadExt::read(&mut s, &mut buf).await;
+    });
+    w.fake.with(|s| s.instances[0].addr = Some(rude_addr.to_string()));
+    let resp = http()
+        .get(w.router.url("/x"))
+        .header(HEADER_FUNCTION, function_header("app", "t1", true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 502);
+    let fake = w.fake.clone();
+    w.router.stop().await;
+    let names: Vec<String> = fake.with(|s| {
+        s.releases
+            .iter()
+            .map(|r| r.instance.as_ref().unwrap().name.clone().unwrap())
+            .collect()
+    });
+    assert_eq!(names, vec!["pod-1".to_owned()]);
+}
+
+#[tokio::test]
 async fn sse_first_event_arrives_before_the_response_ends() {
     let w = world(|_| {}).await;
     let resp = http()

@@ -46,6 +46,11 @@ use entry::HeaderCache;
 use metrics::{DeploymentLabel, DurationLabels, Metrics};
 use proxy::{Proxy, Settings};
 
+/// How often closed and expired idle instance connections are dropped.
+const POOL_SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+/// Pause after a failed `accept`.
+const ACCEPT_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Why the router could not start or run.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -164,6 +169,17 @@ pub async fn serve(
         shutdown.tracker().clone(),
         hard_stop.clone(),
     );
+    let sweeper = pool.clone();
+    let sweep_stop = shutdown.token().clone();
+    shutdown.spawn("instance-pool-sweep", async move {
+        let mut every = tokio::time::interval(POOL_SWEEP_INTERVAL);
+        loop {
+            tokio::select! {
+                () = sweep_stop.cancelled() => return,
+                _ = every.tick() => sweeper.sweep(),
+            }
+        }
+    });
     let state = Arc::new(State {
         cache: HeaderCache::default(),
         activity,
@@ -181,8 +197,12 @@ pub async fn serve(
             r = listener.accept() => match r {
                 Ok(pair) => pair,
                 Err(e) => {
+                    // Typically out of file descriptors: pause instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
-                    continue;
+                    tokio::select! {
+                        () = token.cancelled() => break,
+                        () = tokio::time::sleep(ACCEPT_ERROR_PAUSE) => continue,
+                    }
                 }
             },
         };
