@@ -432,6 +432,28 @@ async fn large_download_streams_through() {
 }
 
 #[tokio::test]
+async fn instance_connections_are_kept_alive_and_reused() {
+    let w = world(|_| {}).await;
+    let mut peers = Vec::new();
+    for _ in 0..5 {
+        // A fresh client connection each time; the router's side is pooled.
+        let peer = http()
+            .get(w.router.url("/peer"))
+            .header(HEADER_FUNCTION, header())
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        peers.push(peer);
+    }
+    peers.dedup();
+    assert_eq!(peers.len(), 1, "one upstream connection serves all: {peers:?}");
+    w.router.stop().await;
+}
+
+#[tokio::test]
 async fn metrics_count_requests_and_durations() {
     let w = world(|_| {}).await;
     for _ in 0..5 {
