@@ -214,7 +214,9 @@ pub async fn serve(
             let state = state.clone();
             async move { Ok::<_, Infallible>(handle(&state, remote, req).await) }
         });
+        // The timer enables hyper's header read timeout (slow clients).
         let conn = http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
             .serve_connection(TokioIo::new(stream), svc)
             .with_upgrades();
         let drain = token.clone();
@@ -294,7 +296,7 @@ async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Re
         Ok(p) => p,
         Err(e) => {
             if entry::is_health_check(req.method(), req.uri().path()) {
-                return health(state);
+                return health(state.shutdown.is_cancelled());
             }
             return proxy::Error::from(e).into_response();
         }
@@ -323,8 +325,9 @@ async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Re
     resp
 }
 
-fn health(state: &State) -> Response<Body> {
-    let status = if state.shutdown.is_cancelled() {
+/// `GET /healthz`: 200, or 503 once shutdown has begun.
+fn health(shutting_down: bool) -> Response<Body> {
+    let status = if shutting_down {
         StatusCode::SERVICE_UNAVAILABLE
     } else {
         StatusCode::OK
@@ -332,4 +335,15 @@ fn health(state: &State) -> Response<Body> {
     let mut r = Response::new(Body::empty());
     *r.status_mut() = status;
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_turns_503_when_shutting_down() {
+        assert_eq!(health(false).status(), StatusCode::OK);
+        assert_eq!(health(true).status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
 }

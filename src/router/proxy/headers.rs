@@ -81,7 +81,7 @@ pub fn rewrite(headers: &mut HeaderMap, client: Option<SocketAddr>, upgrade: Opt
     if !headers.contains_key(&X_FORWARDED_FOR)
         && let Some(addr) = client
     {
-        headers.insert(X_FORWARDED_FOR, ip_value(addr.ip()));
+        headers.insert(X_FORWARDED_FOR, ip_value(addr.ip().to_canonical()));
     }
     if !headers.contains_key(&X_FORWARDED_HOST)
         && let Some(host) = headers.get(header::HOST).cloned()
@@ -271,6 +271,16 @@ mod tests {
                 client: None,
                 want: &[("forwarded", ";host=h;proto=http")],
                 absent: &["x-forwarded-for"],
+            },
+            Case {
+                name: "ipv4-mapped client address is written as ipv4",
+                inbound: &[("host", "h")],
+                client: Some("[::ffff:192.0.2.1]:80".parse().unwrap()),
+                want: &[
+                    ("x-forwarded-for", "192.0.2.1"),
+                    ("forwarded", "for=192.0.2.1;host=h;proto=http"),
+                ],
+                absent: &[],
             },
             Case {
                 name: "ipv6 client address",
