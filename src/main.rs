@@ -20,7 +20,10 @@ fn main() -> ExitCode {
             Command::Router(args) => skipper::router::main(args).await.map_err(Into::into),
             Command::RingInspect(args) => skipper::ring_inspect::main(args).await,
             Command::Fixture(args) => skipper::fixture::main(args).await.map_err(Into::into),
-            Command::Dev(args) => skipper::devcluster::main(args).await.map_err(Into::into),
+            Command::Dev(args) => skipper::devcluster::main(args).await.map_err(|e| match e {
+                skipper::devcluster::DevError::NotAvailable(n) => n.into(),
+                other => other.into(),
+            }),
             Command::Keygen(args) => skipper::keygen::main(&args).map_err(Into::into),
         }
     });

@@ -1,17 +1,626 @@
-//! The Kubernetes API simulator and `skipper dev`, the local playground.
+//! The Kubernetes API simulator and `skipper dev`.
+//!
+//! [`Cluster`] is a faithful-enough Kubernetes API server for Skipper's
+//! tests and for the local playground: pods, replicasets, deployments,
+//! services, endpointslices, namespaces, secrets, configmaps, RBAC objects,
+//! leases and `metrics.k8s.io` pod metrics, served over real HTTP to kube-rs
+//! and kubectl, with one global resourceVersion, watches with bookmarks,
+//! `timeoutSeconds` and `410 Gone`, JSON Patch with `test`, merge and
+//! strategic-merge patches, optimistic concurrency and graceful deletion.
+//! Deployments own ReplicaSets, ReplicaSets keep their pods (and release a
+//! pod whose labels stop matching), and every pod is a real process on its
+//! own loopback IP (see [`kubelet`]).
+//!
+//! # Using it in a test
+//!
+//! ```no_run
+//! use kube::api::{Api, PostParams};
+//! use k8s_openapi::api::apps::v1::Deployment;
+//! use skipper::devcluster::{Cluster, Config, pool_deployment};
+//!
+//! # async fn example(public_key_pem: &str) -> Result<(), Box<dyn std::error::Error>> {
+//! let cluster = Cluster::start(Config {
+//!     // In integration tests `current_exe()` is the test binary: pass
+//!     // `env!("CARGO_BIN_EXE_skipper")` here.
+//!     skipper_exe: "target/debug/skipper".into(),
+//!     namespaces: vec!["fixtures".into()],
+//!     ..Config::default()
+//! })
+//! .await?;
+//! let client = cluster.client()?;
+//! let deployments: Api<Deployment> = Api::namespaced(client.clone(), "fixtures");
+//! deployments
+//!     .create(&PostParams::default(), &pool_deployment("fixtures", "fixture", 3, public_key_pem))
+//!     .await?;
+//! // Wait for 3 Ready pods with a deadline, e.g. by polling
+//! // `cluster.ready_pods("fixtures", "skipper/deployment=fixture")` inside `tokio::time::timeout`.
+//! cluster.shutdown().await; // also happens on drop: every pod process is stopped
+//! # Ok(()) }
+//! ```
+//!
+//! Faults: [`Cluster::kill_pod_process`], [`Cluster::drop_watches`],
+//! [`Cluster::compact`] (forces `410 Gone` on the next re-watch),
+//! [`Cluster::fail_next_writes`], [`Cluster::set_latency`],
+//! [`Cluster::forbid_namespace`]; the same over HTTP as
+//! `POST /_sim/pods/<ns>/<name>/kill`, `/_sim/drop-watches`, `/_sim/compact`,
+//! `/_sim/fail-writes?count=N&status=S`, `/_sim/latency?ms=N`,
+//! `/_sim/forbid?namespace=NS[&allow=true]`.
+//!
+//! Differences from a real cluster worth knowing: no authentication or RBAC
+//! (use [`Cluster::forbid_namespace`] for `403`), no admission or schema
+//! validation beyond names, selectors and required containers, no
+//! server-side apply or `dryRun`, rollouts replace all pods at once, a
+//! crashed container is not restarted (the pod stays Running and unready),
+//! only the first container of a pod runs, and a simulator killed with
+//! SIGKILL leaves its pod processes behind (a normal exit, panic or Ctrl-C
+//! stops them).
 
+/// Deployment, ReplicaSet, garbage-collection and EndpointSlice loops.
+pub mod controllers;
+/// API errors and their `Status` mapping.
+pub mod error;
+/// The pod runtime.
+pub mod kubelet;
+/// JSON, merge and strategic-merge patches.
+pub mod patch;
+/// Served resource kinds and discovery.
+pub mod resources;
+/// Label and field selectors.
+pub mod selector;
+/// The HTTP server and fault endpoints.
+pub mod server;
+/// The object store and watch history.
+pub mod store;
+/// Table output for kubectl.
+pub mod table;
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::http::StatusCode;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use crate::cli::NotAvailable;
+use crate::config::parse_duration;
+use error::ApiError;
+use kubelet::{Kubelet, KubeletSettings};
+use resources::by_kind;
+use server::{Faults, Shared};
+use store::Store;
+
+/// How the simulator runs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Where the API server listens (`127.0.0.1:0` picks a free port).
+    pub listen: SocketAddr,
+    /// What `skipper` in a container command runs.
+    pub skipper_exe: PathBuf,
+    /// Holds the kubeconfig and per-pod directories; a fresh temporary
+    /// directory (removed on shutdown) when `None`.
+    pub work_dir: Option<PathBuf>,
+    /// Namespaces created at start (besides `default` and `kube-system`).
+    pub namespaces: Vec<String>,
+    /// Zones of the simulated nodes (one node per zone); pods are spread round-robin.
+    pub zones: Vec<String>,
+    /// How often a starting pod's readiness is probed.
+    pub probe_interval: Duration,
+    /// How often pod CPU and memory are sampled.
+    pub metrics_interval: Duration,
+    /// How often watches that asked for bookmarks get one.
+    pub bookmark_interval: Duration,
+    /// Upper bound on a watch's `timeoutSeconds`.
+    pub max_watch_timeout: Duration,
+    /// Events kept for watches; older resourceVersions get `410 Gone`.
+    pub event_history: usize,
+    /// Period of the control loops besides reacting to every change.
+    pub resync_interval: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+            skipper_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("skipper")),
+            work_dir: None,
+            namespaces: Vec::new(),
+            zones: vec!["zone-a".into(), "zone-b".into(), "zone-c".into()],
+            probe_interval: Duration::from_millis(50),
+            metrics_interval: Duration::from_secs(1),
+            bookmark_interval: Duration::from_secs(5),
+            max_watch_timeout: Duration::from_secs(1800),
+            event_history: 10_000,
+            resync_interval: Duration::from_secs(1),
+        }
+    }
+}
+
+/// Why the simulator could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("creating the work directory {path}: {source}")]
+    WorkDir { path: PathBuf, source: std::io::Error },
+    #[error("listening on {addr}: {source}")]
+    Bind {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error("writing the kubeconfig {path}: {source}")]
+    Kubeconfig { path: PathBuf, source: std::io::Error },
+    #[error("building the kube client: {0}")]
+    Client(String),
+    #[error("setting up the cluster: {0}")]
+    Setup(#[from] ApiError),
+}
+
+/// A running simulated cluster. Dropping it stops every pod process.
+pub struct Cluster {
+    shared: Arc<Shared>,
+    addr: SocketAddr,
+    tracker: TaskTracker,
+    root: CancellationToken,
+    work_dir: PathBuf,
+    owns_work_dir: bool,
+    kubeconfig: PathBuf,
+    stopped: Mutex<bool>,
+}
+
+/// The text of a kubeconfig pointing at `server`.
+#[must_use]
+pub fn kubeconfig_text(server: &str) -> String {
+    format!(
+        "apiVersion: v1\nkind: Config\nclusters:\n- name: skipper-dev\n  cluster:\n    server: {server}\ncontexts:\n- name: skipper-dev\n  context:\n    cluster: skipper-dev\n    user: skipper-dev\n    namespace: default\ncurrent-context: skipper-dev\nusers:\n- name: skipper-dev\n  user: {{}}\n"
+    )
+}
+
+impl Cluster {
+    /// Starts the API server, the control loops and the pod runtime.
+    ///
+    /// # Errors
+    /// [`ClusterError`] when the address cannot be bound or files cannot be written.
+    pub async fn start(config: Config) -> Result<Self, ClusterError> {
+        let (work_dir, owns_work_dir) = match &config.work_dir {
+            Some(d) => (d.clone(), false),
+            None => {
+                let suffix: u64 = rand::random();
+                (
+                    std::env::temp_dir().join(format!("skipper-sim-{}-{suffix:016x}", std::process::id())),
+                    true,
+                )
+            }
+        };
+        let pod_root = work_dir.join("pods");
+        std::fs::create_dir_all(&pod_root).map_err(|source| ClusterError::WorkDir {
+            path: pod_root.clone(),
+            source,
+        })?;
+        let listener = tokio::net::TcpListener::bind(config.listen)
+            .await
+            .map_err(|source| ClusterError::Bind {
+                addr: config.listen,
+                source,
+            })?;
+        let addr = listener.local_addr().map_err(|source| ClusterError::Bind {
+            addr: config.listen,
+            source,
+        })?;
+        let kubeconfig = work_dir.join("kubeconfig");
+        std::fs::write(&kubeconfig, kubeconfig_text(&format!("http://{addr}"))).map_err(|source| {
+            ClusterError::Kubeconfig {
+                path: kubeconfig.clone(),
+                source,
+            }
+        })?;
+        let store = Arc::new(Store::new(config.event_history));
+        let mut namespaces = vec!["default".to_owned(), "kube-system".to_owned()];
+        for ns in &config.namespaces {
+            if !namespaces.contains(ns) {
+                namespaces.push(ns.clone());
+            }
+        }
+        for ns in &namespaces {
+            store.create(by_kind("Namespace"), "", json!({"metadata": {"name": ns}}))?;
+        }
+        let mut nodes = Vec::new();
+        for (i, zone) in config.zones.iter().enumerate() {
+            let name = format!("sim-node-{i}");
+            store.create(
+                by_kind("Node"),
+                "",
+                json!({"metadata": {"name": name, "labels": {
+                    "topology.kubernetes.io/zone": zone, "kubernetes.io/hostname": name}},
+                    "status": {"conditions": [{"type": "Ready", "status": "True"}],
+                               "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}}),
+            )?;
+            nodes.push(name);
+        }
+        if nodes.is_empty() {
+            nodes.push("sim-node-0".into());
+        }
+        let kubelet = Arc::new(Kubelet::new(KubeletSettings {
+            skipper_exe: config.skipper_exe.clone(),
+            pod_root,
+            kubeconfig: kubeconfig.clone(),
+            probe_interval: config.probe_interval,
+            metrics_interval: config.metrics_interval,
+            nodes,
+        }));
+        let root = CancellationToken::new();
+        let shared = Arc::new(Shared {
+            store: store.clone(),
+            kubelet: kubelet.clone(),
+            faults: Faults::default(),
+            watches: Mutex::new(root.child_token()),
+            root: root.clone(),
+            bookmark_interval: config.bookmark_interval,
+            max_watch_timeout: config.max_watch_timeout,
+        });
+        let tracker = TaskTracker::new();
+        let app = axum::Router::new()
+            .fallback(server::handle)
+            .with_state(shared.clone());
+        let token = root.clone();
+        tracker.spawn(async move {
+            if let Err(e) = axum::serve(listener, app)
+                .with_graceful_shutdown(token.cancelled_owned())
+                .await
+            {
+                tracing::warn!(error = %e, "simulated API server stopped");
+            }
+        });
+        let (token, tasks) = (root.clone(), tracker.clone());
+        let resync = config.resync_interval;
+        tracker.spawn(async move {
+            let mut rx = store.subscribe();
+            loop {
+                if let Err(e) = controllers::reconcile(&store) {
+                    tracing::debug!(error = %e, "reconcile pass");
+                }
+                kubelet.sync(&store, &tasks, &token);
+                tokio::select! {
+                    _ = rx.changed() => {}
+                    () = tokio::time::sleep(resync) => {}
+                    () = token.cancelled() => break,
+                }
+            }
+        });
+        tracing::info!(address = %addr, "simulated Kubernetes API server listening");
+        Ok(Self {
+            shared,
+            addr,
+            tracker,
+            root,
+            work_dir,
+            owns_work_dir,
+            kubeconfig,
+            stopped: Mutex::new(false),
+        })
+    }
+
+    /// The API server address.
+    #[must_use]
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// `http://127.0.0.1:PORT`.
+    #[must_use]
+    pub fn base_url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A kube-rs client for this cluster (default namespace `default`).
+    ///
+    /// # Errors
+    /// When the client cannot be built.
+    pub fn client(&self) -> Result<kube::Client, ClusterError> {
+        let url = self
+            .base_url()
+            .parse()
+            .map_err(|e: http::uri::InvalidUri| ClusterError::Client(e.to_string()))?;
+        kube::Client::try_from(kube::Config::new(url)).map_err(|e| ClusterError::Client(e.to_string()))
+    }
+
+    /// The kubeconfig the cluster wrote into its work directory (pods get it as `KUBECONFIG`).
+    #[must_use]
+    pub fn kubeconfig_path(&self) -> &Path {
+        &self.kubeconfig
+    }
+
+    /// Writes a kubeconfig for this cluster to `path`.
+    ///
+    /// # Errors
+    /// When the file cannot be written.
+    pub fn write_kubeconfig(&self, path: &Path) -> std::io::Result<()> {
+        if let Some(parent) = path.parent()
+            && !parent.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::write(path, kubeconfig_text(&self.base_url()))
+    }
+
+    /// Creates a namespace (no error when it exists).
+    ///
+    /// # Errors
+    /// When the name is invalid.
+    pub fn create_namespace(&self, name: &str) -> Result<(), ApiError> {
+        match self
+            .shared
+            .store
+            .create(by_kind("Namespace"), "", json!({"metadata": {"name": name}}))
+        {
+            Ok(_) | Err(ApiError::AlreadyExists { .. }) => Ok(()),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// SIGKILLs a pod's process group, as a crash would: the pod turns unready
+    /// (`Failed` under `restartPolicy: Never`) and nothing restarts it.
+    ///
+    /// # Errors
+    /// `NotFound` when the pod has no running process.
+    pub fn kill_pod_process(&self, ns: &str, name: &str) -> Result<u32, ApiError> {
+        self.shared.kubelet.kill_process(ns, name)
+    }
+
+    /// Ends every open watch (clients resume from their last resourceVersion).
+    pub fn drop_watches(&self) {
+        self.shared.drop_watches();
+    }
+
+    /// Forgets the event history, so re-watching from any older resourceVersion gets `410 Gone`.
+    pub fn compact(&self) {
+        self.shared.store.compact();
+    }
+
+    /// The next `n` API writes fail with `status` (a `Status` body with the matching reason).
+    pub fn fail_next_writes(&self, n: u32, status: StatusCode) {
+        self.shared.faults.fail_next_writes(n, status);
+    }
+
+    /// Answers every request in namespace `ns` with `403 Forbidden` (as a
+    /// missing RBAC grant would), until [`Cluster::allow_namespace`].
+    pub fn forbid_namespace(&self, ns: &str) {
+        self.shared.faults.forbid_namespace(ns);
+    }
+
+    /// Lifts [`Cluster::forbid_namespace`].
+    pub fn allow_namespace(&self, ns: &str) {
+        self.shared.faults.allow_namespace(ns);
+    }
+
+    /// Delays every API request by `d` (zero turns it off).
+    pub fn set_latency(&self, d: Duration) {
+        self.shared.faults.set_latency(d);
+    }
+
+    /// The pid of a pod's process while it runs.
+    #[must_use]
+    pub fn pod_pid(&self, ns: &str, name: &str) -> Option<u32> {
+        self.shared.kubelet.pid_of(ns, name)
+    }
+
+    /// The directory of a pod (`POD_DIR`; holds its `log`), while the pod exists.
+    #[must_use]
+    pub fn pod_dir(&self, ns: &str, name: &str) -> Option<PathBuf> {
+        let pod = self.shared.store.get(by_kind("Pod"), ns, name)?;
+        Some(self.shared.kubelet.pod_dir(ns, name, store::uid_of(&pod)))
+    }
+
+    /// Pids of every running pod process.
+    #[must_use]
+    pub fn pod_pids(&self) -> Vec<u32> {
+        self.shared.kubelet.pids()
+    }
+
+    /// One stored object as JSON (`kind` as in [`resources::RESOURCES`], e.g. `"Pod"`).
+    #[must_use]
+    pub fn get(&self, kind: &str, ns: &str, name: &str) -> Option<Value> {
+        self.shared.store.get(by_kind(kind), ns, name)
+    }
+
+    /// Pods of a namespace that match a label selector (query syntax) and are Ready.
+    #[must_use]
+    pub fn ready_pods(&self, ns: &str, selector: &str) -> Vec<Value> {
+        let Ok(sel) = selector::LabelSelector::parse(selector) else {
+            return Vec::new();
+        };
+        let (pods, _) = self.shared.store.list(by_kind("Pod"), Some(ns));
+        pods.into_iter()
+            .filter(|p| sel.matches_object(p) && controllers::pod_ready(p) && !store::is_terminating(p))
+            .collect()
+    }
+
+    fn stop_now(&self) {
+        let mut stopped = self
+            .stopped
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if *stopped {
+            return;
+        }
+        *stopped = true;
+        self.root.cancel();
+        self.shared.kubelet.kill_all();
+        self.tracker.close();
+    }
+
+    /// Stops the server, the control loops and every pod process, waiting
+    /// (at most 10 seconds) for them to end.
+    pub async fn shutdown(self) {
+        self.stop_now();
+        if tokio::time::timeout(Duration::from_secs(10), self.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("simulator tasks did not stop within 10s");
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        self.stop_now();
+        if self.owns_work_dir {
+            let _ = std::fs::remove_dir_all(&self.work_dir);
+        }
+    }
+}
+
+/// The standard fixture pool Deployment (spec §3.4): label and selector
+/// `skipper/deployment: <name>` plus `skipper/tenant DoesNotExist`, template
+/// annotation `skipper/port: http`, container port `http: 8888`, command
+/// `skipper fixture`, `SKIPPER_PUBLIC_KEY`, readiness probe `/healthz`, and
+/// the token file inside the pod's own directory.
+#[must_use]
+pub fn pool_deployment_json(namespace: &str, name: &str, replicas: i32, public_key_pem: &str) -> Value {
+    json!({
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": {"name": name, "namespace": namespace, "labels": {"skipper/deployment": name}},
+        "spec": {
+            "replicas": replicas,
+            "selector": {
+                "matchLabels": {"skipper/deployment": name},
+                "matchExpressions": [{"key": "skipper/tenant", "operator": "DoesNotExist"}],
+            },
+            "template": {
+                "metadata": {"labels": {"skipper/deployment": name}, "annotations": {"skipper/port": "http"}},
+                "spec": {
+                    "terminationGracePeriodSeconds": 5,
+                    "containers": [{
+                        "name": "fixture",
+                        "image": "skipper",
+                        "command": ["skipper", "fixture"],
+                        "args": ["--log-format", "text"],
+                        "ports": [{"name": "http", "containerPort": 8888}],
+                        "env": [
+                            {"name": "SKIPPER_PUBLIC_KEY", "value": public_key_pem},
+                            {"name": "SKIPPER_FIXTURE_TOKEN_PATH", "value": "$(POD_DIR)/token"},
+                        ],
+                        "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
+                                           "periodSeconds": 1, "failureThreshold": 1},
+                        "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+                    }],
+                },
+            },
+        },
+    })
+}
+
+/// [`pool_deployment_json`] as a typed Deployment.
+///
+/// # Panics
+/// Never: the manifest is a fixed, valid Deployment.
+#[must_use]
+pub fn pool_deployment(
+    namespace: &str,
+    name: &str,
+    replicas: i32,
+    public_key_pem: &str,
+) -> k8s_openapi::api::apps::v1::Deployment {
+    #[allow(clippy::expect_used)] // the JSON above is a valid Deployment by construction
+    serde_json::from_value(pool_deployment_json(namespace, name, replicas, public_key_pem))
+        .expect("pool deployment manifest is a valid Deployment")
+}
 
 /// Flags of `skipper dev`.
 #[derive(Debug, Clone, clap::Args)]
-pub struct DevArgs {}
+pub struct DevArgs {
+    /// A part to run on its own; none runs the whole playground.
+    #[command(subcommand)]
+    pub command: Option<DevCommand>,
+}
 
-/// Runs the playground until Ctrl-C.
+/// Parts of the playground that run on their own.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum DevCommand {
+    /// Run only the simulated Kubernetes API server (until Ctrl-C)
+    Apiserver(ApiserverArgs),
+}
+
+/// Flags of `skipper dev apiserver`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ApiserverArgs {
+    /// Listen address of the API server
+    #[arg(long, env = "SKIPPER_LISTEN", default_value = "127.0.0.1:6443")]
+    pub listen: SocketAddr,
+
+    /// Write a kubeconfig for this cluster here (for kubectl and skipper controller)
+    #[arg(long, env = "SKIPPER_KUBECONFIG")]
+    pub kubeconfig: PathBuf,
+
+    /// Zones of the simulated nodes (comma-separated)
+    #[arg(
+        long,
+        env = "SKIPPER_ZONES",
+        default_value = "zone-a,zone-b,zone-c",
+        value_delimiter = ','
+    )]
+    pub zones: Vec<String>,
+
+    /// Namespaces to create at start (comma-separated)
+    #[arg(long, env = "SKIPPER_NAMESPACES", value_delimiter = ',')]
+    pub namespaces: Vec<String>,
+
+    /// Bookmark period of watches that ask for bookmarks
+    #[arg(long, env = "SKIPPER_BOOKMARK_INTERVAL", default_value = "5s", value_parser = parse_duration)]
+    pub bookmark_interval: Duration,
+
+    /// Logging and telemetry flags.
+    #[command(flatten)]
+    pub telemetry: crate::telemetry::Args,
+}
+
+/// Why `skipper dev` failed.
+#[derive(Debug, thiserror::Error)]
+pub enum DevError {
+    #[error(transparent)]
+    NotAvailable(#[from] NotAvailable),
+    #[error(transparent)]
+    Cluster(#[from] ClusterError),
+    #[error("--kubeconfig {path}: {source}")]
+    Kubeconfig { path: PathBuf, source: std::io::Error },
+    #[error("installing signal handlers: {0}")]
+    Signals(std::io::Error),
+}
+
+/// Runs `skipper dev` (the playground is not available yet) or `skipper dev apiserver`.
 ///
 /// # Errors
-/// Not yet available in this build.
-pub async fn main(_args: DevArgs) -> Result<ExitCode, NotAvailable> {
-    Err(NotAvailable("dev"))
+/// [`DevError`] for bad flags, a busy address, or the missing playground.
+pub async fn main(args: DevArgs) -> Result<ExitCode, DevError> {
+    let Some(DevCommand::Apiserver(args)) = args.command else {
+        return Err(NotAvailable("dev").into());
+    };
+    crate::telemetry::init(&args.telemetry);
+    let cluster = Cluster::start(Config {
+        listen: args.listen,
+        zones: args.zones.clone(),
+        namespaces: args.namespaces.clone(),
+        bookmark_interval: args.bookmark_interval,
+        ..Config::default()
+    })
+    .await?;
+    cluster
+        .write_kubeconfig(&args.kubeconfig)
+        .map_err(|source| DevError::Kubeconfig {
+            path: args.kubeconfig.clone(),
+            source,
+        })?;
+    eprintln!(
+        "skipper dev apiserver: serving {} (kubeconfig: {})",
+        cluster.base_url(),
+        args.kubeconfig.display()
+    );
+    let shutdown = crate::shutdown::Shutdown::new();
+    shutdown.trigger_on_signals().map_err(DevError::Signals)?;
+    shutdown.cancelled().await;
+    cluster.shutdown().await;
+    Ok(ExitCode::SUCCESS)
 }

@@ -15,14 +15,22 @@ impl FunctionId {
     /// Computes the identity of a function from its identity fields.
     #[must_use]
     pub fn of(namespace: &str, deployment: &str, tenant: &str, oneshot: bool) -> Self {
-        let mut h = xxhash_rust::xxh64::Xxh64::new(0);
-        h.update(namespace.as_bytes());
-        h.update(&[0]);
-        h.update(deployment.as_bytes());
-        h.update(&[0]);
-        h.update(tenant.as_bytes());
-        h.update(&[0, u8::from(oneshot)]);
-        Self(h.digest())
+        let len = namespace.len() + deployment.len() + tenant.len() + 4;
+        let mut stack = [0u8; 256];
+        let mut heap = Vec::new();
+        let buf: &mut [u8] = if len <= stack.len() {
+            &mut stack[..len]
+        } else {
+            heap.resize(len, 0);
+            &mut heap
+        };
+        let mut at = 0;
+        for part in [namespace, deployment, tenant] {
+            buf[at..at + part.len()].copy_from_slice(part.as_bytes());
+            at += part.len() + 1; // the separator byte is already 0
+        }
+        buf[at] = u8::from(oneshot);
+        Self(xxhash_rust::xxh64::xxh64(buf, 0))
     }
 
     /// The 32-bit ring key: low 32 bits XOR high 32 bits.
@@ -62,6 +70,18 @@ mod tests {
         assert_ne!(
             FunctionId::of("ns", "dep", "t", true),
             FunctionId::of("ns", "dep", "t", false)
+        );
+    }
+
+    #[test]
+    fn long_names_hash_like_short_ones() {
+        let long = "t".repeat(300);
+        let mut bytes = b"ns\0dep\0".to_vec();
+        bytes.extend_from_slice(long.as_bytes());
+        bytes.extend_from_slice(&[0, 1]);
+        assert_eq!(
+            FunctionId::of("ns", "dep", &long, true).0,
+            xxhash_rust::xxh64::xxh64(&bytes, 0)
         );
     }
 

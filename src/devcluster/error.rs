@@ -1,0 +1,129 @@
+//! Errors of the simulated API server and their one mapping to a Kubernetes
+//! `Status` response (reason and code as a real API server sends them).
+
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::{Value, json};
+
+use super::resources::ResourceDef;
+
+/// A failed API request.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ApiError {
+    #[error("{} \"{name}\" not found", res.group_resource())]
+    NotFound { res: &'static ResourceDef, name: String },
+    #[error("namespaces \"{0}\" not found")]
+    NamespaceNotFound(String),
+    #[error("{} \"{name}\" already exists", res.group_resource())]
+    AlreadyExists { res: &'static ResourceDef, name: String },
+    #[error(
+        "Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again",
+        res.group_resource()
+    )]
+    Conflict { res: &'static ResourceDef, name: String },
+    #[error("{0}")]
+    Invalid(String),
+    #[error("{0}")]
+    BadRequest(String),
+    #[error("the server could not find the requested resource")]
+    UnknownPath,
+    #[error("the server does not allow this method on the requested resource")]
+    MethodNotAllowed,
+    #[error("the body of the request was in an unknown format - accepted media types include: {0}")]
+    UnsupportedMediaType(&'static str),
+    #[error("injected failure")]
+    Injected(StatusCode),
+    #[error("too old resource version: {requested} ({oldest})")]
+    Gone { requested: u64, oldest: u64 },
+    #[error("namespace {0} is being terminated")]
+    Terminating(String),
+    #[error("{} is forbidden: User \"system:serviceaccount:skipper:controller\" cannot access resource \"{}\" in API group \"{}\" in the namespace \"{ns}\"", res.group_resource(), res.plural, res.group)]
+    Forbidden { res: &'static ResourceDef, ns: String },
+}
+
+impl ApiError {
+    /// HTTP status and `Status.reason`.
+    #[must_use]
+    pub fn code_reason(&self) -> (StatusCode, &'static str) {
+        match self {
+            Self::NotFound { .. } | Self::NamespaceNotFound(_) | Self::UnknownPath => {
+                (StatusCode::NOT_FOUND, "NotFound")
+            }
+            Self::AlreadyExists { .. } => (StatusCode::CONFLICT, "AlreadyExists"),
+            Self::Conflict { .. } => (StatusCode::CONFLICT, "Conflict"),
+            Self::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "Invalid"),
+            Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "BadRequest"),
+            Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
+            Self::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType"),
+            Self::Gone { .. } => (StatusCode::GONE, "Expired"),
+            Self::Terminating(_) | Self::Forbidden { .. } => (StatusCode::FORBIDDEN, "Forbidden"),
+            Self::Injected(code) => (*code, reason_for(*code)),
+        }
+    }
+
+    /// The `Status` object a real API server sends for this error.
+    #[must_use]
+    pub fn status(&self) -> Value {
+        let (code, reason) = self.code_reason();
+        let mut details = serde_json::Map::new();
+        match self {
+            Self::NotFound { res, name }
+            | Self::AlreadyExists { res, name }
+            | Self::Conflict { res, name } => {
+                details.insert("name".into(), json!(name));
+                if !res.group.is_empty() {
+                    details.insert("group".into(), json!(res.group));
+                }
+                details.insert("kind".into(), json!(res.plural));
+            }
+            Self::NamespaceNotFound(name) => {
+                details.insert("name".into(), json!(name));
+                details.insert("kind".into(), json!("namespaces"));
+            }
+            _ => {}
+        }
+        let mut status = json!({
+            "kind": "Status",
+            "apiVersion": "v1",
+            "metadata": {},
+            "status": "Failure",
+            "message": self.to_string(),
+            "reason": reason,
+            "code": code.as_u16(),
+        });
+        if !details.is_empty() {
+            status["details"] = Value::Object(details);
+        }
+        status
+    }
+}
+
+/// `Status.reason` for an HTTP status code (used for injected failures).
+#[must_use]
+pub fn reason_for(code: StatusCode) -> &'static str {
+    match code.as_u16() {
+        400 => "BadRequest",
+        401 => "Unauthorized",
+        403 => "Forbidden",
+        404 => "NotFound",
+        409 => "Conflict",
+        410 => "Expired",
+        422 => "Invalid",
+        429 => "TooManyRequests",
+        503 => "ServiceUnavailable",
+        504 => "Timeout",
+        _ => "InternalError",
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (code, _) = self.code_reason();
+        (
+            code,
+            [(axum::http::header::CONTENT_TYPE, "application/json")],
+            self.status().to_string(),
+        )
+            .into_response()
+    }
+}

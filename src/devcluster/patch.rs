@@ -1,0 +1,241 @@
+//! Patch application with API-server semantics: RFC 6902 JSON Patch (a
+//! `test` of `null` succeeds for an absent member whose parent exists), JSON
+//! merge patch, and strategic merge patch (maps merge; lists of objects merge
+//! by their key — `name`, `containerPort`, `uid`, `mountPath` or `type` —
+//! honouring `$patch: delete`; other lists are replaced).
+
+use json_patch::PatchOperation;
+use serde_json::Value;
+
+use super::error::ApiError;
+
+/// The patch flavours, by `Content-Type`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PatchKind {
+    Json,
+    Merge,
+    Strategic,
+}
+
+impl PatchKind {
+    /// Recognises the patch content type.
+    ///
+    /// # Errors
+    /// [`ApiError::UnsupportedMediaType`] for any other type (e.g. server-side apply).
+    pub fn from_content_type(ct: &str) -> Result<Self, ApiError> {
+        let base = ct.split(';').next().unwrap_or("").trim();
+        match base {
+            "application/json-patch+json" => Ok(Self::Json),
+            "application/merge-patch+json" => Ok(Self::Merge),
+            "application/strategic-merge-patch+json" => Ok(Self::Strategic),
+            _ => Err(ApiError::UnsupportedMediaType(
+                "application/json-patch+json, application/merge-patch+json, application/strategic-merge-patch+json",
+            )),
+        }
+    }
+}
+
+/// Applies `body` of `kind` to `doc`.
+///
+/// # Errors
+/// [`ApiError::BadRequest`] for an unreadable patch, [`ApiError::Invalid`]
+/// (422) when an operation does not apply (including a failed `test`).
+pub fn apply(doc: &mut Value, kind: PatchKind, body: &[u8]) -> Result<(), ApiError> {
+    match kind {
+        PatchKind::Json => {
+            let ops: Vec<PatchOperation> = serde_json::from_slice(body)
+                .map_err(|e| ApiError::BadRequest(format!("the JSON patch could not be decoded: {e}")))?;
+            apply_json_patch(doc, &ops)
+        }
+        PatchKind::Merge | PatchKind::Strategic => {
+            let patch: Value = serde_json::from_slice(body)
+                .map_err(|e| ApiError::BadRequest(format!("the patch could not be decoded: {e}")))?;
+            if !patch.is_object() {
+                return Err(ApiError::BadRequest("the patch must be a JSON object".into()));
+            }
+            if kind == PatchKind::Merge {
+                json_patch::merge(doc, &patch);
+            } else {
+                strategic_merge(doc, &patch);
+            }
+            Ok(())
+        }
+    }
+}
+
+const MERGE_KEYS: &[&str] = &["name", "containerPort", "uid", "mountPath", "type"];
+
+fn strategic_merge(doc: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *doc = strip_directives(patch.clone());
+        return;
+    };
+    if !doc.is_object() {
+        *doc = Value::Object(serde_json::Map::new());
+    }
+    for (k, v) in p {
+        if k.starts_with('$') {
+            continue;
+        }
+        let Some(target) = doc.as_object_mut() else { return };
+        match v {
+            Value::Null => {
+                target.remove(k);
+            }
+            Value::Object(_) => strategic_merge(target.entry(k.clone()).or_insert(Value::Null), v),
+            Value::Array(items) => match target.get_mut(k) {
+                Some(Value::Array(orig)) if merge_key(orig, items).is_some() => {
+                    let key = merge_key(orig, items).unwrap_or("name");
+                    merge_list(orig, items, key);
+                }
+                _ => {
+                    target.insert(k.clone(), strip_directives(v.clone()));
+                }
+            },
+            other => {
+                target.insert(k.clone(), other.clone());
+            }
+        }
+    }
+}
+
+fn merge_key(orig: &[Value], patch: &[Value]) -> Option<&'static str> {
+    if patch.is_empty() {
+        return None;
+    }
+    MERGE_KEYS.iter().copied().find(|key| {
+        orig.iter()
+            .chain(patch)
+            .all(|e| e.get(*key).is_some_and(|v| !v.is_null()))
+    })
+}
+
+fn merge_list(orig: &mut Vec<Value>, patch: &[Value], key: &str) {
+    for item in patch {
+        let pos = orig.iter().position(|o| o.get(key) == item.get(key));
+        let delete = item.get("$patch").and_then(Value::as_str) == Some("delete");
+        match (pos, delete) {
+            (Some(i), true) => {
+                orig.remove(i);
+            }
+            (None, true) => {}
+            (Some(i), false) => strategic_merge(&mut orig[i], item),
+            (None, false) => orig.push(strip_directives(item.clone())),
+        }
+    }
+}
+
+/// Removes strategic-merge directives (`$patch`, `$setElementOrder/...`,
+/// `$retainKeys`, `$deleteFromPrimitiveList/...`) that merge semantics do not know.
+fn strip_directives(v: Value) -> Value {
+    match v {
+        Value::Object(m) => Value::Object(
+            m.into_iter()
+                .filter(|(k, _)| !k.starts_with('$'))
+                .map(|(k, v)| (k, strip_directives(v)))
+                .collect(),
+        ),
+        Value::Array(a) => Value::Array(a.into_iter().map(strip_directives).collect()),
+        other => other,
+    }
+}
+
+/// RFC 6902 with the API server's `test` rule for absent members.
+///
+/// # Errors
+/// [`ApiError::Invalid`] naming the operation that does not apply.
+pub fn apply_json_patch(doc: &mut Value, ops: &[PatchOperation]) -> Result<(), ApiError> {
+    let mut work = doc.clone();
+    for op in ops {
+        if let PatchOperation::Test(t) = op {
+            let path = t.path.to_string();
+            let actual = work.pointer(&path);
+            let ok = match actual {
+                Some(v) => *v == t.value,
+                None => t.value.is_null() && parent_exists(&work, &path),
+            };
+            if !ok {
+                return Err(ApiError::Invalid(format!(
+                    "the server rejected our request due to an error in our request: testing value {path} failed: test failed"
+                )));
+            }
+            continue;
+        }
+        json_patch::patch(&mut work, std::slice::from_ref(op)).map_err(|e| {
+            ApiError::Invalid(format!(
+                "the server rejected our request due to an error in our request: {e}"
+            ))
+        })?;
+    }
+    *doc = work;
+    Ok(())
+}
+
+fn parent_exists(doc: &Value, path: &str) -> bool {
+    match path.rfind('/') {
+        Some(0) => doc.is_object() || doc.is_array(),
+        Some(idx) => doc
+            .pointer(&path[..idx])
+            .is_some_and(|p| p.is_object() || p.is_array()),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn claim_patch() -> Vec<u8> {
+        json!([
+            {"op":"test","path":"/metadata/ownerReferences/0/kind","value":"ReplicaSet"},
+            {"op":"test","path":"/metadata/labels/skipper~1tenant","value":null},
+            {"op":"test","path":"/metadata/annotations/skipper~1function","value":null},
+            {"op":"copy","path":"/metadata/annotations/skipper~1replica-set","from":"/metadata/ownerReferences/0/name"},
+            {"op":"add","path":"/metadata/labels/skipper~1tenant","value":"t"}
+        ])
+        .to_string()
+        .into_bytes()
+    }
+
+    #[test]
+    fn claim_patch_applies_once_and_then_fails_with_invalid() {
+        let mut pod = json!({"metadata": {"name": "p", "labels": {}, "annotations": {"a": "b"},
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "rs-1"}]}});
+        apply(&mut pod, PatchKind::Json, &claim_patch()).unwrap();
+        assert_eq!(pod["metadata"]["labels"]["skipper/tenant"], "t");
+        assert_eq!(pod["metadata"]["annotations"]["skipper/replica-set"], "rs-1");
+        let before = pod.clone();
+        let err = apply(&mut pod, PatchKind::Json, &claim_patch()).unwrap_err();
+        assert_eq!(err.code_reason().1, "Invalid");
+        assert_eq!(pod, before, "a failed patch changes nothing");
+    }
+
+    #[test]
+    fn test_null_fails_when_the_parent_map_is_missing() {
+        let mut pod = json!({"metadata": {"name": "p", "labels": {},
+            "ownerReferences": [{"kind": "ReplicaSet", "name": "rs-1"}]}});
+        let err = apply(&mut pod, PatchKind::Json, &claim_patch()).unwrap_err();
+        assert_eq!(err.code_reason().0.as_u16(), 422);
+    }
+
+    #[test]
+    fn merge_and_strategic_patches_edit_metadata() {
+        let mut obj = json!({"metadata": {"labels": {"a": "1", "b": "2"}}});
+        apply(
+            &mut obj,
+            PatchKind::Merge,
+            br#"{"metadata":{"labels":{"a":null,"c":"3"}}}"#,
+        )
+        .unwrap();
+        assert_eq!(obj["metadata"]["labels"], json!({"b": "2", "c": "3"}));
+        apply(
+            &mut obj,
+            PatchKind::Strategic,
+            br#"{"metadata":{"annotations":{"x":"y"},"$patch":"merge"}}"#,
+        )
+        .unwrap();
+        assert_eq!(obj["metadata"]["annotations"]["x"], "y");
+        assert!(PatchKind::from_content_type("application/apply-patch+yaml").is_err());
+    }
+}

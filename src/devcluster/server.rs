@@ -1,0 +1,980 @@
+//! The HTTP face of the simulator: discovery, REST and watch for every
+//! resource in [`super::resources::RESOURCES`], Table output for kubectl,
+//! pod logs, pod metrics, and the fault-injection endpoints under `/_sim/`.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU16, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Request, State};
+use axum::http::{HeaderMap, Method, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use base64::Engine as _;
+use serde_json::{Value, json};
+use tokio_util::sync::CancellationToken;
+
+use super::controllers::delete_pod;
+use super::error::ApiError;
+use super::kubelet::Kubelet;
+use super::patch::{self, PatchKind};
+use super::resources::{self, ResourceDef, by_kind};
+use super::selector::{FieldSelector, LabelSelector};
+use super::store::{EventType, Store, name_of, namespace_of, uid_of};
+use super::table;
+
+/// Injected faults, shared by the Rust API and `/_sim/`.
+#[derive(Debug, Default)]
+pub struct Faults {
+    fail_writes: AtomicU32,
+    fail_status: AtomicU16,
+    latency_ms: AtomicU64,
+    forbidden: Mutex<std::collections::HashSet<String>>,
+}
+
+impl Faults {
+    /// The next `n` writes (create, update, patch, delete) fail with `status`.
+    pub fn fail_next_writes(&self, n: u32, status: StatusCode) {
+        self.fail_status.store(status.as_u16(), Ordering::SeqCst);
+        self.fail_writes.store(n, Ordering::SeqCst);
+    }
+
+    /// Every API request waits this long before it is handled.
+    pub fn set_latency(&self, d: Duration) {
+        self.latency_ms
+            .store(u64::try_from(d.as_millis()).unwrap_or(u64::MAX), Ordering::SeqCst);
+    }
+
+    /// Every request in namespace `ns` is answered `403 Forbidden` (as
+    /// without RBAC permission) until [`Faults::allow_namespace`].
+    pub fn forbid_namespace(&self, ns: &str) {
+        self.forbidden
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(ns.to_owned());
+    }
+
+    /// Lifts [`Faults::forbid_namespace`].
+    pub fn allow_namespace(&self, ns: &str) {
+        self.forbidden
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .remove(ns);
+    }
+
+    fn is_forbidden(&self, ns: &str) -> bool {
+        self.forbidden
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(ns)
+    }
+
+    fn take_write_failure(&self) -> Option<StatusCode> {
+        self.fail_writes
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+            .ok()
+            .map(|_| {
+                StatusCode::from_u16(self.fail_status.load(Ordering::SeqCst))
+                    .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR)
+            })
+    }
+}
+
+/// Everything a request handler needs.
+pub struct Shared {
+    /// The objects.
+    pub store: Arc<Store>,
+    /// The pod runtime (logs, metrics, kills).
+    pub kubelet: Arc<Kubelet>,
+    /// Injected faults.
+    pub faults: Faults,
+    /// Cancelled (and replaced) to drop every open watch.
+    pub watches: Mutex<CancellationToken>,
+    /// Cancelled when the cluster stops.
+    pub root: CancellationToken,
+    /// Bookmark period of watches that ask for them.
+    pub bookmark_interval: Duration,
+    /// Upper bound on `timeoutSeconds`.
+    pub max_watch_timeout: Duration,
+}
+
+impl Shared {
+    /// Ends every open watch; clients re-watch from their last resourceVersion.
+    pub fn drop_watches(&self) {
+        let mut guard = self
+            .watches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        guard.cancel();
+        *guard = self.root.child_token();
+    }
+
+    fn watch_token(&self) -> CancellationToken {
+        self.watches
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+}
+
+fn json_response(status: StatusCode, v: &Value) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "application/json")],
+        v.to_string(),
+    )
+        .into_response()
+}
+
+/// What a path names.
+enum Target {
+    Doc(Value),
+    Res {
+        res: &'static ResourceDef,
+        ns: Option<String>,
+        name: Option<String>,
+        sub: Option<String>,
+    },
+}
+
+fn route(path: &str) -> Result<Target, ApiError> {
+    let segs: Vec<&str> = path
+        .trim_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
+    let (group, version, rest): (&str, &str, &[&str]) = match segs.as_slice() {
+        ["version"] => return Ok(Target::Doc(resources::version())),
+        ["api"] => return Ok(Target::Doc(resources::core_versions())),
+        ["apis"] => return Ok(Target::Doc(resources::group_list())),
+        ["apis", g] => return resources::group(g).map(Target::Doc).ok_or(ApiError::UnknownPath),
+        ["api", "v1"] => {
+            return resources::resource_list("", "v1")
+                .map(Target::Doc)
+                .ok_or(ApiError::UnknownPath);
+        }
+        ["apis", g, v] => {
+            return resources::resource_list(g, v)
+                .map(Target::Doc)
+                .ok_or(ApiError::UnknownPath);
+        }
+        ["api", "v1", rest @ ..] => ("", "v1", rest),
+        ["apis", g, v, rest @ ..] => (g, v, rest),
+        _ => return Err(ApiError::UnknownPath),
+    };
+    let namespaced =
+        rest.len() >= 3 && rest[0] == "namespaces" && resources::find(group, version, rest[2]).is_some();
+    let (ns, rest) = if namespaced {
+        (Some(rest[1].to_owned()), &rest[2..])
+    } else {
+        (None, rest)
+    };
+    let res = resources::find(group, version, rest[0]).ok_or(ApiError::UnknownPath)?;
+    if ns.is_some() && !res.namespaced {
+        return Err(ApiError::UnknownPath);
+    }
+    let name = rest.get(1).map(|s| (*s).to_owned());
+    let sub = rest.get(2).map(|s| (*s).to_owned());
+    if rest.len() > 3 || sub.as_deref().is_some_and(|s| !res.subresources.contains(&s)) {
+        return Err(ApiError::UnknownPath);
+    }
+    Ok(Target::Res { res, ns, name, sub })
+}
+
+fn query_map(query: Option<&str>) -> HashMap<String, String> {
+    let Some(q) = query else {
+        return HashMap::new();
+    };
+    let uri: axum::http::Uri = match format!("/?{q}").parse() {
+        Ok(u) => u,
+        Err(_) => return HashMap::new(),
+    };
+    axum::extract::Query::<HashMap<String, String>>::try_from_uri(&uri)
+        .map(|axum::extract::Query(m)| m)
+        .unwrap_or_default()
+}
+
+/// The single entry point of the HTTP server.
+pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let path = req.uri().path().to_owned();
+    if let Some(rest) = path.strip_prefix("/_sim/") {
+        let q = query_map(req.uri().query());
+        return sim_endpoint(&shared, req.method(), rest, &q);
+    }
+    let latency = shared.faults.latency_ms.load(Ordering::SeqCst);
+    if latency > 0 {
+        tokio::time::sleep(Duration::from_millis(latency)).await;
+    }
+    let (parts, body) = req.into_parts();
+    let body = match axum::body::to_bytes(body, 64 << 20).await {
+        Ok(b) => b,
+        Err(e) => return ApiError::BadRequest(format!("reading the request body: {e}")).into_response(),
+    };
+    let q = query_map(parts.uri.query());
+    match serve(&shared, &parts.method, &path, &q, &parts.headers, body) {
+        Ok(r) => r,
+        Err(e) => e.into_response(),
+    }
+}
+
+fn sim_endpoint(shared: &Shared, method: &Method, rest: &str, q: &HashMap<String, String>) -> Response {
+    if method != Method::POST {
+        return ApiError::MethodNotAllowed.into_response();
+    }
+    let segs: Vec<&str> = rest.split('/').collect();
+    let result: Result<Value, ApiError> = match segs.as_slice() {
+        ["pods", ns, name, "kill"] => shared
+            .kubelet
+            .kill_process(ns, name)
+            .map(|pid| json!({"killed": pid})),
+        ["drop-watches"] => {
+            shared.drop_watches();
+            Ok(json!({}))
+        }
+        ["compact"] => {
+            shared.store.compact();
+            Ok(json!({}))
+        }
+        ["fail-writes"] => {
+            let n = q.get("count").and_then(|c| c.parse().ok()).unwrap_or(1);
+            let status = q
+                .get("status")
+                .and_then(|s| s.parse::<u16>().ok())
+                .and_then(|s| StatusCode::from_u16(s).ok())
+                .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+            shared.faults.fail_next_writes(n, status);
+            Ok(json!({"count": n, "status": status.as_u16()}))
+        }
+        ["forbid"] => {
+            let ns = q.get("namespace").cloned().unwrap_or_default();
+            if q.get("allow").is_some_and(|a| a == "true") {
+                shared.faults.allow_namespace(&ns);
+            } else {
+                shared.faults.forbid_namespace(&ns);
+            }
+            Ok(json!({"namespace": ns}))
+        }
+        ["latency"] => {
+            let ms = q.get("ms").and_then(|c| c.parse().ok()).unwrap_or(0);
+            shared.faults.set_latency(Duration::from_millis(ms));
+            Ok(json!({"ms": ms}))
+        }
+        _ => Err(ApiError::UnknownPath),
+    };
+    match result {
+        Ok(v) => json_response(StatusCode::OK, &v),
+        Err(e) => e.into_response(),
+    }
+}
+
+fn serve(
+    shared: &Arc<Shared>,
+    method: &Method,
+    path: &str,
+    q: &HashMap<String, String>,
+    headers: &HeaderMap,
+    body: Bytes,
+) -> Result<Response, ApiError> {
+    if path == "/openapi/v3" || path == "/openapi/v3/" {
+        return Ok(json_response(StatusCode::OK, &resources::openapi_v3_root()));
+    }
+    if let Some(gv) = path.strip_prefix("/openapi/v3/") {
+        let doc = resources::openapi_v3_gv(gv.trim_end_matches('/')).ok_or(ApiError::UnknownPath)?;
+        return Ok(json_response(StatusCode::OK, &doc));
+    }
+    if path.starts_with("/openapi/") {
+        return Err(ApiError::UnknownPath);
+    }
+    let (res, ns, name, sub) = match route(path)? {
+        Target::Doc(doc) if method == Method::GET => return Ok(json_response(StatusCode::OK, &doc)),
+        Target::Doc(_) => return Err(ApiError::MethodNotAllowed),
+        Target::Res { res, ns, name, sub } => (res, ns, name, sub),
+    };
+    if let Some(ns) = ns.as_deref()
+        && shared.faults.is_forbidden(ns)
+    {
+        return Err(ApiError::Forbidden {
+            res,
+            ns: ns.to_owned(),
+        });
+    }
+    let accept = headers
+        .get(header::ACCEPT)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let as_table = table::wants_table(accept);
+    let is_write = matches!(
+        *method,
+        Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+    );
+    if is_write {
+        if res.computed {
+            return Err(ApiError::MethodNotAllowed);
+        }
+        if let Some(code) = shared.faults.take_write_failure() {
+            return Err(ApiError::Injected(code));
+        }
+    }
+    let store = &shared.store;
+    let ns_str = ns.clone().unwrap_or_default();
+    match (method.clone(), name, sub.as_deref()) {
+        (Method::GET, None, None) => {
+            let watch = q.get("watch").is_some_and(|w| w == "1" || w == "true");
+            if watch {
+                if res.computed {
+                    return Err(ApiError::MethodNotAllowed);
+                }
+                return Ok(watch_response(shared, res, ns, q, as_table));
+            }
+            list(shared, res, ns.as_deref(), q, as_table)
+        }
+        (Method::GET, Some(name), None | Some("status")) => {
+            let obj = if res.computed {
+                pod_metrics(shared, Some(&ns_str))
+                    .into_iter()
+                    .find(|m| name_of(m) == name)
+                    .ok_or(ApiError::NotFound { res, name })?
+            } else {
+                store
+                    .get(res, &ns_str, &name)
+                    .ok_or(ApiError::NotFound { res, name })?
+            };
+            if as_table {
+                let rv = obj
+                    .pointer("/metadata/resourceVersion")
+                    .map(|v| table_str(v.as_str()))
+                    .unwrap_or_default();
+                return Ok(json_response(StatusCode::OK, &table::table(res, &[obj], &rv)));
+            }
+            Ok(json_response(StatusCode::OK, &obj))
+        }
+        (Method::GET, Some(name), Some("scale")) => {
+            let obj = store
+                .get(res, &ns_str, &name)
+                .ok_or(ApiError::NotFound { res, name })?;
+            Ok(json_response(StatusCode::OK, &scale_of(&obj)))
+        }
+        (Method::GET, Some(name), Some("log")) => {
+            let pod = store.get(res, &ns_str, &name).ok_or_else(|| ApiError::NotFound {
+                res,
+                name: name.clone(),
+            })?;
+            let dir = shared.kubelet.pod_dir(&ns_str, &name, uid_of(&pod));
+            let text = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
+            Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], text).into_response())
+        }
+        (Method::POST, None, None) => {
+            let ns = if res.namespaced {
+                ns.ok_or(ApiError::MethodNotAllowed)?
+            } else {
+                String::new()
+            };
+            let obj = parse_object(&body)?;
+            let obj = prepare_create(res, obj)?;
+            let created = store.create(res, &ns, obj)?;
+            Ok(json_response(StatusCode::CREATED, &created))
+        }
+        (Method::PUT, Some(name), sub) => {
+            let new = parse_object(&body)?;
+            let updated = match sub {
+                Some("scale") => {
+                    let replicas = new.pointer("/spec/replicas").cloned().unwrap_or(json!(0));
+                    let rv = new.pointer("/metadata/resourceVersion").cloned();
+                    let o = store.update(res, &ns_str, &name, |cur| {
+                        if let Some(rv) = rv {
+                            cur["metadata"]["resourceVersion"] = rv;
+                        }
+                        cur["spec"]["replicas"] = replicas;
+                        Ok(())
+                    })?;
+                    scale_of(&o)
+                }
+                _ => store.update(res, &ns_str, &name, |cur| {
+                    *cur = merge_status(res, sub, cur, new);
+                    Ok(())
+                })?,
+            };
+            Ok(json_response(StatusCode::OK, &updated))
+        }
+        (Method::PATCH, Some(name), sub) => {
+            let ct = headers
+                .get(header::CONTENT_TYPE)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or("");
+            let kind = PatchKind::from_content_type(ct)?;
+            let updated = if sub == Some("scale") {
+                let o = store.update(res, &ns_str, &name, |cur| {
+                    let mut scale = scale_of(cur);
+                    patch::apply(&mut scale, kind, &body)?;
+                    cur["spec"]["replicas"] = scale.pointer("/spec/replicas").cloned().unwrap_or(json!(0));
+                    if let Some(rv) = scale.pointer("/metadata/resourceVersion") {
+                        cur["metadata"]["resourceVersion"] = rv.clone();
+                    }
+                    Ok(())
+                })?;
+                scale_of(&o)
+            } else {
+                store.update(res, &ns_str, &name, |cur| {
+                    let mut doc = cur.clone();
+                    patch::apply(&mut doc, kind, &body)?;
+                    *cur = merge_status(res, sub, cur, doc);
+                    Ok(())
+                })?
+            };
+            Ok(json_response(StatusCode::OK, &updated))
+        }
+        (Method::DELETE, Some(name), None) => {
+            let opts = delete_options(&body, q)?;
+            let obj = store.get(res, &ns_str, &name).ok_or_else(|| ApiError::NotFound {
+                res,
+                name: name.clone(),
+            })?;
+            check_preconditions(res, &obj, &opts)?;
+            let out = delete_one(shared, res, &ns_str, &name, &opts)?;
+            Ok(json_response(StatusCode::OK, &out))
+        }
+        (Method::DELETE, None, None) => {
+            let opts = delete_options(&body, q)?;
+            let (items, rv) = store.list(res, ns.as_deref());
+            let items = filter(items, q)?;
+            let mut deleted = Vec::new();
+            for item in &items {
+                if let Ok(o) = delete_one(shared, res, namespace_of(item), name_of(item), &opts) {
+                    deleted.push(o);
+                }
+            }
+            Ok(json_response(StatusCode::OK, &list_doc(res, deleted, rv, None)))
+        }
+        _ => Err(ApiError::MethodNotAllowed),
+    }
+}
+
+fn table_str(s: Option<&str>) -> String {
+    s.unwrap_or("").to_owned()
+}
+
+fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
+    let v: Value = serde_json::from_slice(body)
+        .map_err(|e| ApiError::BadRequest(format!("the object could not be decoded as JSON: {e}")))?;
+    if !v.is_object() {
+        return Err(ApiError::BadRequest("the body must be a JSON object".into()));
+    }
+    Ok(v)
+}
+
+/// Validation and conversions a real API server applies on create.
+fn prepare_create(res: &'static ResourceDef, mut obj: Value) -> Result<Value, ApiError> {
+    if let Some(kind) = obj.get("kind").and_then(Value::as_str)
+        && kind != res.kind
+    {
+        return Err(ApiError::BadRequest(format!(
+            "the kind {kind:?} of the object does not match the resource {}",
+            res.group_resource()
+        )));
+    }
+    match res.kind {
+        "Pod" => {
+            let has_containers = obj
+                .pointer("/spec/containers")
+                .and_then(Value::as_array)
+                .is_some_and(|c| !c.is_empty());
+            if !has_containers {
+                return Err(ApiError::Invalid(format!(
+                    "Pod \"{}\" is invalid: spec.containers: Required value",
+                    name_of(&obj)
+                )));
+            }
+        }
+        "Deployment" | "ReplicaSet" => {
+            let sel = obj.pointer("/spec/selector").cloned().unwrap_or(Value::Null);
+            let selector = LabelSelector::from_object(&sel).map_err(ApiError::Invalid)?;
+            if selector.0.is_empty() {
+                return Err(ApiError::Invalid(format!(
+                    "{} \"{}\" is invalid: spec.selector: Required value",
+                    res.kind,
+                    name_of(&obj)
+                )));
+            }
+            let labels = super::selector::labels_of(
+                &json!({"metadata": obj.pointer("/spec/template/metadata").cloned().unwrap_or(Value::Null)}),
+            );
+            if !selector.matches(&labels) {
+                return Err(ApiError::Invalid(format!(
+                    "{} \"{}\" is invalid: spec.template.metadata.labels: Invalid value: `selector` does not match template `labels`",
+                    res.kind,
+                    name_of(&obj)
+                )));
+            }
+        }
+        "Secret" => {
+            if let Some(Value::Object(sd)) = obj.as_object_mut().and_then(|m| m.remove("stringData")) {
+                for (k, v) in sd {
+                    let enc = base64::engine::general_purpose::STANDARD.encode(v.as_str().unwrap_or(""));
+                    obj["data"][k] = json!(enc);
+                }
+            }
+        }
+        _ => {}
+    }
+    Ok(obj)
+}
+
+/// Main-resource writes keep the stored status; `/status` writes change only the status.
+fn merge_status(res: &ResourceDef, sub: Option<&str>, cur: &Value, mut new: Value) -> Value {
+    if !res.subresources.contains(&"status") {
+        return new;
+    }
+    if sub == Some("status") {
+        let mut out = cur.clone();
+        out["status"] = new.get("status").cloned().unwrap_or(Value::Null);
+        if let Some(rv) = new.pointer("/metadata/resourceVersion") {
+            out["metadata"]["resourceVersion"] = rv.clone();
+        }
+        return out;
+    }
+    match cur.get("status") {
+        Some(s) => new["status"] = s.clone(),
+        None => {
+            if let Some(m) = new.as_object_mut() {
+                m.remove("status");
+            }
+        }
+    }
+    new
+}
+
+fn selector_string(sel: &Value) -> String {
+    let mut parts = Vec::new();
+    if let Some(m) = sel.get("matchLabels").and_then(Value::as_object) {
+        for (k, v) in m {
+            parts.push(format!("{k}={}", v.as_str().unwrap_or("")));
+        }
+    }
+    if let Some(exprs) = sel.get("matchExpressions").and_then(Value::as_array) {
+        for e in exprs {
+            let key = e["key"].as_str().unwrap_or("");
+            let values: Vec<&str> = e["values"]
+                .as_array()
+                .map(|v| v.iter().filter_map(Value::as_str).collect())
+                .unwrap_or_default();
+            parts.push(match e["operator"].as_str().unwrap_or("") {
+                "In" => format!("{key} in ({})", values.join(",")),
+                "NotIn" => format!("{key} notin ({})", values.join(",")),
+                "Exists" => key.to_owned(),
+                _ => format!("!{key}"),
+            });
+        }
+    }
+    parts.join(",")
+}
+
+fn scale_of(obj: &Value) -> Value {
+    json!({
+        "kind": "Scale",
+        "apiVersion": "autoscaling/v1",
+        "metadata": {
+            "name": obj["metadata"]["name"],
+            "namespace": obj["metadata"]["namespace"],
+            "uid": obj["metadata"]["uid"],
+            "resourceVersion": obj["metadata"]["resourceVersion"],
+            "creationTimestamp": obj["metadata"]["creationTimestamp"],
+        },
+        "spec": {"replicas": obj.pointer("/spec/replicas").cloned().unwrap_or(json!(0))},
+        "status": {
+            "replicas": obj.pointer("/status/replicas").cloned().unwrap_or(json!(0)),
+            "selector": selector_string(obj.pointer("/spec/selector").unwrap_or(&Value::Null)),
+        },
+    })
+}
+
+/// Parsed `DeleteOptions` (body or query).
+#[derive(Debug, Default)]
+struct DeleteOpts {
+    grace: Option<i64>,
+    orphan: bool,
+    uid: Option<String>,
+    rv: Option<String>,
+}
+
+fn delete_options(body: &[u8], q: &HashMap<String, String>) -> Result<DeleteOpts, ApiError> {
+    let mut o = DeleteOpts::default();
+    if !body.iter().all(u8::is_ascii_whitespace) {
+        let v: Value = serde_json::from_slice(body)
+            .map_err(|e| ApiError::BadRequest(format!("the DeleteOptions could not be decoded: {e}")))?;
+        o.grace = v.get("gracePeriodSeconds").and_then(Value::as_i64);
+        o.orphan = v.get("propagationPolicy").and_then(Value::as_str) == Some("Orphan")
+            || v.get("orphanDependents").and_then(Value::as_bool) == Some(true);
+        o.uid = v
+            .pointer("/preconditions/uid")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+        o.rv = v
+            .pointer("/preconditions/resourceVersion")
+            .and_then(Value::as_str)
+            .map(str::to_owned);
+    }
+    if let Some(g) = q.get("gracePeriodSeconds") {
+        o.grace = Some(
+            g.parse()
+                .map_err(|_| ApiError::BadRequest(format!("gracePeriodSeconds {g:?} is not a number")))?,
+        );
+    }
+    if q.get("propagationPolicy").map(String::as_str) == Some("Orphan") {
+        o.orphan = true;
+    }
+    Ok(o)
+}
+
+fn check_preconditions(res: &'static ResourceDef, obj: &Value, opts: &DeleteOpts) -> Result<(), ApiError> {
+    let uid_ok = opts.uid.as_deref().is_none_or(|u| u == uid_of(obj));
+    let rv_ok = opts
+        .rv
+        .as_deref()
+        .is_none_or(|rv| Some(rv) == obj.pointer("/metadata/resourceVersion").and_then(Value::as_str));
+    if uid_ok && rv_ok {
+        Ok(())
+    } else {
+        Err(ApiError::Conflict {
+            res,
+            name: name_of(obj).to_owned(),
+        })
+    }
+}
+
+fn delete_one(
+    shared: &Shared,
+    res: &'static ResourceDef,
+    ns: &str,
+    name: &str,
+    opts: &DeleteOpts,
+) -> Result<Value, ApiError> {
+    let store = &shared.store;
+    match res.kind {
+        "Pod" => delete_pod(store, ns, name, opts.grace),
+        "Namespace" => {
+            if matches!(name, "default" | "kube-system") {
+                return Err(ApiError::Terminating(name.to_owned()));
+            }
+            let marked = store.mark_terminating(res, "", name, 0)?;
+            for (group, plural, obj_name) in store.keys_in_namespace(name) {
+                let Some(r) = resources::RESOURCES
+                    .iter()
+                    .find(|r| r.group == group && r.plural == plural && !r.computed)
+                else {
+                    continue;
+                };
+                let _ = store.remove(r, name, &obj_name, None);
+            }
+            let _ = store.remove(res, "", name, Some(uid_of(&marked)));
+            Ok(marked)
+        }
+        _ => {
+            let removed = store.remove(res, ns, name, None)?;
+            if opts.orphan {
+                let uid = uid_of(&removed).to_owned();
+                for kind in ["ReplicaSet", "Pod"] {
+                    let r = by_kind(kind);
+                    let (objs, _) = store.list(r, Some(ns));
+                    for o in objs.iter().filter(|o| {
+                        o.pointer("/metadata/ownerReferences")
+                            .and_then(Value::as_array)
+                            .is_some_and(|refs| refs.iter().any(|x| x["uid"] == uid.as_str()))
+                    }) {
+                        let _ = store.update(r, ns, name_of(o), |cur| {
+                            if let Some(refs) = cur["metadata"]["ownerReferences"].as_array_mut() {
+                                refs.retain(|x| x["uid"] != uid.as_str());
+                            }
+                            Ok(())
+                        });
+                    }
+                }
+            }
+            Ok(removed)
+        }
+    }
+}
+
+fn filter(items: Vec<Value>, q: &HashMap<String, String>) -> Result<Vec<Value>, ApiError> {
+    let labels = LabelSelector::parse(q.get("labelSelector").map_or("", String::as_str))
+        .map_err(ApiError::BadRequest)?;
+    let fields = FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str))
+        .map_err(ApiError::BadRequest)?;
+    Ok(items
+        .into_iter()
+        .filter(|o| labels.matches_object(o) && fields.matches(o))
+        .collect())
+}
+
+fn list_doc(res: &ResourceDef, items: Vec<Value>, rv: u64, cont: Option<String>) -> Value {
+    let mut meta = json!({"resourceVersion": rv.to_string()});
+    if let Some(c) = cont {
+        meta["continue"] = json!(c);
+    }
+    json!({"kind": format!("{}List", res.kind), "apiVersion": res.api_version(), "metadata": meta, "items": items})
+}
+
+fn list(
+    shared: &Shared,
+    res: &'static ResourceDef,
+    ns: Option<&str>,
+    q: &HashMap<String, String>,
+    as_table: bool,
+) -> Result<Response, ApiError> {
+    let (items, rv) = if res.computed {
+        (pod_metrics(shared, ns), shared.store.current_rv())
+    } else {
+        shared.store.list(res, ns)
+    };
+    let mut items = filter(items, q)?;
+    if let Some(token) = q.get("continue").filter(|c| !c.is_empty()) {
+        let after = base64::engine::general_purpose::URL_SAFE_NO_PAD
+            .decode(token)
+            .ok()
+            .and_then(|b| String::from_utf8(b).ok())
+            .ok_or_else(|| ApiError::BadRequest("continue key is not valid".into()))?;
+        items.retain(|o| format!("{}/{}", namespace_of(o), name_of(o)) > after);
+    }
+    let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
+    let cont = if limit > 0 && items.len() > limit {
+        items.truncate(limit);
+        items.last().map(|o| {
+            base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!(
+                "{}/{}",
+                namespace_of(o),
+                name_of(o)
+            ))
+        })
+    } else {
+        None
+    };
+    if as_table {
+        let mut t = table::table(res, &items, &rv.to_string());
+        if let Some(c) = cont {
+            t["metadata"]["continue"] = json!(c);
+        }
+        return Ok(json_response(StatusCode::OK, &t));
+    }
+    Ok(json_response(StatusCode::OK, &list_doc(res, items, rv, cont)))
+}
+
+/// `PodMetrics` of the running pods of a namespace (all namespaces when `scope` is `None`).
+fn pod_metrics(shared: &Shared, ns: Option<&str>) -> Vec<Value> {
+    let (pods, _) = shared.store.list(by_kind("Pod"), ns);
+    pods.iter()
+        .filter_map(|p| {
+            let u = shared.kubelet.usage(namespace_of(p), name_of(p))?;
+            Some(json!({
+                "kind": "PodMetrics",
+                "apiVersion": "metrics.k8s.io/v1beta1",
+                "metadata": {
+                    "name": name_of(p),
+                    "namespace": namespace_of(p),
+                    "labels": p.pointer("/metadata/labels").cloned().unwrap_or(json!({})),
+                    "creationTimestamp": super::store::now_rfc3339(),
+                },
+                "timestamp": u.timestamp,
+                "window": format!("{}ms", u.window.as_millis()),
+                "containers": [{"name": u.container, "usage": {
+                    "cpu": format!("{}m", u.cpu_millis),
+                    "memory": format!("{}Ki", u.memory_bytes / 1024),
+                }}],
+            }))
+        })
+        .collect()
+}
+
+struct WatchState {
+    shared: Arc<Shared>,
+    res: &'static ResourceDef,
+    ns: Option<String>,
+    labels: LabelSelector,
+    fields: FieldSelector,
+    last_rv: u64,
+    pending: std::collections::VecDeque<Bytes>,
+    rx: tokio::sync::watch::Receiver<u64>,
+    deadline: tokio::time::Instant,
+    bookmarks: bool,
+    next_bookmark: tokio::time::Instant,
+    stop: CancellationToken,
+    as_table: bool,
+    done: bool,
+}
+
+impl WatchState {
+    fn line(&self, kind: &str, obj: &Value) -> Bytes {
+        let obj = if self.as_table && kind != "ERROR" && kind != "BOOKMARK" {
+            table::table(
+                self.res,
+                std::slice::from_ref(obj),
+                obj.pointer("/metadata/resourceVersion")
+                    .and_then(Value::as_str)
+                    .unwrap_or(""),
+            )
+        } else {
+            obj.clone()
+        };
+        let mut s = json!({"type": kind, "object": obj}).to_string();
+        s.push('\n');
+        Bytes::from(s)
+    }
+
+    fn matches(&self, obj: &Value) -> bool {
+        self.labels.matches_object(obj) && self.fields.matches(obj)
+    }
+
+    fn bookmark(&self) -> Bytes {
+        self.line(
+            "BOOKMARK",
+            &json!({"kind": self.res.kind, "apiVersion": self.res.api_version(),
+                    "metadata": {"resourceVersion": self.last_rv.to_string()}}),
+        )
+    }
+
+    /// Queues the events after `last_rv`; returns false when the history is gone.
+    fn drain(&mut self) -> bool {
+        let current = *self.rx.borrow_and_update();
+        match self.shared.store.events_since(self.last_rv) {
+            Ok(events) => {
+                for e in events {
+                    self.last_rv = e.rv;
+                    if e.res != self.res || self.ns.as_ref().is_some_and(|ns| *ns != e.namespace) {
+                        continue;
+                    }
+                    let now = self.matches(&e.object);
+                    let before = e.old.as_ref().is_some_and(|o| self.matches(o));
+                    let kind = match (e.kind, before, now) {
+                        (EventType::Added, _, true) => "ADDED",
+                        (EventType::Deleted, _, true) => "DELETED",
+                        (EventType::Modified, true, true) => "MODIFIED",
+                        (EventType::Modified, false, true) => "ADDED",
+                        (EventType::Modified, true, false) => "DELETED",
+                        _ => continue,
+                    };
+                    let line = self.line(kind, &e.object);
+                    self.pending.push_back(line);
+                }
+                self.last_rv = self.last_rv.max(current.min(self.shared.store.current_rv()));
+                true
+            }
+            Err(e) => {
+                let line = self.line("ERROR", &e.status());
+                self.pending.push_back(line);
+                false
+            }
+        }
+    }
+}
+
+fn watch_response(
+    shared: &Arc<Shared>,
+    res: &'static ResourceDef,
+    ns: Option<String>,
+    q: &HashMap<String, String>,
+    as_table: bool,
+) -> Response {
+    let labels = match LabelSelector::parse(q.get("labelSelector").map_or("", String::as_str)) {
+        Ok(l) => l,
+        Err(e) => return ApiError::BadRequest(e).into_response(),
+    };
+    let fields = match FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str)) {
+        Ok(f) => f,
+        Err(e) => return ApiError::BadRequest(e).into_response(),
+    };
+    let timeout = q
+        .get("timeoutSeconds")
+        .and_then(|t| t.parse::<u64>().ok())
+        .map_or(shared.max_watch_timeout, |t| {
+            Duration::from_secs(t).min(shared.max_watch_timeout)
+        });
+    let now = tokio::time::Instant::now();
+    let mut state = WatchState {
+        shared: shared.clone(),
+        res,
+        ns: ns.clone(),
+        labels,
+        fields,
+        last_rv: 0,
+        pending: std::collections::VecDeque::new(),
+        rx: shared.store.subscribe(),
+        deadline: now + timeout,
+        bookmarks: q
+            .get("allowWatchBookmarks")
+            .is_some_and(|b| b == "true" || b == "1"),
+        next_bookmark: now + shared.bookmark_interval,
+        stop: shared.watch_token(),
+        as_table,
+        done: false,
+    };
+    let rv = q.get("resourceVersion").map_or("", String::as_str);
+    let send_initial = q.get("sendInitialEvents").is_some_and(|s| s == "true");
+    if rv.is_empty() || rv == "0" || send_initial {
+        let (items, snapshot_rv) = shared.store.list(res, ns.as_deref());
+        state.rx.borrow_and_update();
+        let lines: Vec<Bytes> = items
+            .iter()
+            .filter(|o| state.matches(o))
+            .map(|item| state.line("ADDED", item))
+            .collect();
+        state.pending.extend(lines);
+        state.last_rv = snapshot_rv;
+        if send_initial {
+            let line = state.line(
+                "BOOKMARK",
+                &json!({"kind": res.kind, "apiVersion": res.api_version(), "metadata": {
+                    "resourceVersion": snapshot_rv.to_string(),
+                    "annotations": {"k8s.io/initial-events-end": "true"}}}),
+            );
+            state.pending.push_back(line);
+        }
+    } else {
+        match rv.parse::<u64>() {
+            Ok(n) => {
+                state.last_rv = n;
+                if !state.drain() {
+                    state.done = true;
+                }
+            }
+            Err(_) => {
+                return ApiError::BadRequest(format!("resourceVersion {rv:?} is not valid")).into_response();
+            }
+        }
+    }
+    let stream = futures::stream::unfold(state, |mut st| async move {
+        loop {
+            if let Some(line) = st.pending.pop_front() {
+                return Some((Ok::<_, std::convert::Infallible>(line), st));
+            }
+            if st.done {
+                return None;
+            }
+            tokio::select! {
+                changed = st.rx.changed() => {
+                    if changed.is_err() || !st.drain() {
+                        st.done = true;
+                    }
+                }
+                () = tokio::time::sleep_until(st.next_bookmark), if st.bookmarks => {
+                    if st.drain() {
+                        let b = st.bookmark();
+                        st.pending.push_back(b);
+                    } else {
+                        st.done = true;
+                    }
+                    st.next_bookmark = tokio::time::Instant::now() + st.shared.bookmark_interval;
+                }
+                () = tokio::time::sleep_until(st.deadline) => return None,
+                () = st.stop.cancelled() => return None,
+            }
+        }
+    });
+    (
+        StatusCode::OK,
+        [
+            (header::CONTENT_TYPE, "application/json"),
+            (header::CACHE_CONTROL, "no-cache"),
+        ],
+        Body::from_stream(stream),
+    )
+        .into_response()
+}

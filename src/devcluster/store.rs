@@ -1,0 +1,603 @@
+//! The object store: every object as JSON, one global monotonically
+//! increasing resourceVersion, and a bounded event history that watches
+//! replay from (older resourceVersions answer `410 Gone`).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use serde_json::{Value, json};
+use tokio::sync::watch;
+
+use super::error::ApiError;
+use super::resources::{ResourceDef, by_kind};
+
+/// Watch event types.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    /// The wire name.
+    #[must_use]
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Added => "ADDED",
+            Self::Modified => "MODIFIED",
+            Self::Deleted => "DELETED",
+        }
+    }
+}
+
+/// One change, as recorded in the history.
+#[derive(Debug)]
+pub struct Event {
+    /// resourceVersion of the change.
+    pub rv: u64,
+    /// Resource of the object.
+    pub res: &'static ResourceDef,
+    /// Namespace of the object ("" for cluster-scoped).
+    pub namespace: String,
+    /// What happened.
+    pub kind: EventType,
+    /// The object after the change (the last state for a deletion).
+    pub object: Value,
+    /// The object before a modification (selectors decide ADDED/DELETED from it).
+    pub old: Option<Value>,
+}
+
+type Key = (&'static str, &'static str, String, String);
+
+fn key(res: &'static ResourceDef, ns: &str, name: &str) -> Key {
+    (res.group, res.plural, ns.to_owned(), name.to_owned())
+}
+
+struct Inner {
+    rv: u64,
+    objects: BTreeMap<Key, Value>,
+    log: VecDeque<Arc<Event>>,
+    /// Every event with a resourceVersion above this is still in `log`.
+    floor: u64,
+    history: usize,
+}
+
+/// The store shared by the API server, the controllers and the kubelet.
+pub struct Store {
+    inner: Mutex<Inner>,
+    rv_tx: watch::Sender<u64>,
+}
+
+/// The current time as Kubernetes writes it (RFC 3339, seconds, UTC).
+#[must_use]
+pub fn now_rfc3339() -> String {
+    jiff::Timestamp::now().strftime("%Y-%m-%dT%H:%M:%SZ").to_string()
+}
+
+/// A random RFC 4122 version 4 UID.
+#[must_use]
+pub fn new_uid() -> String {
+    let b: [u8; 16] = rand::random();
+    format!(
+        "{:08x}-{:04x}-4{:03x}-{:04x}-{:012x}",
+        u32::from_be_bytes([b[0], b[1], b[2], b[3]]),
+        u16::from_be_bytes([b[4], b[5]]),
+        u16::from_be_bytes([b[6], b[7]]) & 0x0fff,
+        (u16::from_be_bytes([b[8], b[9]]) & 0x3fff) | 0x8000,
+        u64::from_be_bytes([0, 0, b[10], b[11], b[12], b[13], b[14], b[15]]),
+    )
+}
+
+fn random_suffix() -> String {
+    const ALPHABET: &[u8] = b"bcdfghjklmnpqrstvwxz2456789";
+    (0..5)
+        .map(|_| ALPHABET[rand::random_range(0..ALPHABET.len())] as char)
+        .collect()
+}
+
+/// `metadata.name` of an object ("" when absent).
+#[must_use]
+pub fn name_of(obj: &Value) -> &str {
+    obj.pointer("/metadata/name")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+/// `metadata.namespace` of an object ("" when absent).
+#[must_use]
+pub fn namespace_of(obj: &Value) -> &str {
+    obj.pointer("/metadata/namespace")
+        .and_then(Value::as_str)
+        .unwrap_or("")
+}
+
+/// `metadata.uid` of an object ("" when absent).
+#[must_use]
+pub fn uid_of(obj: &Value) -> &str {
+    obj.pointer("/metadata/uid").and_then(Value::as_str).unwrap_or("")
+}
+
+/// Whether `metadata.deletionTimestamp` is set.
+#[must_use]
+pub fn is_terminating(obj: &Value) -> bool {
+    obj.pointer("/metadata/deletionTimestamp")
+        .is_some_and(|v| !v.is_null())
+}
+
+fn is_dns_subdomain(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 253
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'.')
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+impl Store {
+    /// An empty store keeping `history` events for watches.
+    #[must_use]
+    pub fn new(history: usize) -> Self {
+        let (rv_tx, _) = watch::channel(1);
+        Self {
+            inner: Mutex::new(Inner {
+                rv: 1,
+                objects: BTreeMap::new(),
+                log: VecDeque::new(),
+                floor: 1,
+                history: history.max(1),
+            }),
+            rv_tx,
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Inner> {
+        // A panic while holding the lock leaves consistent data (every
+        // mutation is a single insert/remove), so poisoning is ignored.
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Notified with the newest resourceVersion after every change.
+    #[must_use]
+    pub fn subscribe(&self) -> watch::Receiver<u64> {
+        self.rv_tx.subscribe()
+    }
+
+    /// The newest resourceVersion.
+    #[must_use]
+    pub fn current_rv(&self) -> u64 {
+        self.lock().rv
+    }
+
+    /// Forgets the event history: watches from any older resourceVersion get `410 Gone`.
+    pub fn compact(&self) {
+        let mut inner = self.lock();
+        inner.log.clear();
+        inner.floor = inner.rv;
+    }
+
+    /// Events with a resourceVersion above `rv`.
+    ///
+    /// # Errors
+    /// [`ApiError::Gone`] when part of that history has been dropped.
+    pub fn events_since(&self, rv: u64) -> Result<Vec<Arc<Event>>, ApiError> {
+        let inner = self.lock();
+        if rv < inner.floor {
+            return Err(ApiError::Gone {
+                requested: rv,
+                oldest: inner.floor,
+            });
+        }
+        let start = inner.log.partition_point(|e| e.rv <= rv);
+        Ok(inner.log.iter().skip(start).cloned().collect())
+    }
+
+    fn record(&self, inner: &mut Inner, event: Event) {
+        inner.log.push_back(Arc::new(event));
+        while inner.log.len() > inner.history {
+            if let Some(e) = inner.log.pop_front() {
+                inner.floor = e.rv;
+            }
+        }
+        self.rv_tx.send_replace(inner.rv);
+    }
+
+    /// One object.
+    #[must_use]
+    pub fn get(&self, res: &'static ResourceDef, ns: &str, name: &str) -> Option<Value> {
+        self.lock().objects.get(&key(res, ns, name)).cloned()
+    }
+
+    /// Every object of a resource (in one namespace or all), sorted by
+    /// namespace and name, with the resourceVersion of the snapshot.
+    #[must_use]
+    pub fn list(&self, res: &'static ResourceDef, ns: Option<&str>) -> (Vec<Value>, u64) {
+        let inner = self.lock();
+        let items = inner
+            .objects
+            .iter()
+            .filter(|((g, p, n, _), _)| *g == res.group && *p == res.plural && ns.is_none_or(|ns| ns == n))
+            .map(|(_, v)| v.clone())
+            .collect();
+        (items, inner.rv)
+    }
+
+    fn namespace_check(inner: &Inner, res: &'static ResourceDef, ns: &str) -> Result<(), ApiError> {
+        if !res.namespaced {
+            return Ok(());
+        }
+        let nsres = by_kind("Namespace");
+        match inner.objects.get(&key(nsres, "", ns)) {
+            None => Err(ApiError::NamespaceNotFound(ns.to_owned())),
+            Some(n) if is_terminating(n) => Err(ApiError::Terminating(ns.to_owned())),
+            Some(_) => Ok(()),
+        }
+    }
+
+    /// Creates an object (fills name from `generateName`, uid, timestamps,
+    /// generation, resourceVersion).
+    ///
+    /// # Errors
+    /// `AlreadyExists`, a missing namespace, or an invalid name.
+    pub fn create(&self, res: &'static ResourceDef, ns: &str, mut obj: Value) -> Result<Value, ApiError> {
+        if !obj.is_object() {
+            return Err(ApiError::BadRequest("the object must be a JSON object".into()));
+        }
+        if !obj.get("metadata").is_some_and(Value::is_object) {
+            obj["metadata"] = json!({});
+        }
+        let mut inner = self.lock();
+        Self::namespace_check(&inner, res, ns)?;
+        let meta = &mut obj["metadata"];
+        let name = match meta.get("name").and_then(Value::as_str) {
+            Some(n) if !n.is_empty() => n.to_owned(),
+            _ => match meta.get("generateName").and_then(Value::as_str) {
+                Some(prefix) if !prefix.is_empty() => loop {
+                    let candidate = format!("{prefix}{}", random_suffix());
+                    if !inner.objects.contains_key(&key(res, ns, &candidate)) {
+                        break candidate;
+                    }
+                },
+                _ => {
+                    return Err(ApiError::Invalid(format!(
+                        "{} is invalid: metadata.name: Required value: name or generateName is required",
+                        res.kind
+                    )));
+                }
+            },
+        };
+        if !is_dns_subdomain(&name) {
+            return Err(ApiError::Invalid(format!(
+                "{} \"{name}\" is invalid: metadata.name: Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'",
+                res.kind
+            )));
+        }
+        if let Some(given) = meta.get("namespace").and_then(Value::as_str)
+            && res.namespaced
+            && !given.is_empty()
+            && given != ns
+        {
+            return Err(ApiError::BadRequest(
+                "the namespace of the provided object does not match the namespace sent on the request"
+                    .into(),
+            ));
+        }
+        let k = key(res, ns, &name);
+        if inner.objects.contains_key(&k) {
+            return Err(ApiError::AlreadyExists { res, name });
+        }
+        inner.rv += 1;
+        let rv = inner.rv;
+        meta["name"] = json!(name);
+        if res.namespaced {
+            meta["namespace"] = json!(ns);
+        } else if let Some(m) = meta.as_object_mut() {
+            m.remove("namespace");
+        }
+        meta["uid"] = json!(new_uid());
+        meta["creationTimestamp"] = json!(now_rfc3339());
+        meta["resourceVersion"] = json!(rv.to_string());
+        meta["generation"] = json!(1);
+        if let Some(m) = meta.as_object_mut() {
+            m.remove("deletionTimestamp");
+            m.remove("deletionGracePeriodSeconds");
+        }
+        obj["apiVersion"] = json!(res.api_version());
+        obj["kind"] = json!(res.kind);
+        apply_defaults(res, &mut obj);
+        inner.objects.insert(k, obj.clone());
+        self.record(
+            &mut inner,
+            Event {
+                rv,
+                res,
+                namespace: ns.to_owned(),
+                kind: EventType::Added,
+                object: obj.clone(),
+                old: None,
+            },
+        );
+        Ok(obj)
+    }
+
+    /// Read-modify-write of one object under the store lock. `f` edits a copy;
+    /// a `metadata.resourceVersion` left in the copy that differs from the
+    /// stored one is a conflict. Identity fields are kept; `generation` grows
+    /// when `spec` changes; an unchanged object keeps its resourceVersion.
+    ///
+    /// # Errors
+    /// `NotFound`, `Conflict`, or whatever `f` returns.
+    pub fn update<F>(&self, res: &'static ResourceDef, ns: &str, name: &str, f: F) -> Result<Value, ApiError>
+    where
+        F: FnOnce(&mut Value) -> Result<(), ApiError>,
+    {
+        let mut inner = self.lock();
+        let k = key(res, ns, name);
+        let Some(old) = inner.objects.get(&k).cloned() else {
+            return Err(ApiError::NotFound {
+                res,
+                name: name.to_owned(),
+            });
+        };
+        let mut new = old.clone();
+        f(&mut new)?;
+        if !new.get("metadata").is_some_and(Value::is_object) {
+            new["metadata"] = json!({});
+        }
+        let old_rv = old
+            .pointer("/metadata/resourceVersion")
+            .cloned()
+            .unwrap_or(Value::Null);
+        match new.pointer("/metadata/resourceVersion") {
+            Some(Value::String(s)) if !s.is_empty() && Some(s.as_str()) != old_rv.as_str() => {
+                return Err(ApiError::Conflict {
+                    res,
+                    name: name.to_owned(),
+                });
+            }
+            _ => {}
+        }
+        if new
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .is_some_and(|n| n != name)
+        {
+            return Err(ApiError::BadRequest(
+                "the name of the object does not match the name on the URL".into(),
+            ));
+        }
+        for field in [
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+        ] {
+            match old["metadata"].get(field) {
+                Some(v) => new["metadata"][field] = v.clone(),
+                None => {
+                    if let Some(m) = new["metadata"].as_object_mut() {
+                        m.remove(field);
+                    }
+                }
+            }
+        }
+        new["apiVersion"] = json!(res.api_version());
+        new["kind"] = json!(res.kind);
+        let generation = old
+            .pointer("/metadata/generation")
+            .and_then(Value::as_i64)
+            .unwrap_or(1);
+        new["metadata"]["generation"] = json!(if new.get("spec") == old.get("spec") {
+            generation
+        } else {
+            generation + 1
+        });
+        new["metadata"]["resourceVersion"] = old_rv;
+        if new == old {
+            return Ok(old);
+        }
+        inner.rv += 1;
+        let rv = inner.rv;
+        new["metadata"]["resourceVersion"] = json!(rv.to_string());
+        inner.objects.insert(k, new.clone());
+        self.record(
+            &mut inner,
+            Event {
+                rv,
+                res,
+                namespace: ns.to_owned(),
+                kind: EventType::Modified,
+                object: new.clone(),
+                old: Some(old),
+            },
+        );
+        Ok(new)
+    }
+
+    /// Marks an object as terminating (`deletionTimestamp`, grace period).
+    ///
+    /// # Errors
+    /// `NotFound`.
+    pub fn mark_terminating(
+        &self,
+        res: &'static ResourceDef,
+        ns: &str,
+        name: &str,
+        grace_seconds: i64,
+    ) -> Result<Value, ApiError> {
+        let mut inner = self.lock();
+        let k = key(res, ns, name);
+        let Some(old) = inner.objects.get(&k).cloned() else {
+            return Err(ApiError::NotFound {
+                res,
+                name: name.to_owned(),
+            });
+        };
+        if is_terminating(&old) {
+            return Ok(old);
+        }
+        let mut new = old.clone();
+        inner.rv += 1;
+        let rv = inner.rv;
+        new["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
+        new["metadata"]["deletionGracePeriodSeconds"] = json!(grace_seconds);
+        new["metadata"]["resourceVersion"] = json!(rv.to_string());
+        inner.objects.insert(k, new.clone());
+        self.record(
+            &mut inner,
+            Event {
+                rv,
+                res,
+                namespace: ns.to_owned(),
+                kind: EventType::Modified,
+                object: new.clone(),
+                old: Some(old),
+            },
+        );
+        Ok(new)
+    }
+
+    /// Removes an object for good (emits `DELETED`). When `uid` is given, only
+    /// that incarnation is removed.
+    ///
+    /// # Errors
+    /// `NotFound`.
+    pub fn remove(
+        &self,
+        res: &'static ResourceDef,
+        ns: &str,
+        name: &str,
+        uid: Option<&str>,
+    ) -> Result<Value, ApiError> {
+        let mut inner = self.lock();
+        let k = key(res, ns, name);
+        let matches = inner
+            .objects
+            .get(&k)
+            .is_some_and(|o| uid.is_none_or(|u| uid_of(o) == u));
+        if !matches {
+            return Err(ApiError::NotFound {
+                res,
+                name: name.to_owned(),
+            });
+        }
+        let Some(mut obj) = inner.objects.remove(&k) else {
+            return Err(ApiError::NotFound {
+                res,
+                name: name.to_owned(),
+            });
+        };
+        inner.rv += 1;
+        let rv = inner.rv;
+        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+        self.record(
+            &mut inner,
+            Event {
+                rv,
+                res,
+                namespace: ns.to_owned(),
+                kind: EventType::Deleted,
+                object: obj.clone(),
+                old: None,
+            },
+        );
+        Ok(obj)
+    }
+
+    /// Every (resource, namespace, name) in a namespace (used to empty a deleted namespace).
+    #[must_use]
+    pub fn keys_in_namespace(&self, ns: &str) -> Vec<(&'static str, &'static str, String)> {
+        self.lock()
+            .objects
+            .keys()
+            .filter(|(_, _, n, _)| n == ns)
+            .map(|(g, p, _, name)| (*g, *p, name.clone()))
+            .collect()
+    }
+}
+
+/// Container defaults of a real API server (port protocol, probe timings).
+fn default_container(c: &mut Value) {
+    if let Some(ports) = c.get_mut("ports").and_then(Value::as_array_mut) {
+        for p in ports {
+            if p.get("protocol").is_none() {
+                p["protocol"] = json!("TCP");
+            }
+        }
+    }
+    for probe in ["readinessProbe", "livenessProbe", "startupProbe"] {
+        if let Some(pr) = c.get_mut(probe).filter(|p| p.is_object()) {
+            for (field, value) in [
+                ("timeoutSeconds", 1),
+                ("periodSeconds", 10),
+                ("successThreshold", 1),
+                ("failureThreshold", 3),
+            ] {
+                if pr.get(field).is_none() {
+                    pr[field] = json!(value);
+                }
+            }
+            if let Some(h) = pr.get_mut("httpGet").filter(|h| h.get("scheme").is_none()) {
+                h["scheme"] = json!("HTTP");
+            }
+        }
+    }
+    if c.get("imagePullPolicy").is_none() {
+        c["imagePullPolicy"] = json!("IfNotPresent");
+    }
+    if c.get("terminationMessagePath").is_none() {
+        c["terminationMessagePath"] = json!("/dev/termination-log");
+    }
+}
+
+/// Server-side defaults a freshly created object gets.
+fn apply_defaults(res: &'static ResourceDef, obj: &mut Value) {
+    match res.kind {
+        "Pod" => {
+            if !obj.get("status").is_some_and(Value::is_object) {
+                obj["status"] = json!({});
+            }
+            obj["status"]["phase"] = json!("Pending");
+            obj["status"]["qosClass"] = json!("BestEffort");
+            if obj.pointer("/spec/restartPolicy").is_none() {
+                obj["spec"]["restartPolicy"] = json!("Always");
+            }
+            if obj.pointer("/spec/terminationGracePeriodSeconds").is_none() {
+                obj["spec"]["terminationGracePeriodSeconds"] = json!(30);
+            }
+            if obj.pointer("/spec/serviceAccountName").is_none() {
+                obj["spec"]["serviceAccountName"] = json!("default");
+            }
+            if let Some(containers) = obj.pointer_mut("/spec/containers").and_then(Value::as_array_mut) {
+                for c in containers {
+                    default_container(c);
+                }
+            }
+        }
+        "Namespace" => {
+            obj["status"] = json!({"phase": "Active"});
+            obj["spec"] = json!({"finalizers": ["kubernetes"]});
+        }
+        "Deployment" | "ReplicaSet" => {
+            if obj.pointer("/spec/replicas").is_none() {
+                obj["spec"]["replicas"] = json!(1);
+            }
+            if obj.pointer("/metadata/labels").is_none()
+                && let Some(labels) = obj.pointer("/spec/template/metadata/labels").cloned()
+            {
+                obj["metadata"]["labels"] = labels;
+            }
+            if !obj.get("status").is_some_and(Value::is_object) {
+                obj["status"] = json!({});
+            }
+        }
+        "Service" if obj.pointer("/spec/type").is_none() => {
+            obj["spec"]["type"] = json!("ClusterIP");
+        }
+        _ => {}
+    }
+}

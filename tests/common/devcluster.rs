@@ -1,0 +1,84 @@
+//! Shared helpers for the simulator and fixture tests: a cluster with short
+//! intervals, condition waits with deadlines, keys and tokens, process checks.
+
+#![allow(dead_code)]
+
+use std::future::Future;
+use std::time::{Duration, SystemTime};
+
+use skipper::devcluster::{Cluster, Config};
+use skipper::token::{SigningKey, Version};
+
+/// A cluster tuned for tests, with the given extra namespaces.
+pub async fn cluster(namespaces: &[&str]) -> Cluster {
+    cluster_with(namespaces, |_| {}).await
+}
+
+/// A cluster tuned for tests, after `tweak` edits its config.
+pub async fn cluster_with(namespaces: &[&str], tweak: impl FnOnce(&mut Config)) -> Cluster {
+    let mut config = Config {
+        skipper_exe: env!("CARGO_BIN_EXE_skipper").into(),
+        namespaces: namespaces.iter().map(|s| (*s).to_owned()).collect(),
+        probe_interval: Duration::from_millis(20),
+        metrics_interval: Duration::from_millis(200),
+        bookmark_interval: Duration::from_millis(200),
+        resync_interval: Duration::from_millis(200),
+        ..Config::default()
+    };
+    tweak(&mut config);
+    Cluster::start(config).await.expect("start simulator")
+}
+
+/// Polls `f` every 20ms until it yields a value; panics after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    tokio::time::timeout(timeout, async {
+        loop {
+            if let Some(v) = f().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out after {timeout:?} waiting for {what}"))
+}
+
+/// A fresh signing key and its public key PEM.
+pub fn keys() -> (SigningKey, String) {
+    let key = SigningKey::generate();
+    let pem = key.verifying_key().to_pem();
+    (key, pem)
+}
+
+/// A token for `tenant`, valid now.
+pub fn token(key: &SigningKey, version: Version, tenant: &str) -> String {
+    key.sign(version, tenant, SystemTime::now()).expect("sign token")
+}
+
+/// A function header for `tenant`.
+pub fn function_json(tenant: &str) -> String {
+    format!(r#"{{"namespace":"fixtures","deployment":"fixture","tenant":"{tenant}"}}"#)
+}
+
+/// Whether a process with this pid exists (and is not a zombie).
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// Whether kubectl is installed (tests that need it skip with a message otherwise).
+pub fn kubectl_available() -> bool {
+    std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
