@@ -145,3 +145,81 @@ async fn endpoint_slices_drive_the_controller_endpoints_with_zone_preference() {
     stop.cancel();
     tokio::time::timeout(LIMIT, task).await.unwrap().unwrap();
 }
+
+/// The same resolver against the project's Kubernetes API simulator.
+#[tokio::test]
+async fn endpoint_slices_from_the_simulator() {
+    use k8s_openapi::api::discovery::v1::EndpointSlice;
+    use kube::api::{DeleteParams, PostParams};
+    use skipper::devcluster::{Cluster, Config};
+
+    let cluster = Cluster::start(Config {
+        namespaces: vec!["skipper".into()],
+        ..Config::default()
+    })
+    .await
+    .unwrap();
+    let api: kube::Api<EndpointSlice> = kube::Api::namespaced(cluster.client().unwrap(), "skipper");
+    let mut first: EndpointSlice = serde_json::from_value(slice("0", true)).unwrap();
+    first.metadata.resource_version = None;
+    api.create(&PostParams::default(), &first).await.unwrap();
+    // A slice of another Service is ignored.
+    let mut other: EndpointSlice = serde_json::from_value(slice("0", true)).unwrap();
+    other.metadata.resource_version = None;
+    other.metadata.name = Some("other-xyz".into());
+    other.metadata.labels = Some([("kubernetes.io/service-name".to_owned(), "other".to_owned())].into());
+    other.endpoints[0].addresses = vec!["10.9.9.9".into()];
+    api.create(&PostParams::default(), &other).await.unwrap();
+
+    let endpoints = Endpoints::new(ChannelSettings::default());
+    let stop = CancellationToken::new();
+    let task = tokio::spawn(discovery::run_endpoint_slices(
+        cluster.client().unwrap(),
+        "skipper".into(),
+        "controller".into(),
+        50051,
+        "z1".into(),
+        endpoints.clone(),
+        stop.clone(),
+    ));
+    let want = addrs(&["10.0.0.1:50051"]);
+    tokio::time::timeout(LIMIT, endpoints.wait_until(|a| a == want.as_slice()))
+        .await
+        .expect("same-zone endpoint from the simulator");
+
+    // A second slice of the same Service adds a ready same-zone endpoint.
+    let mut second: EndpointSlice = serde_json::from_value(slice("0", true)).unwrap();
+    second.metadata.resource_version = None;
+    second.metadata.name = Some("controller-def".into());
+    second.endpoints = vec![
+        serde_json::from_value(serde_json::json!(
+            {"addresses": ["10.0.0.4"], "conditions": {"ready": true}, "zone": "z1"}
+        ))
+        .unwrap(),
+    ];
+    api.create(&PostParams::default(), &second).await.unwrap();
+    let want = addrs(&["10.0.0.1:50051", "10.0.0.4:50051"]);
+    tokio::time::timeout(
+        LIMIT,
+        endpoints.wait_until(|a| {
+            let mut a = a.to_vec();
+            a.sort();
+            a == want
+        }),
+    )
+    .await
+    .expect("endpoints of both slices");
+
+    // Deleting the first slice leaves only the second's endpoint.
+    api.delete("controller-abc", &DeleteParams::default())
+        .await
+        .unwrap();
+    let want = addrs(&["10.0.0.4:50051"]);
+    tokio::time::timeout(LIMIT, endpoints.wait_until(|a| a == want.as_slice()))
+        .await
+        .expect("endpoints after a slice is deleted");
+
+    stop.cancel();
+    tokio::time::timeout(LIMIT, task).await.unwrap().unwrap();
+    cluster.shutdown().await;
+}
