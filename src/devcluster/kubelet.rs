@@ -567,6 +567,8 @@ impl Kubelet {
             "KUBECONFIG".into(),
             self.settings.kubeconfig.display().to_string(),
         );
+        // `skipper fixture` exits when the simulator is gone (even after SIGKILL).
+        env.insert("SKIPPER_EXIT_WITH_PARENT".into(), std::process::id().to_string());
         let data_of = |kind: &str, name: &str| -> BTreeMap<String, String> {
             let Some(obj) = store.get(by_kind(kind), ns, name) else {
                 return BTreeMap::new();
