@@ -51,9 +51,10 @@
 //! validation beyond names, selectors and required containers, no
 //! server-side apply or `dryRun`, rollouts replace all pods at once, a
 //! crashed container is not restarted (the pod stays Running and unready),
-//! only the first container of a pod runs, and a simulator killed with
-//! SIGKILL leaves its pod processes behind (a normal exit, panic or Ctrl-C
-//! stops them).
+//! only the first container of a pod runs. A normal exit, a panic (drop) or
+//! Ctrl-C stops every pod process; after a SIGKILL of the simulator only
+//! `skipper fixture` pods notice (`SKIPPER_EXIT_WITH_PARENT`) and exit,
+//! other programs are left running.
 
 /// Deployment, ReplicaSet, garbage-collection and EndpointSlice loops.
 pub mod controllers;
