@@ -1,5 +1,5 @@
 //! The HTTP face of the simulator: discovery, REST and watch for every
-//! resource in [`super::resources::RESOURCES`], Table output for kubectl,
+//! resource in [`crate::devcluster::resources::RESOURCES`], Table output for kubectl,
 //! pod logs, pod metrics, and the fault-injection endpoints under `/_sim/`.
 
 use std::collections::HashMap;
