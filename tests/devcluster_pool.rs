@@ -25,11 +25,12 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// Waits until the pool has `n` Ready, unassigned pods and returns them.
 async fn ready_pool(cluster: &Cluster, n: usize) -> Vec<Value> {
-    common::eventually(&format!("{n} ready pool pods"), WAIT, || {
-        let pods = cluster.ready_pods(NS, "skipper/deployment=fixture,!skipper/tenant");
-        async move { (pods.len() == n).then_some(pods) }
-    })
-    .await
+    let pods = cluster
+        .wait_ready_pods(NS, "skipper/deployment=fixture,!skipper/tenant", n, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(pods.len(), n, "no more than {n} ready pool pods");
+    pods
 }
 
 async fn start_pool(replicas: i32) -> (Cluster, kube::Client, skipper::token::SigningKey) {

@@ -32,8 +32,10 @@
 //! deployments
 //!     .create(&PostParams::default(), &pool_deployment("fixtures", "fixture", 3, public_key_pem))
 //!     .await?;
-//! // Wait for 3 Ready pods with a deadline, e.g. by polling
-//! // `cluster.ready_pods("fixtures", "skipper/deployment=fixture")` inside `tokio::time::timeout`.
+//! let pods = cluster
+//!     .wait_ready_pods("fixtures", "skipper/deployment=fixture", 3, std::time::Duration::from_secs(20))
+//!     .await?;
+//! let ip = pods[0]["status"]["podIP"].as_str(); // the fixture listens on <ip>:8888
 //! cluster.shutdown().await; // also happens on drop: every pod process is stopped
 //! # Ok(()) }
 //! ```
@@ -156,6 +158,18 @@ pub enum ClusterError {
     Client(String),
     #[error("setting up the cluster: {0}")]
     Setup(#[from] ApiError),
+}
+
+/// [`Cluster::wait_ready_pods`] ran out of time.
+#[derive(Debug, thiserror::Error)]
+#[error("only {ready} of {wanted} pods matching {selector:?} became Ready in time")]
+pub struct WaitTimeout {
+    /// How many Ready pods were awaited.
+    pub wanted: usize,
+    /// How many were Ready at the deadline.
+    pub ready: usize,
+    /// The label selector.
+    pub selector: String,
 }
 
 /// A running simulated cluster. Dropping it stops every pod process.
@@ -435,6 +449,41 @@ impl Cluster {
         pods.into_iter()
             .filter(|p| sel.matches_object(p) && controllers::pod_ready(p) && !store::is_terminating(p))
             .collect()
+    }
+
+    /// Waits (on store notifications, at most `timeout`) until at least `n`
+    /// pods of `ns` matching `selector` are Ready, and returns them.
+    ///
+    /// # Errors
+    /// [`WaitTimeout`] with the number that were Ready when time ran out.
+    pub async fn wait_ready_pods(
+        &self,
+        ns: &str,
+        selector: &str,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<Vec<Value>, WaitTimeout> {
+        let mut rx = self.shared.store.subscribe();
+        let wait = async {
+            loop {
+                rx.borrow_and_update();
+                let pods = self.ready_pods(ns, selector);
+                if pods.len() >= n {
+                    return pods;
+                }
+                if rx.changed().await.is_err() {
+                    // The store lives as long as `self`; keep the deadline in charge.
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| WaitTimeout {
+                wanted: n,
+                ready: self.ready_pods(ns, selector).len(),
+                selector: selector.to_owned(),
+            })
     }
 
     fn stop_now(&self) {
