@@ -476,6 +476,33 @@ async fn a_recreated_pod_with_the_same_name_starts_with_a_fresh_pod_directory() 
 }
 
 #[tokio::test]
+async fn logs_follow_a_running_pod_until_it_is_deleted() {
+    use futures::AsyncBufReadExt as _;
+    let (cluster, client, key) = start_pool(1).await;
+    let pod = ready_pool(&cluster, 1).await.remove(0);
+    let (name, ip) = (name_of(&pod), ip_of(&pod));
+    let api: Api<Pod> = Api::namespaced(client, NS);
+    let follow = LogParams {
+        follow: true,
+        ..LogParams::default()
+    };
+    let mut lines = api.log_stream(&name, &follow).await.unwrap().lines();
+    let mut next = async || tokio::time::timeout(WAIT, lines.next()).await.unwrap();
+    while !next().await.unwrap().unwrap().contains("fixture listening") {}
+    let resp = reqwest::Client::new()
+        .post(format!("http://{ip}:8888/__skipper/assign"))
+        .header("X-Skipper-Token", common::token(&key, Version::V2, "followed"))
+        .header("X-Skipper-Function", common::function_json("followed"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    while !next().await.unwrap().unwrap().contains("assigned") {}
+    api.delete(&name, &DeleteParams::default()).await.unwrap();
+    while next().await.is_some() {}
+}
+
+#[tokio::test]
 async fn a_pod_with_restart_policy_never_ends_failed_with_its_exit_code() {
     let cluster = common::cluster(&[NS]).await;
     let api: Api<Pod> = Api::namespaced(cluster.client().unwrap(), NS);
