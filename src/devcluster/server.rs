@@ -362,7 +362,7 @@ fn serve(
             })?;
             let path = shared.kubelet.pod_dir(&ns_str, &name, uid_of(&pod)).join("log");
             let text = std::fs::read(&path).unwrap_or_default();
-            if !q.get("follow").is_some_and(|f| f == "true") {
+            if q.get("follow").is_none_or(|f| f != "true") {
                 return Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], text).into_response());
             }
             Ok((
