@@ -136,7 +136,7 @@ impl Default for Config {
             metrics_interval: Duration::from_secs(1),
             bookmark_interval: Duration::from_secs(5),
             max_watch_timeout: Duration::from_secs(1800),
-            event_history: 10_000,
+            event_history: 4096,
             resync_interval: Duration::from_secs(1),
         }
     }
