@@ -789,20 +789,28 @@ fn list(
         shared.store.list(res, ns)
     };
     let mut items = filter(items, q)?;
+    // A continue token carries the resourceVersion of the first page, so a
+    // paged list reports one resourceVersion and a watch from it misses nothing.
+    let mut rv = rv;
     if let Some(token) = q.get("continue").filter(|c| !c.is_empty()) {
-        let after = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(token)
             .ok()
             .and_then(|b| String::from_utf8(b).ok())
+            .and_then(|t| {
+                let (first_rv, after) = t.split_once('|')?;
+                Some((first_rv.parse::<u64>().ok()?, after.to_owned()))
+            })
             .ok_or_else(|| ApiError::BadRequest("continue key is not valid".into()))?;
-        items.retain(|o| format!("{}/{}", namespace_of(o), name_of(o)) > after);
+        rv = decoded.0;
+        items.retain(|o| format!("{}/{}", namespace_of(o), name_of(o)) > decoded.1);
     }
     let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
     let cont = if limit > 0 && items.len() > limit {
         items.truncate(limit);
         items.last().map(|o| {
             base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!(
-                "{}/{}",
+                "{rv}|{}/{}",
                 namespace_of(o),
                 name_of(o)
             ))
