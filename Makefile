@@ -2,7 +2,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: build test lint fmt bench bench-sim clean
+.PHONY: build test lint fmt bench bench-router bench-sim clean
 
 ## build: the release binary at target/release/skipper
 build:
@@ -24,6 +24,10 @@ fmt:
 ## bench: criterion micro-benchmarks (reports in target/criterion)
 bench:
 	$(CARGO) bench --bench ring
+
+## bench-router: router load benchmark, direct vs through the router at 1 and 32 connections
+bench-router:
+	$(CARGO) bench --bench router_load
 
 ## bench-sim: simulator figures (pool of 50 Ready, RSS per fixture pod, watch latency p50/p99)
 bench-sim:

@@ -19,6 +19,9 @@ pub struct Cli {
 }
 
 /// The subcommands.
+// Parsed once at start-up and moved into its subcommand: the size of the
+// largest flag set does not matter.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Run a controller replica: assigns pool pods to functions and scales them

@@ -163,11 +163,10 @@ pub enum Error {
     #[error("failed to call {method}: no controller endpoints known")]
     NoEndpoints { method: Method },
     /// The controller answered with a gRPC error (after the retries the
-    /// method's policy allows).
+    /// method's policy allows). The status is part of the message.
     #[error("failed to call {method}: {}: {}", .status.code(), .status.message())]
     Rpc {
         method: Method,
-        #[source]
         status: Box<tonic::Status>,
     },
     /// The caller's deadline passed before an answer arrived.

@@ -1,20 +1,315 @@
-//! `skipper router`: proxies tenant traffic to function instances.
+//! `skipper router`: the data plane. Reads the function from the
+//! `X-Skipper-Function` header, gets an instance from a controller, proxies
+//! HTTP and WebSocket traffic to it, and reports activity with batched
+//! heartbeats.
+//!
+//! - [`config`]: flags and the validated [`Config`].
+//! - [`entry`]: the function header cache, `/healthz`, the 400 answers.
+//! - [`proxy`]: the retry loop, header rewriting, streaming, upgrades, the
+//!   instance connection pool, and the one map from errors to HTTP.
+//! - [`activity`]: in-flight guards and the heartbeat sender.
+//! - [`discovery`]: DNS and EndpointSlice controller discovery.
+//! - [`metrics`]: Prometheus metrics.
+//!
+//! The router never imports the controller: they meet at the proto.
 
+pub mod activity;
+pub mod config;
+pub mod discovery;
+pub mod entry;
+pub mod metrics;
+pub mod proxy;
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
 use std::process::ExitCode;
+use std::sync::Arc;
 
-use crate::cli::NotAvailable;
+use axum::body::Body;
+use axum::response::IntoResponse;
+use http::{Request, Response, StatusCode};
+use hyper::body::Incoming;
+use hyper::server::conn::http1;
+use hyper_util::rt::TokioIo;
+use prometheus_client::registry::Registry;
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
-/// Flags of `skipper router`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct Args {
-    #[command(flatten)]
-    pub telemetry: crate::telemetry::Args,
+pub use config::{Args, Config, Discovery, InvalidFlag};
+
+use crate::client::{ChannelSettings, Client, Endpoints};
+use crate::shutdown::Shutdown;
+use activity::Activity;
+use entry::HeaderCache;
+use metrics::{DeploymentLabel, DurationLabels, Metrics};
+use proxy::{Proxy, Settings};
+
+/// Why the router could not start or run.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("invalid configuration")]
+    Config(#[from] InvalidFlag),
+    #[error("failed to bind {addr}")]
+    Bind {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("failed to create the Kubernetes client for controller discovery")]
+    Kube(#[source] kube::Error),
+    #[error("failed to install signal handlers")]
+    Signals(#[source] std::io::Error),
 }
 
-/// Runs the router until SIGTERM/SIGINT.
+/// State shared by every request.
+struct State {
+    cache: HeaderCache,
+    activity: Activity,
+    metrics: Metrics,
+    proxy: Proxy,
+    request_timeout: Option<std::time::Duration>,
+    shutdown: CancellationToken,
+}
+
+/// Runs the router until SIGTERM/SIGINT, then drains.
 ///
 /// # Errors
-/// Not yet available in this build.
-pub async fn main(_args: Args) -> Result<ExitCode, NotAvailable> {
-    Err(NotAvailable("router"))
+/// Bad flags, a port that cannot be bound, discovery that cannot start.
+pub async fn main(args: Args) -> Result<ExitCode, Error> {
+    crate::telemetry::init(&args.telemetry);
+    let config = Config::try_from(&args)?;
+    let addr = config::listen_addr(&args)?;
+    let listener = TcpListener::bind(addr)
+        .await
+        .map_err(|source| Error::Bind { addr, source })?;
+    let shutdown = Shutdown::new();
+    shutdown.trigger_on_signals().map_err(Error::Signals)?;
+    tracing::info!(%addr, "router listening");
+    run(config, listener, shutdown.clone()).await?;
+    if !shutdown.drain(args.telemetry.telemetry_shutdown_timeout).await {
+        tracing::warn!("background tasks did not stop within --telemetry-shutdown-timeout");
+    }
+    tracing::info!("router shutdown");
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Serves on `listener` until `shutdown` begins, then stops accepting,
+/// drains in-flight requests up to the shutdown timeout and closes tunnels.
+/// Metrics are served on `config.metrics_addr` when set.
+///
+/// # Errors
+/// See [`Error`].
+pub async fn run(config: Config, listener: TcpListener, shutdown: Shutdown) -> Result<(), Error> {
+    let metrics_listener = match config.metrics_addr {
+        Some(addr) => match TcpListener::bind(addr).await {
+            Ok(l) => Some(l),
+            Err(e) => {
+                tracing::warn!(%addr, error = %e, "failed to bind the metrics endpoint; continuing without it");
+                None
+            }
+        },
+        None => None,
+    };
+    serve(config, listener, metrics_listener, shutdown).await
+}
+
+/// As [`run`], with the metrics listener bound by the caller.
+///
+/// # Errors
+/// See [`Error`].
+pub async fn serve(
+    config: Config,
+    listener: TcpListener,
+    metrics_listener: Option<TcpListener>,
+    shutdown: Shutdown,
+) -> Result<(), Error> {
+    config.validate()?;
+    let mut registry = Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    if let Some(l) = metrics_listener {
+        metrics::serve(l, Arc::new(registry), &shutdown);
+    }
+
+    let endpoints = Endpoints::new(ChannelSettings::default());
+    start_discovery(&config, &endpoints, &shutdown).await?;
+    let client = Client::new(endpoints);
+
+    let activity = Activity::new(metrics.clone());
+    shutdown.spawn(
+        "heartbeats",
+        activity::run_heartbeats(
+            activity.clone(),
+            client.clone(),
+            config.pod_ip.clone(),
+            config.heartbeat_interval,
+            shutdown.token().clone(),
+        ),
+    );
+
+    // Cancelled after the drain: drops instance connections and tunnels.
+    let hard_stop = CancellationToken::new();
+    let pool = proxy::upstream::Pool::new(config.dial_timeout, shutdown.tracker().clone(), hard_stop.clone());
+    let proxy = Proxy::new(
+        client,
+        pool.clone(),
+        Settings {
+            max_attempts: config.max_round_trip_attempts,
+            retry_min: config.retry_min,
+            retry_max: config.retry_max,
+            response_header_timeout: config.response_header_timeout,
+            get_instance_timeout: config.get_instance_timeout,
+        },
+        shutdown.tracker().clone(),
+        hard_stop.clone(),
+    );
+    let state = Arc::new(State {
+        cache: HeaderCache::default(),
+        activity,
+        metrics,
+        proxy,
+        request_timeout: config.request_timeout,
+        shutdown: shutdown.token().clone(),
+    });
+
+    let connections = TaskTracker::new();
+    let token = shutdown.token().clone();
+    loop {
+        let (stream, remote) = tokio::select! {
+            () = token.cancelled() => break,
+            r = listener.accept() => match r {
+                Ok(pair) => pair,
+                Err(e) => {
+                    tracing::warn!(error = %e, "accept failed");
+                    continue;
+                }
+            },
+        };
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a client connection");
+        }
+        let state = state.clone();
+        let svc = hyper::service::service_fn(move |req| {
+            let state = state.clone();
+            async move { Ok::<_, Infallible>(handle(&state, remote, req).await) }
+        });
+        let conn = http1::Builder::new()
+            .serve_connection(TokioIo::new(stream), svc)
+            .with_upgrades();
+        let drain = token.clone();
+        let hard = hard_stop.clone();
+        connections.spawn(async move {
+            futures::pin_mut!(conn);
+            let result = tokio::select! {
+                r = conn.as_mut() => r,
+                () = drain.cancelled() => {
+                    conn.as_mut().graceful_shutdown();
+                    tokio::select! {
+                        r = conn.as_mut() => r,
+                        () = hard.cancelled() => Ok(()),
+                    }
+                }
+            };
+            if let Err(e) = result {
+                tracing::debug!(%remote, error = %e, "client connection ended");
+            }
+        });
+    }
+    drop(listener);
+    connections.close();
+    let drained = tokio::time::timeout(config.shutdown_timeout, connections.wait())
+        .await
+        .is_ok();
+    if !drained {
+        tracing::warn!(
+            timeout = ?config.shutdown_timeout,
+            "requests still in flight after the shutdown timeout; closing them"
+        );
+    }
+    hard_stop.cancel();
+    pool.clear();
+    let _ = tokio::time::timeout(config.shutdown_timeout, connections.wait()).await;
+    Ok(())
+}
+
+async fn start_discovery(config: &Config, endpoints: &Endpoints, shutdown: &Shutdown) -> Result<(), Error> {
+    match &config.discovery {
+        Discovery::Static(addrs) => endpoints.replace(addrs),
+        Discovery::Dns { host, port } => {
+            discovery::refresh_dns(host, *port, endpoints).await;
+            shutdown.spawn(
+                "controller-dns",
+                discovery::run_dns(host.clone(), *port, endpoints.clone(), shutdown.token().clone()),
+            );
+        }
+        Discovery::EndpointSlices {
+            namespace,
+            service,
+            port,
+            zone,
+        } => {
+            let client = kube::Client::try_default().await.map_err(Error::Kube)?;
+            shutdown.spawn(
+                "controller-endpointslices",
+                discovery::run_endpoint_slices(
+                    client,
+                    namespace.clone(),
+                    service.clone(),
+                    *port,
+                    zone.clone(),
+                    endpoints.clone(),
+                    shutdown.token().clone(),
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// One request: health check, header, activity, proxy, metrics.
+async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+    let start = Instant::now();
+    let parsed = match state.cache.function(req.headers()).await {
+        Ok(p) => p,
+        Err(e) => {
+            if entry::is_health_check(req.method(), req.uri().path()) {
+                return health(state);
+            }
+            return proxy::Error::from(e).into_response();
+        }
+    };
+    let label = DeploymentLabel {
+        function_deployment: parsed.function.deployment.clone(),
+    };
+    state.metrics.requests.get_or_create(&label).inc();
+    let guard = state.activity.begin(&parsed).await;
+    let forwarding = state.proxy.forward(&parsed, req, remote, guard);
+    let result = match state.request_timeout {
+        Some(t) => tokio::time::timeout(t, forwarding)
+            .await
+            .unwrap_or(Err(proxy::Error::RequestTimeout(t))),
+        None => forwarding.await,
+    };
+    let resp = result.unwrap_or_else(IntoResponse::into_response);
+    state
+        .metrics
+        .duration
+        .get_or_create(&DurationLabels {
+            function_deployment: label.function_deployment,
+            status_class: metrics::status_class(resp.status()).to_owned(),
+        })
+        .observe(start.elapsed().as_secs_f64());
+    resp
+}
+
+fn health(state: &State) -> Response<Body> {
+    let status = if state.shutdown.is_cancelled() {
+        StatusCode::SERVICE_UNAVAILABLE
+    } else {
+        StatusCode::OK
+    };
+    let mut r = Response::new(Body::empty());
+    *r.status_mut() = status;
+    r
 }

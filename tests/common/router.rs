@@ -199,3 +199,229 @@ impl ControllerService for FakeController {
         Ok(Response::new(api::GetClusterStateResponse::default()))
     }
 }
+
+// ---------------------------------------------------------------------------
+// Router and upstream helpers.
+
+use axum::body::Body;
+use axum::extract::ws::{Message, WebSocketUpgrade};
+use axum::response::IntoResponse;
+use skipper::router::{self, Config};
+use skipper::shutdown::Shutdown;
+
+/// A valid function header for `deployment` / `tenant`.
+pub fn function_header(deployment: &str, tenant: &str, oneshot: bool) -> String {
+    format!(
+        r#"{{"namespace":"ns","deployment":"{deployment}","tenant":"{tenant}","scale":{{"max_instances":3}},"oneshot":{oneshot}}}"#
+    )
+}
+
+/// A router running on 127.0.0.1:0.
+pub struct RouterHandle {
+    pub addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub shutdown: Shutdown,
+    pub done: tokio::task::JoinHandle<Result<(), router::Error>>,
+}
+
+impl RouterHandle {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Triggers shutdown and waits (bounded) for the router to return.
+    pub async fn stop(self) {
+        self.shutdown.trigger();
+        tokio::time::timeout(Duration::from_secs(10), self.done)
+            .await
+            .expect("router did not stop in time")
+            .unwrap()
+            .unwrap();
+        assert!(self.shutdown.drain(Duration::from_secs(10)).await);
+    }
+}
+
+/// Test defaults: short intervals and backoffs.
+pub fn test_config(controllers: Vec<SocketAddr>) -> Config {
+    let mut c = Config::with_controllers("10.1.2.3", controllers);
+    c.heartbeat_interval = Duration::from_millis(50);
+    c.retry_min = Duration::from_millis(5);
+    c.retry_max = Duration::from_millis(20);
+    c.dial_timeout = Duration::from_millis(500);
+    c.get_instance_timeout = Duration::from_secs(2);
+    c
+}
+
+/// Starts a router with `config`.
+pub async fn start_router(config: Config) -> RouterHandle {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let metrics_addr = metrics.local_addr().unwrap();
+    let shutdown = Shutdown::new();
+    let done = tokio::spawn(router::serve(config, listener, Some(metrics), shutdown.clone()));
+    RouterHandle {
+        addr,
+        metrics_addr,
+        shutdown,
+        done,
+    }
+}
+
+/// Controls of the test upstream.
+#[derive(Clone)]
+pub struct Upstream {
+    pub addr: SocketAddr,
+    /// Requests that reached `/block` or `/sse`.
+    pub arrived: Arc<watch::Sender<usize>>,
+    /// Opens the gate `/block` and `/sse` wait on.
+    pub gate: Arc<watch::Sender<bool>>,
+}
+
+impl Upstream {
+    pub async fn wait_arrived(&self, n: usize) {
+        let mut rx = self.arrived.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|v| *v >= n))
+            .await
+            .expect("requests did not reach the upstream in time")
+            .unwrap();
+    }
+
+    pub fn open(&self) {
+        self.gate.send_replace(true);
+    }
+}
+
+async fn wait_gate(gate: &watch::Sender<bool>) {
+    let mut rx = gate.subscribe();
+    let _ = rx.wait_for(|open| *open).await;
+}
+
+/// Echoes method, URI, headers and a digest of the body as JSON.
+async fn echo(req: http::Request<Body>) -> impl IntoResponse {
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    let headers: Vec<(String, String)> = parts
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("?").to_owned()))
+        .collect();
+    axum::Json(serde_json::json!({
+        "method": parts.method.as_str(),
+        "uri": parts.uri.to_string(),
+        "headers": headers,
+        "body_len": bytes.len(),
+        "body_xxh64": xxhash_rust::xxh64::xxh64(&bytes, 0),
+    }))
+}
+
+/// Starts the test upstream on 127.0.0.1:0.
+pub async fn start_upstream() -> Upstream {
+    use axum::routing::{any, get};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let up = Upstream {
+        addr,
+        arrived: Arc::new(watch::channel(0).0),
+        gate: Arc::new(watch::channel(false).0),
+    };
+    let (u1, u2) = (up.clone(), up.clone());
+    let app = axum::Router::new()
+        .route("/hello", any(|| async { "hello world" }))
+        .route(
+            "/sink",
+            any(|body: Body| async move {
+                let mut stream = body.into_data_stream();
+                let mut total = 0usize;
+                while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
+                    total += chunk.unwrap().len();
+                }
+                total.to_string()
+            }),
+        )
+        .route(
+            "/status/{code}",
+            any(|axum::extract::Path(code): axum::extract::Path<u16>| async move {
+                (
+                    http::StatusCode::from_u16(code).unwrap(),
+                    [("x-upstream", "yes")],
+                    format!("status {code} from upstream"),
+                )
+            }),
+        )
+        .route(
+            "/block",
+            any(move || {
+                let up = u1.clone();
+                async move {
+                    up.arrived.send_modify(|n| *n += 1);
+                    wait_gate(&up.gate).await;
+                    "unblocked"
+                }
+            }),
+        )
+        .route(
+            "/sse",
+            get(move || {
+                let up = u2.clone();
+                async move {
+                    up.arrived.send_modify(|n| *n += 1);
+                    let stream = futures::stream::unfold(0u8, move |i| {
+                        let up = up.clone();
+                        async move {
+                            match i {
+                                0 => Some((Ok::<_, std::io::Error>("data: first\n\n".to_owned()), 1)),
+                                1 => {
+                                    wait_gate(&up.gate).await;
+                                    Some((Ok("data: second\n\n".to_owned()), 2))
+                                }
+                                _ => None,
+                            }
+                        }
+                    });
+                    (
+                        [(http::header::CONTENT_TYPE, "text/event-stream")],
+                        Body::from_stream(stream),
+                    )
+                }
+            }),
+        )
+        .route(
+            "/download/{n}",
+            get(|axum::extract::Path(n): axum::extract::Path<usize>| async move {
+                let chunk = bytes::Bytes::from(vec![b'x'; 64 * 1024]);
+                let count = n.div_ceil(chunk.len());
+                let stream =
+                    futures::stream::iter((0..count).map(move |_| Ok::<_, std::io::Error>(chunk.clone())));
+                Body::from_stream(stream)
+            }),
+        )
+        .route(
+            "/ws",
+            get(|ws: WebSocketUpgrade| async move {
+                ws.on_upgrade(|mut socket| async move {
+                    while let Some(Ok(msg)) = socket.recv().await {
+                        let reply = match msg {
+                            Message::Text(t) => Message::Text(t),
+                            Message::Close(_) => return,
+                            _ => continue,
+                        };
+                        if socket.send(reply).await.is_err() {
+                            return;
+                        }
+                    }
+                })
+            }),
+        )
+        .fallback(echo);
+    tokio::spawn(async move {
+        axum::serve(listener, app).await.unwrap();
+    });
+    up
+}
+
+/// A port nothing listens on (connections are refused).
+pub fn refused_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}

@@ -1,0 +1,162 @@
+//! Prometheus metrics of the router (spec §8.1) and the `/metrics` endpoint
+//! served on an already bound listener.
+//!
+//! The label is always the function's deployment: the tenant is never a label.
+
+use std::sync::Arc;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::Histogram;
+use prometheus_client::registry::Registry;
+
+use crate::shutdown::Shutdown;
+
+/// `function_deployment` label.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct DeploymentLabel {
+    pub function_deployment: String,
+}
+
+/// Labels of the request duration histogram.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct DurationLabels {
+    pub function_deployment: String,
+    /// `2xx`, `3xx`, `4xx`, `5xx` (or `1xx` for upgrades).
+    pub status_class: String,
+}
+
+/// Help strings (prometheus-client appends the final period).
+const HELP_REQUESTS: &str = "Total requests processed by the router";
+const HELP_IN_FLIGHT: &str = "Requests currently being handled by the router";
+const HELP_HEARTBEATS: &str = "Heartbeats sent to the controller";
+const HELP_DURATION: &str =
+    "Time from a request's arrival to the response headers, by deployment and status class";
+
+/// Duration buckets in seconds: 1 ms to about 65 s.
+fn duration_buckets() -> impl Iterator<Item = f64> {
+    prometheus_client::metrics::histogram::exponential_buckets(0.001, 2.0, 17)
+}
+
+/// The router's metric handles. Cloning shares them.
+#[derive(Debug, Clone)]
+pub struct Metrics {
+    pub requests: Family<DeploymentLabel, Counter>,
+    pub in_flight: Family<DeploymentLabel, Gauge>,
+    pub heartbeats: Family<DeploymentLabel, Counter>,
+    pub duration: Family<DurationLabels, Histogram>,
+}
+
+impl Metrics {
+    /// Registers every router metric in `registry`.
+    pub fn register(registry: &mut Registry) -> Self {
+        let m = Self {
+            requests: Family::default(),
+            in_flight: Family::default(),
+            heartbeats: Family::default(),
+            duration: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
+        };
+        registry.register("skipper_router_requests", HELP_REQUESTS, m.requests.clone());
+        registry.register(
+            "skipper_router_requests_in_flight",
+            HELP_IN_FLIGHT,
+            m.in_flight.clone(),
+        );
+        registry.register("skipper_router_heartbeats", HELP_HEARTBEATS, m.heartbeats.clone());
+        registry.register(
+            "skipper_router_request_duration_seconds",
+            HELP_DURATION,
+            m.duration.clone(),
+        );
+        m
+    }
+}
+
+/// The status class label of a status code.
+#[must_use]
+pub fn status_class(status: http::StatusCode) -> &'static str {
+    match status.as_u16() {
+        100..=199 => "1xx",
+        200..=299 => "2xx",
+        300..=399 => "3xx",
+        400..=499 => "4xx",
+        _ => "5xx",
+    }
+}
+
+/// Renders `registry` in the Prometheus text format.
+#[must_use]
+pub fn render(registry: &Registry) -> String {
+    let mut body = String::new();
+    if let Err(e) = prometheus_client::encoding::text::encode(&mut body, registry) {
+        body = format!("# encoding metrics failed: {e}\n");
+    }
+    body
+}
+
+/// Serves `registry` on `listener` `/metrics` until shutdown (tracked task).
+pub fn serve(listener: tokio::net::TcpListener, registry: Arc<Registry>, shutdown: &Shutdown) {
+    use axum::routing::get;
+    let app = axum::Router::new().route(
+        "/metrics",
+        get(move || {
+            let registry = registry.clone();
+            async move {
+                (
+                    [(
+                        http::header::CONTENT_TYPE,
+                        "application/openmetrics-text; version=1.0.0; charset=utf-8",
+                    )],
+                    render(&registry),
+                )
+            }
+        }),
+    );
+    let token = shutdown.token().clone();
+    shutdown.spawn("router-metrics", async move {
+        if let Err(e) = axum::serve(listener, app)
+            .with_graceful_shutdown(token.cancelled_owned())
+            .await
+        {
+            tracing::warn!(error = %e, "metrics endpoint stopped");
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_and_help_strings_match_the_contract() {
+        let mut r = Registry::default();
+        let m = Metrics::register(&mut r);
+        let label = DeploymentLabel {
+            function_deployment: "app".into(),
+        };
+        m.requests.get_or_create(&label).inc();
+        m.in_flight.get_or_create(&label).inc();
+        m.heartbeats.get_or_create(&label).inc();
+        let text = render(&r);
+        for line in [
+            "# HELP skipper_router_requests Total requests processed by the router.",
+            "skipper_router_requests_total{function_deployment=\"app\"} 1",
+            "# HELP skipper_router_requests_in_flight Requests currently being handled by the router.",
+            "skipper_router_requests_in_flight{function_deployment=\"app\"} 1",
+            "# HELP skipper_router_heartbeats Heartbeats sent to the controller.",
+            "skipper_router_heartbeats_total{function_deployment=\"app\"} 1",
+        ] {
+            assert!(text.contains(line), "missing {line:?} in\n{text}");
+        }
+    }
+
+    #[test]
+    fn status_classes() {
+        assert_eq!(status_class(http::StatusCode::SWITCHING_PROTOCOLS), "1xx");
+        assert_eq!(status_class(http::StatusCode::OK), "2xx");
+        assert_eq!(status_class(http::StatusCode::NOT_FOUND), "4xx");
+        assert_eq!(status_class(http::StatusCode::BAD_GATEWAY), "5xx");
+    }
+}

@@ -1,0 +1,118 @@
+//! Every answer the router makes itself, and the one place that maps them to
+//! HTTP: status, a one-line text body saying why, and a single log line.
+
+use axum::body::Body;
+use axum::response::{IntoResponse, Response};
+use http::{HeaderValue, StatusCode, header};
+
+use super::upstream::ConnectError;
+use crate::client;
+use crate::router::entry::HeaderError;
+
+/// Seconds a client is asked to wait after a 503.
+pub const RETRY_AFTER_SECS: u32 = 1;
+
+/// A request the router answers itself.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// The function header is missing, malformed or invalid.
+    #[error(transparent)]
+    BadHeader(#[from] HeaderError),
+    /// No controller answered GetInstance.
+    #[error("no controller available: {0}")]
+    ControllerUnavailable(#[source] client::Error),
+    /// The controllers found no capacity for the function in time.
+    #[error("no capacity for the function: {0}")]
+    NoCapacity(#[source] client::Error),
+    /// A controller refused GetInstance for another reason.
+    #[error("controller failed to provide an instance: {0}")]
+    GetInstance(#[source] client::Error),
+    /// The instance's address is not an IP socket address.
+    #[error("instance {name:?} has an unusable address {addr:?}")]
+    InstanceAddress { name: String, addr: String },
+    /// Connecting to the instance failed (nothing was sent).
+    #[error("failed to connect to instance {name:?}: {source}")]
+    Connect {
+        name: String,
+        #[source]
+        source: ConnectError,
+    },
+    /// The instance failed after the request was handed to it.
+    #[error("instance {name:?} failed: {source}")]
+    Upstream {
+        name: String,
+        #[source]
+        source: hyper::Error,
+    },
+    /// The instance switched to another protocol than asked.
+    #[error("instance {name:?} switched to {got:?} instead of {want:?}")]
+    UpgradeMismatch { name: String, want: String, got: String },
+    /// `--response-header-timeout` passed after the request was sent.
+    #[error("instance {name:?} sent no response headers within {timeout:?}")]
+    ResponseHeaderTimeout {
+        name: String,
+        timeout: std::time::Duration,
+    },
+    /// `--request-timeout` passed before the response headers arrived.
+    #[error("no response within the request timeout of {0:?}")]
+    RequestTimeout(std::time::Duration),
+    /// Every attempt failed; `last` says how the final one failed.
+    #[error("gave up after {attempts} attempts: {last}")]
+    Exhausted { attempts: u32, last: Box<Error> },
+}
+
+impl Error {
+    /// Whether a GetInstance failure means no controller or no capacity
+    /// (503) rather than a controller error (502).
+    #[must_use]
+    pub fn from_get_instance(e: client::Error) -> Self {
+        match e.code() {
+            tonic::Code::Unavailable => Self::ControllerUnavailable(e),
+            tonic::Code::ResourceExhausted | tonic::Code::DeadlineExceeded => Self::NoCapacity(e),
+            _ => Self::GetInstance(e),
+        }
+    }
+
+    /// The HTTP status of this answer.
+    #[must_use]
+    pub fn status(&self) -> StatusCode {
+        match self {
+            Self::BadHeader(_) => StatusCode::BAD_REQUEST,
+            Self::ControllerUnavailable(_) | Self::NoCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::GetInstance(_)
+            | Self::InstanceAddress { .. }
+            | Self::Connect { .. }
+            | Self::Upstream { .. }
+            | Self::UpgradeMismatch { .. } => StatusCode::BAD_GATEWAY,
+            Self::ResponseHeaderTimeout { .. } | Self::RequestTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
+            Self::Exhausted { last, .. } => last.status(),
+        }
+    }
+}
+
+impl IntoResponse for Error {
+    fn into_response(self) -> Response {
+        let status = self.status();
+        let line = self.to_string().replace(['\r', '\n'], " ");
+        if status.is_server_error() {
+            tracing::warn!(status = status.as_u16(), error = %line, "request failed");
+        } else {
+            tracing::info!(status = status.as_u16(), error = %line, "request rejected");
+        }
+        let mut resp = Response::new(Body::from(format!("{line}\n")));
+        *resp.status_mut() = status;
+        let h = resp.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("text/plain; charset=utf-8"),
+        );
+        h.insert(
+            header::X_CONTENT_TYPE_OPTIONS,
+            HeaderValue::from_static("nosniff"),
+        );
+        if status == StatusCode::SERVICE_UNAVAILABLE {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
+        }
+        resp
+    }
+}
