@@ -40,6 +40,12 @@
 //! # Ok(()) }
 //! ```
 //!
+//! kube 5's `Patch::Json` takes json-patch 4's `Patch` (the crate's own
+//! `json-patch` dependency is 5): build it with
+//! `serde_json::from_value(json!([...]))` and let inference pick the type.
+//! kube's client retries `503` by itself, so inject other statuses to see
+//! failures.
+//!
 //! Faults: [`Cluster::kill_pod_process`], [`Cluster::drop_watches`],
 //! [`Cluster::compact`] (forces `410 Gone` on the next re-watch),
 //! [`Cluster::fail_next_writes`], [`Cluster::set_latency`],
@@ -53,7 +59,9 @@
 //! validation beyond names, selectors and required containers, no
 //! server-side apply or `dryRun`, rollouts replace all pods at once, a
 //! crashed container is not restarted (the pod stays Running and unready),
-//! only the first container of a pod runs. A normal exit, a panic (drop) or
+//! only the first container of a pod runs, and there is no cluster DNS and
+//! no Service virtual IP (reach pods by IP or through EndpointSlices). A
+//! normal exit, a panic (drop) or
 //! Ctrl-C stops every pod process; after a SIGKILL of the simulator only
 //! `skipper fixture` pods notice (`SKIPPER_EXIT_WITH_PARENT`) and exit,
 //! other programs are left running.
