@@ -43,7 +43,7 @@
 //! kube 5's `Patch::Json` takes json-patch 4's `Patch` (the crate's own
 //! `json-patch` dependency is 5): build it with
 //! `serde_json::from_value(json!([...]))` and let inference pick the type.
-//! kube's client retries `503` by itself, so inject other statuses to see
+//! kube's client retries `429`, `503` and `504` by itself, so inject other statuses to see
 //! failures.
 //!
 //! Faults: [`Cluster::kill_pod_process`], [`Cluster::drop_watches`],
