@@ -216,11 +216,6 @@ impl Cluster {
                 )
             }
         };
-        let pod_root = work_dir.join("pods");
-        std::fs::create_dir_all(&pod_root).map_err(|source| ClusterError::WorkDir {
-            path: pod_root.clone(),
-            source,
-        })?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| ClusterError::Bind {
@@ -230,13 +225,6 @@ impl Cluster {
         let addr = listener.local_addr().map_err(|source| ClusterError::Bind {
             addr: config.listen,
             source,
-        })?;
-        let kubeconfig = work_dir.join("kubeconfig");
-        std::fs::write(&kubeconfig, kubeconfig_text(&format!("http://{addr}"))).map_err(|source| {
-            ClusterError::Kubeconfig {
-                path: kubeconfig.clone(),
-                source,
-            }
         })?;
         let store = Arc::new(Store::new(config.event_history));
         let mut namespaces = vec!["default".to_owned(), "kube-system".to_owned()];
@@ -263,6 +251,21 @@ impl Cluster {
         }
         if nodes.is_empty() {
             nodes.push("sim-node-0".into());
+        }
+        let pod_root = work_dir.join("pods");
+        std::fs::create_dir_all(&pod_root).map_err(|source| ClusterError::WorkDir {
+            path: pod_root.clone(),
+            source,
+        })?;
+        let kubeconfig = work_dir.join("kubeconfig");
+        if let Err(source) = std::fs::write(&kubeconfig, kubeconfig_text(&format!("http://{addr}"))) {
+            if owns_work_dir {
+                let _ = std::fs::remove_dir_all(&work_dir);
+            }
+            return Err(ClusterError::Kubeconfig {
+                path: kubeconfig,
+                source,
+            });
         }
         let kubelet = Arc::new(Kubelet::new(KubeletSettings {
             skipper_exe: config.skipper_exe.clone(),
@@ -525,7 +528,13 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop_now();
         if self.owns_work_dir {
-            let _ = std::fs::remove_dir_all(&self.work_dir);
+            // A pod task that has not seen the cancellation yet may still add a
+            // file while the tree is removed; a few passes get everything.
+            for _ in 0..5 {
+                if std::fs::remove_dir_all(&self.work_dir).is_ok() || !self.work_dir.exists() {
+                    break;
+                }
+            }
         }
     }
 }
@@ -657,6 +666,10 @@ pub async fn main(args: DevArgs) -> Result<ExitCode, DevError> {
         return Err(NotAvailable("dev").into());
     };
     crate::telemetry::init(&args.telemetry);
+    // Signal handlers first: a Ctrl-C right after the kubeconfig appears
+    // must still stop the pods and remove the work directory.
+    let shutdown = crate::shutdown::Shutdown::new();
+    shutdown.trigger_on_signals().map_err(DevError::Signals)?;
     let cluster = Cluster::start(Config {
         listen: args.listen,
         zones: args.zones.clone(),
@@ -676,8 +689,6 @@ pub async fn main(args: DevArgs) -> Result<ExitCode, DevError> {
         cluster.base_url(),
         args.kubeconfig.display()
     );
-    let shutdown = crate::shutdown::Shutdown::new();
-    shutdown.trigger_on_signals().map_err(DevError::Signals)?;
     shutdown.cancelled().await;
     cluster.shutdown().await;
     Ok(ExitCode::SUCCESS)
