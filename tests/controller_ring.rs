@@ -207,3 +207,60 @@ async fn empty_ring_is_an_orderly_startup_failure() {
     }
     assert!(started.elapsed() < Duration::from_secs(5));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ring_inspect_reads_live_membership() {
+    let sim = Sim::start().await;
+    let ip1 = sim.controller_pod(CTL_NS, "controller-a").await;
+    let ip2 = sim.controller_pod(CTL_NS, "controller-b").await;
+    let (la, _lb) = listeners(&ip1, &ip2).await;
+    let a = Ctl::start(&sim, ring_config(&sim, CTL_NS, &ip1), la).await;
+    eventually(Duration::from_secs(5), "ring complete", || async {
+        (a.core.ring.current().sorted_members().len() == 2).then_some(())
+    })
+    .await;
+    let mut expected = vec![ip1.clone(), ip2.clone()];
+    expected.sort();
+    let kubeconfig = sim.cluster.kubeconfig_path().to_path_buf();
+    for argv in [
+        vec!["--controller".to_owned(), a.addr.to_string()],
+        vec![
+            "--namespace".to_owned(),
+            CTL_NS.to_owned(),
+            "--kubeconfig".to_owned(),
+            kubeconfig.display().to_string(),
+        ],
+    ] {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_skipper"))
+            .arg("ring-inspect")
+            .args(&argv)
+            .args(["--output", "json"])
+            .env_clear()
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{argv:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut members: Vec<String> = v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["ip"].as_str().unwrap().to_owned())
+            .collect();
+        members.sort();
+        assert_eq!(members, expected, "{argv:?}");
+    }
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_skipper"))
+        .args(["ring-inspect", "--controller", "127.0.0.1:1"])
+        .env_clear()
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--controller 127.0.0.1:1"));
+    a.stop().await;
+}
