@@ -264,3 +264,31 @@ async fn ring_inspect_reads_live_membership() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("--controller 127.0.0.1:1"));
     a.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wrong_pod_ip_forwards_to_itself_once_and_does_not_deadlock() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("pool", 1, &[]).await;
+    sim.wait_pool("pool", 1, Duration::from_secs(20)).await;
+    let real_ip = sim.controller_pod(CTL_NS, "controller-a").await;
+    let listener = TcpListener::bind((real_ip.as_str(), 0)).await.unwrap();
+    // --pod-ip does not match the pod's IP: the ring owner is "someone else"
+    // who is in fact this very controller.
+    let mut a = Ctl::start(&sim, ring_config(&sim, CTL_NS, "127.0.0.1"), listener).await;
+    let f = function("pool", "mirror", 1);
+    let mut req = tonic::Request::new(api::ScaleRequest {
+        function: Some((&f).into()),
+        desired_instances: Some(1),
+        reason: Some(api::ScaleReason::InFlightRequests as i32),
+    });
+    req.set_timeout(Duration::from_secs(10));
+    let started = tokio::time::Instant::now();
+    let resp = a.grpc.scale(req).await.unwrap().into_inner();
+    assert_eq!(resp.instances.len(), 1);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "no deadlock: {:?}",
+        started.elapsed()
+    );
+    a.stop().await;
+}
