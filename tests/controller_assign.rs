@@ -235,15 +235,28 @@ async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
         .await;
         sim.scale_pool(&deployment, 1).await;
         let selector = format!("skipper/deployment={deployment}");
-        let ready_at = eventually(Duration::from_secs(20), "pool pod Ready", || async {
-            let ready = sim.cluster.ready_pods(NS, &selector);
-            (!ready.is_empty()).then(tokio::time::Instant::now)
+        // Watch, at millisecond granularity, for the pod turning Ready and
+        // for the claim completing (the waiting gauge drops when the claim
+        // patch has succeeded, before the assign request).
+        let (ready_at, claimed_at) = tokio::time::timeout(Duration::from_secs(20), async {
+            let mut ready_at = None;
+            loop {
+                let now = tokio::time::Instant::now();
+                if ready_at.is_none() && !sim.cluster.ready_pods(NS, &selector).is_empty() {
+                    ready_at = Some(now);
+                }
+                if gauge() == 0 {
+                    return (ready_at.unwrap_or(now), now);
+                }
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
         })
-        .await;
-        let (result, done_at) = waiting.await.unwrap();
+        .await
+        .expect("the claim completes");
+        let (result, _done_at) = waiting.await.unwrap();
         assert!(result.unwrap().ready_at.is_some());
         assert_eq!(gauge(), 0);
-        best = best.min(done_at.saturating_duration_since(ready_at));
+        best = best.min(claimed_at.saturating_duration_since(ready_at));
     }
     assert!(
         best < Duration::from_millis(100),
@@ -271,50 +284,60 @@ async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
 async fn two_controllers_claim_concurrently_without_double_assignment() {
     const TENANTS: usize = 200;
     const POOL: i32 = 50;
-    let sim = Sim::start().await;
+    let sim = std::sync::Arc::new(Sim::start().await);
     sim.deploy_pool("race", POOL, &[]).await;
     sim.wait_pool("race", POOL as usize, Duration::from_secs(60))
         .await;
-    let a = Ctl::single(&sim).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let b = Ctl::start(&sim, sim.config("127.0.0.1"), listener).await;
+    // Oneshot functions: any controller assigns them (no ring owner), so
+    // both controllers race for the same pool.
+    // Waiting for the pool to refill may take a while on a busy machine: the
+    // server-side cap on a wait is twice the assign timeout.
+    let mut config = sim.config("127.0.0.1");
+    config.scale.assign_timeout = Duration::from_secs(60);
+    let la = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let lb = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let a = Ctl::start(&sim, config.clone(), la).await;
+    let b = Ctl::start(&sim, config, lb).await;
 
     let mut tasks = tokio::task::JoinSet::new();
     for i in 0..TENANTS {
-        let core = if i % 2 == 0 {
-            a.core.clone()
+        let mut grpc = if i % 2 == 0 {
+            a.grpc.clone()
         } else {
-            b.core.clone()
+            b.grpc.clone()
         };
+        let sim = sim.clone();
         tasks.spawn(async move {
-            let f = function("race", &format!("tenant-{i}"), 1);
-            let ns = core.namespace(NS).unwrap();
-            let inst = core
-                .assigner
-                .assign(ns, &f, tokio::time::Instant::now() + Duration::from_secs(120))
+            let mut f = function("race", &format!("tenant-{i}"), 1);
+            f.oneshot = Some(true);
+            let inst = grpc
+                .get_instance(get_instance(&f, Duration::from_secs(120)))
+                .await
+                .unwrap()
+                .into_inner()
+                .instance
+                .unwrap();
+            let pod = inst.name.clone().unwrap();
+            let token = sim.token_of(&pod).expect("pod accepted a token");
+            let claims = sim.verifying_key().verify(&token, SystemTime::now()).unwrap();
+            assert_eq!(
+                claims.sub, f.tenant,
+                "pod {pod} holds the token of its own tenant"
+            );
+            // Release at once so the pool's processes stay bounded.
+            grpc.release_instance(api::ReleaseInstanceRequest { instance: Some(inst) })
                 .await
                 .unwrap();
-            let token = inst.name.clone();
-            // Release at once so the pool's processes stay bounded.
-            let release = skipper::api::Instance {
-                function: Some((&f).into()),
-                name: Some(inst.name.clone()),
-                ..Default::default()
-            };
-            (f.tenant.clone(), token, release, core)
+            (f.tenant.clone(), pod)
         });
     }
     let mut seen = std::collections::HashMap::new();
     while let Some(r) = tasks.join_next().await {
-        let (tenant, pod, release, core) = r.unwrap();
-        let token = sim.token_of(&pod).expect("pod accepted a token");
-        let claims = sim.verifying_key().verify(&token, SystemTime::now()).unwrap();
-        assert_eq!(claims.sub, tenant, "pod {pod} holds the token of its own tenant");
+        let (tenant, pod) = r.unwrap();
         assert!(
             seen.insert(pod.clone(), tenant).is_none(),
             "pod {pod} assigned twice"
         );
-        core.release(Some(&release)).await.unwrap();
     }
     assert_eq!(seen.len(), TENANTS);
     a.stop().await;

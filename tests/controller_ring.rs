@@ -207,3 +207,88 @@ async fn empty_ring_is_an_orderly_startup_failure() {
     }
     assert!(started.elapsed() < Duration::from_secs(5));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ring_inspect_reads_live_membership() {
+    let sim = Sim::start().await;
+    let ip1 = sim.controller_pod(CTL_NS, "controller-a").await;
+    let ip2 = sim.controller_pod(CTL_NS, "controller-b").await;
+    let (la, _lb) = listeners(&ip1, &ip2).await;
+    let a = Ctl::start(&sim, ring_config(&sim, CTL_NS, &ip1), la).await;
+    eventually(Duration::from_secs(5), "ring complete", || async {
+        (a.core.ring.current().sorted_members().len() == 2).then_some(())
+    })
+    .await;
+    let mut expected = vec![ip1.clone(), ip2.clone()];
+    expected.sort();
+    let kubeconfig = sim.cluster.kubeconfig_path().to_path_buf();
+    for argv in [
+        vec!["--controller".to_owned(), a.addr.to_string()],
+        vec![
+            "--namespace".to_owned(),
+            CTL_NS.to_owned(),
+            "--kubeconfig".to_owned(),
+            kubeconfig.display().to_string(),
+        ],
+    ] {
+        let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_skipper"))
+            .arg("ring-inspect")
+            .args(&argv)
+            .args(["--output", "json"])
+            .env_clear()
+            .output()
+            .await
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{argv:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let mut members: Vec<String> = v["members"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|m| m["ip"].as_str().unwrap().to_owned())
+            .collect();
+        members.sort();
+        assert_eq!(members, expected, "{argv:?}");
+    }
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_skipper"))
+        .args(["ring-inspect", "--controller", "127.0.0.1:1"])
+        .env_clear()
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--controller 127.0.0.1:1"));
+    a.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn wrong_pod_ip_forwards_to_itself_once_and_does_not_deadlock() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("pool", 1, &[]).await;
+    sim.wait_pool("pool", 1, Duration::from_secs(20)).await;
+    let real_ip = sim.controller_pod(CTL_NS, "controller-a").await;
+    let listener = TcpListener::bind((real_ip.as_str(), 0)).await.unwrap();
+    // --pod-ip does not match the pod's IP: the ring owner is "someone else"
+    // who is in fact this very controller.
+    let mut a = Ctl::start(&sim, ring_config(&sim, CTL_NS, "127.0.0.1"), listener).await;
+    let f = function("pool", "mirror", 1);
+    let mut req = tonic::Request::new(api::ScaleRequest {
+        function: Some((&f).into()),
+        desired_instances: Some(1),
+        reason: Some(api::ScaleReason::InFlightRequests as i32),
+    });
+    req.set_timeout(Duration::from_secs(10));
+    let started = tokio::time::Instant::now();
+    let resp = a.grpc.scale(req).await.unwrap().into_inner();
+    assert_eq!(resp.instances.len(), 1);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "no deadlock: {:?}",
+        started.elapsed()
+    );
+    a.stop().await;
+}

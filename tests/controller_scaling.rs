@@ -337,3 +337,66 @@ async fn oneshot_gets_a_pod_per_request_and_release_deletes_it() {
     );
     ctl.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_ready_instance_at_max_plus_one_waits_instead_of_spinning() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("full", 3, &[]).await;
+    sim.wait_pool("full", 3, Duration::from_secs(20)).await;
+    let mut ctl = Ctl::single(&sim).await;
+    let f = function("full", "jammed", 1);
+    // Two claimed, never-ready instances (max 1 → max + 1 = 2 exist).
+    for pod in sim.free_pods("full").into_iter().take(2) {
+        let ops = skipper::controller::kube::pods::claim_ops(&f, std::time::SystemTime::now());
+        let patch: Patch<()> = Patch::Json(serde_json::from_value(ops).unwrap());
+        Api::<Pod>::namespaced(sim.client.clone(), NS)
+            .patch(&pod, &PatchParams::default(), &patch)
+            .await
+            .unwrap();
+    }
+    eventually(Duration::from_secs(5), "cache shows both", || async {
+        let ns = ctl.core.namespace(NS).unwrap();
+        (ns.pods.of_function(f.id()).len() == 2).then_some(())
+    })
+    .await;
+    let started = tokio::time::Instant::now();
+    let err = ctl
+        .grpc
+        .get_instance(get_instance(&f, Duration::from_millis(800)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+    assert!(started.elapsed() >= Duration::from_millis(600));
+    let assigned = ctl
+        .core
+        .metrics
+        .assignments_total
+        .get_or_create(&Metrics::function("full"))
+        .get();
+    assert_eq!(assigned, 0, "the max + 1 rule held");
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn discovery_deletes_tenant_pods_without_a_valid_function() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("junk", 2, &[]).await;
+    sim.wait_pool("junk", 2, Duration::from_secs(20)).await;
+    let ctl = Ctl::single(&sim).await;
+    let victim = sim.free_pods("junk")[0].clone();
+    Api::<Pod>::namespaced(sim.client.clone(), NS)
+        .patch(
+            &victim,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"skipper/tenant": "nobody"},
+                                  "annotations": {"skipper/function": "{not json"}}})),
+        )
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(5), "invalid pod deleted", || async {
+        sim.live_pod(&victim).await.is_none().then_some(())
+    })
+    .await;
+    assert!(ctl.core.supervisors.is_empty());
+    ctl.stop().await;
+}

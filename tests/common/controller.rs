@@ -8,7 +8,6 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
-use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -38,7 +37,6 @@ pub struct Sim {
     pub client: kube::Client,
     pub key: SigningKey,
     pub public_pem: String,
-    pub work_dir: PathBuf,
 }
 
 /// Waits for `f` to return `Some`, polling every 10 ms, failing the test
@@ -66,10 +64,6 @@ where
 impl Sim {
     /// Starts a cluster with the function and controller namespaces.
     pub async fn start() -> Self {
-        let suffix: u64 = rand::random();
-        let work_dir =
-            std::env::temp_dir().join(format!("skipper-ctl-test-{}-{suffix:016x}", std::process::id()));
-        std::fs::create_dir_all(&work_dir).unwrap();
         let cluster = Cluster::start(skipper::devcluster::Config {
             skipper_exe: env!("CARGO_BIN_EXE_skipper").into(),
             namespaces: vec![
@@ -79,7 +73,6 @@ impl Sim {
                 "ring-b".into(),
                 "other".into(),
             ],
-            work_dir: Some(work_dir.clone()),
             probe_interval: Duration::from_millis(20),
             resync_interval: Duration::from_millis(200),
             ..skipper::devcluster::Config::default()
@@ -94,7 +87,6 @@ impl Sim {
             client,
             key,
             public_pem,
-            work_dir,
         }
     }
 
@@ -173,13 +165,8 @@ impl Sim {
 
     /// The token a fixture pod accepted, if any.
     pub fn token_of(&self, pod: &str) -> Option<String> {
-        std::fs::read_to_string(
-            self.work_dir
-                .join("pods")
-                .join(format!("{NS}_{pod}"))
-                .join("token"),
-        )
-        .ok()
+        let dir = self.cluster.pod_dir(NS, pod)?;
+        std::fs::read_to_string(dir.join("token")).ok()
     }
 
     /// The public key pods verify with.

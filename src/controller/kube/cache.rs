@@ -31,7 +31,14 @@ struct Inner {
     by_function: HashMap<FunctionId, HashSet<String>>,
     pool: HashMap<String, HashSet<String>>,
     relist: Option<Vec<Pod>>,
+    /// Pods this controller deleted, with the last version it saw: a late
+    /// watch event at or below that version must not bring them back.
+    tombstones: HashMap<String, u64>,
 }
+
+/// Bound on remembered deletions (cleared wholesale beyond it; a relist
+/// also clears them).
+const MAX_TOMBSTONES: usize = 10_000;
 
 /// What applying an object did (for informer metrics).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,6 +178,12 @@ impl PodCache {
         let new_rv = rv_of(&pod);
         let result = {
             let mut inner = self.write();
+            if let Some(dead) = inner.tombstones.get(&name).copied() {
+                if new_rv.is_some_and(|n| n <= dead) {
+                    return Applied::Ignored;
+                }
+                inner.tombstones.remove(&name);
+            }
             let existed = match inner.pods.get(&name) {
                 Some(old) => {
                     if let (Some(o), Some(n)) = (old.rv, new_rv)
@@ -192,7 +205,17 @@ impl PodCache {
 
     /// Removes a pod. Returns whether it was cached.
     pub fn remove(&self, name: &str) -> bool {
-        let removed = self.write().unindex(name).is_some();
+        let removed = {
+            let mut inner = self.write();
+            let old = inner.unindex(name);
+            if let Some(rv) = old.as_ref().and_then(|e| e.rv) {
+                if inner.tombstones.len() >= MAX_TOMBSTONES {
+                    inner.tombstones.clear();
+                }
+                inner.tombstones.insert(name.to_owned(), rv);
+            }
+            old.is_some()
+        };
         if removed {
             self.bump();
         }
@@ -218,6 +241,7 @@ impl PodCache {
         {
             let mut inner = self.write();
             let listed = inner.relist.take().unwrap_or_default();
+            inner.tombstones.clear();
             let keep: HashSet<String> = listed.iter().filter_map(|p| p.metadata.name.clone()).collect();
             let stale: Vec<String> = inner
                 .pods
@@ -364,6 +388,12 @@ mod tests {
         assert_eq!(c.of_function(id).len(), 1);
         assert!(c.remove("a"));
         assert!(c.of_function(id).is_empty());
+        assert_eq!(
+            c.apply(pod("a", 3, Some("t1")), true),
+            Applied::Ignored,
+            "a late event does not resurrect a deleted pod"
+        );
+        assert_eq!(c.apply(pod("a", 4, Some("t1")), true), Applied::Added);
     }
 
     #[test]

@@ -32,20 +32,33 @@ pub(super) async fn run(
     mut rx: mpsc::Receiver<Command>,
     cancel: CancellationToken,
 ) {
-    let body = std::panic::AssertUnwindSafe(actor_loop(&core, &handle, &mut rx, &cancel));
-    if let Err(panic) = body.catch_unwind().await {
-        let msg = panic
-            .downcast_ref::<&str>()
-            .map(|s| (*s).to_owned())
-            .or_else(|| panic.downcast_ref::<String>().cloned())
-            .unwrap_or_default();
-        tracing::error!(function = %handle.id, panic = %msg, "panic in supervisor loop; supervisor stopped");
-    }
+    let id = handle.id;
+    contain(id, actor_loop(&core, &handle, &mut rx, &cancel)).await;
     rx.close();
     core.supervisors.remove(&handle).await;
     // Answer commands that arrived while stopping so no caller waits in vain.
     while let Ok(Command::Scale { reply, .. }) = rx.try_recv() {
         let _ = reply.send(Err(crate::controller::error::Error::SupervisorStopped));
+    }
+}
+
+/// Runs `fut`, catching a panic: it is logged and ends only this future.
+/// Returns whether `fut` completed without panicking.
+pub(super) async fn contain(
+    id: crate::domain::FunctionId,
+    fut: impl std::future::Future<Output = ()>,
+) -> bool {
+    match std::panic::AssertUnwindSafe(fut).catch_unwind().await {
+        Ok(()) => true,
+        Err(panic) => {
+            let msg = panic
+                .downcast_ref::<&str>()
+                .map(|s| (*s).to_owned())
+                .or_else(|| panic.downcast_ref::<String>().cloned())
+                .unwrap_or_default();
+            tracing::error!(function = %id, panic = %msg, "panic in supervisor loop; supervisor stopped");
+            false
+        }
     }
 }
 
@@ -321,6 +334,38 @@ async fn replace_stale_instances(core: &Arc<Core>, f: &Function, instances: Vec<
         match ns.writer.delete(&inst.name).await {
             Ok(_) => total -= 1,
             Err(e) => tracing::warn!(pod = %inst.name, error = %e, "failed to delete stale instance"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_panicking_supervisor_is_contained() {
+        let id = crate::domain::FunctionId(7);
+        assert!(contain(id, async {}).await);
+        let boom = async {
+            tokio::task::yield_now().await;
+            panic!("converge bug");
+        };
+        assert!(!contain(id, boom).await, "the panic is caught, not propagated");
+    }
+
+    #[test]
+    fn jitter_stays_near_the_interval() {
+        for _ in 0..1000 {
+            let d = jittered(Duration::from_secs(15));
+            assert!(
+                d >= Duration::from_millis(14_800) && d <= Duration::from_millis(15_200),
+                "{d:?}"
+            );
+            let d = jittered(Duration::from_millis(100));
+            assert!(
+                d >= Duration::from_millis(90) && d <= Duration::from_millis(110),
+                "{d:?}"
+            );
         }
     }
 }
