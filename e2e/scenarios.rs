@@ -192,7 +192,12 @@ async fn s05_three_controllers_failover() {
         assert_eq!(status, 200, "{body}");
     }
     let running = load(&dev, functions.clone(), 6);
-    let owners = ring_owners(&dev.controller_ips, &functions);
+    let owners = ring_owners(&["--members", &dev.controller_ips.join(",")], &functions);
+    let live = ring_owners(
+        &["--controller", &format!("{}:50051", dev.controller_ips[0])],
+        &functions,
+    );
+    assert_eq!(live, owners, "ring-inspect --controller disagrees with --members");
     check_supervisors(&dev, &dev.controller_ips, &functions, &owners).await;
     // Kill the controller that owns the most functions.
     let victim = dev
@@ -211,7 +216,7 @@ async fn s05_three_controllers_failover() {
         .filter(|ip| **ip != victim)
         .cloned()
         .collect();
-    let moved = ring_owners(&remaining, &functions);
+    let moved = ring_owners(&["--members", &remaining.join(",")], &functions);
     wait_for(WAIT, "ownership moved to the remaining controllers", || async {
         for ip in &remaining {
             let st = dev.controller_state(ip).await;
@@ -246,11 +251,10 @@ async fn s05_three_controllers_failover() {
     }
 }
 
-/// The owner `ring-inspect` names for each function among `members`.
-fn ring_owners(members: &[String], functions: &[String]) -> Vec<String> {
+/// The owner `ring-inspect` names for each function, with `members` flags.
+fn ring_owners(members: &[&str], functions: &[String]) -> Vec<String> {
     let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_skipper"));
-    cmd.arg("ring-inspect")
-        .args(["--members", &members.join(","), "--output", "json"]);
+    cmd.arg("ring-inspect").args(members).args(["--output", "json"]);
     for f in functions {
         cmd.args(["--function", f]);
     }

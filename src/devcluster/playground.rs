@@ -626,7 +626,9 @@ fn print_ready(args: &PlaygroundArgs, cluster: &Cluster, up: &Up) {
     println!("  controllers:   {members} (gRPC :{CONTROLLER_PORT}, metrics :{CONTROLLER_METRICS_PORT})");
     println!("  metrics:       curl -s http://{}/metrics", args.metrics_listen);
     println!("                 curl -s http://{first}:{CONTROLLER_METRICS_PORT}/metrics");
-    println!("  ring-inspect:  skipper ring-inspect --members {members} --function '{function}'");
+    println!(
+        "  ring-inspect:  skipper ring-inspect --controller {first}:{CONTROLLER_PORT} --function '{function}'"
+    );
     println!(
         "  logs:          {} (router.log; pods/<namespace>_<pod>_<uid>/log)",
         cluster
