@@ -353,7 +353,7 @@ async fn s06_pod_crash_under_load() {
     }
     let (stats, errors) = running.finish().await;
     eprintln!(
-        "e2e: s06 load: sent {} failed {} retried {}",
+        "e2e: s06 load: sent {} failed {} retried {} (first-attempt errors: {errors:?})",
         stats.sent, stats.failed, stats.retried
     );
     assert_eq!(stats.failed, 0, "{errors:?}");
