@@ -522,6 +522,9 @@ fn spawn_router(
         .stdin(Stdio::null())
         .stdout(Stdio::from(out))
         .stderr(Stdio::from(err))
+        // Its own process group: Ctrl-C in the terminal reaches only the
+        // playground, which then stops the router before the pods.
+        .process_group(0)
         .kill_on_drop(true);
     for var in ["PATH", "HOME", "LANG", "RUST_BACKTRACE"] {
         if let Ok(v) = std::env::var(var) {
@@ -715,6 +718,8 @@ async fn serve(
             router.stop(Duration::from_secs(10)).await;
             Ok(())
         }
+        // Stopped by a signal of its own (it drains and exits 0).
+        Some(Ok(status)) if status.success() => Ok(()),
         Some(status) => Err(PlaygroundError::RouterExited {
             status: status.map_err(|source| PlaygroundError::RouterStart {
                 exe: exe.to_path_buf(),
