@@ -338,17 +338,18 @@ async fn the_written_kubeconfig_works_for_kube_rs() {
 }
 
 #[test]
-fn plain_dev_is_not_available_and_a_busy_address_is_named() {
+fn a_busy_address_is_named() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    // The playground checks --listen before starting anything.
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_skipper"))
-        .arg("dev")
+        .args(["dev", "--listen", &addr])
         .env_clear()
         .output()
         .unwrap();
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("not yet available"));
+    assert_eq!(out.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("--listen {addr}")));
 
-    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let addr = busy.local_addr().unwrap().to_string();
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_skipper"))
         .args([
             "dev",
