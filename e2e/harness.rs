@@ -28,10 +28,15 @@ pub const TENANT: &str = "skipper/tenant";
 
 /// How a scenario's playground is started.
 pub struct Opts {
+    /// `--controllers`.
     pub controllers: u16,
+    /// Replicas of the `fixture` pool.
     pub pool: u16,
+    /// `--scale-interval`.
     pub scale_interval: &'static str,
+    /// `--heartbeat-timeout`.
     pub heartbeat_timeout: &'static str,
+    /// `--controller-env` values.
     pub controller_env: Vec<&'static str>,
     /// More `skipper dev` arguments.
     pub extra: Vec<String>,
@@ -62,11 +67,17 @@ fn free_port() -> u16 {
 /// A running `skipper dev`.
 pub struct Dev {
     child: Option<tokio::process::Child>,
+    /// `http://` address of the router.
     pub router: String,
+    /// `http://` address of the simulated API server.
     pub api_server: String,
+    /// A kube-rs client of the simulated cluster.
     pub client: kube::Client,
+    /// The HTTP client requests go through.
     pub http: reqwest::Client,
+    /// Controller pod IPs as printed by `skipper dev`.
     pub controller_ips: Vec<String>,
+    /// Lines `skipper dev` printed.
     pub stdout: Arc<Mutex<Vec<String>>>,
     dir: PathBuf,
 }
@@ -324,6 +335,7 @@ pub struct Recorder {
 }
 
 impl Recorder {
+    /// What was seen so far.
     pub fn snapshot(&self) -> Assignments {
         self.seen.lock().unwrap().clone()
     }

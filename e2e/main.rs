@@ -19,6 +19,7 @@ pub struct Timer {
 }
 
 impl Timer {
+    /// Starts timing scenario `name`.
     pub fn start(name: &'static str) -> Self {
         Self {
             name,
