@@ -143,14 +143,13 @@ impl Dev {
             stdout,
             dir,
         };
-        if tokio::time::timeout(Duration::from_secs(120), ready_rx)
-            .await
-            .is_err()
-        {
-            panic!(
-                "skipper dev not ready within 120s; stderr in {}",
-                dev.dir.join("dev.stderr").display()
-            );
+        // The sender goes away without a ready line when `skipper dev` exits.
+        if !matches!(
+            tokio::time::timeout(Duration::from_secs(120), ready_rx).await,
+            Ok(Ok(()))
+        ) {
+            let stderr = std::fs::read_to_string(dev.dir.join("dev.stderr")).unwrap_or_default();
+            panic!("skipper dev did not get ready within 120s (or exited); stderr:\n{stderr}");
         }
         // Wait for the rest of the ready block (controllers line).
         let controllers = wait_until(Duration::from_secs(5), "the controllers line", || {
