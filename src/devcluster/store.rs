@@ -601,3 +601,154 @@ fn apply_defaults(res: &'static ResourceDef, obj: &mut Value) {
         _ => {}
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cm(name: &str) -> Value {
+        json!({"metadata": {"name": name}, "data": {"k": "v"}})
+    }
+
+    fn store_with_ns(history: usize) -> Store {
+        let s = Store::new(history);
+        s.create(by_kind("Namespace"), "", json!({"metadata": {"name": "ns"}}))
+            .unwrap();
+        s
+    }
+
+    fn rv(obj: &Value) -> u64 {
+        obj["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn resource_versions_grow_and_unchanged_updates_keep_theirs() {
+        let s = store_with_ns(100);
+        let res = by_kind("ConfigMap");
+        let a = s.create(res, "ns", cm("a")).unwrap();
+        let b = s.create(res, "ns", cm("b")).unwrap();
+        assert!(rv(&b) > rv(&a));
+        assert_eq!(a["metadata"]["generation"], 1);
+        let same = s.update(res, "ns", "a", |_| Ok(())).unwrap();
+        assert_eq!(rv(&same), rv(&a), "a no-op update is not a change");
+        let changed = s
+            .update(res, "ns", "a", |o| {
+                o["data"]["k"] = json!("w");
+                Ok(())
+            })
+            .unwrap();
+        assert!(rv(&changed) > rv(&b));
+        assert_eq!(
+            changed["metadata"]["uid"], a["metadata"]["uid"],
+            "identity is kept"
+        );
+    }
+
+    #[test]
+    fn stale_resource_versions_conflict_and_duplicates_already_exist() {
+        let s = store_with_ns(100);
+        let res = by_kind("ConfigMap");
+        let a = s.create(res, "ns", cm("a")).unwrap();
+        s.update(res, "ns", "a", |o| {
+            o["data"]["k"] = json!("x");
+            Ok(())
+        })
+        .unwrap();
+        let err = s
+            .update(res, "ns", "a", |o| {
+                o["metadata"]["resourceVersion"] = a["metadata"]["resourceVersion"].clone();
+                Ok(())
+            })
+            .unwrap_err();
+        assert!(matches!(err, ApiError::Conflict { .. }));
+        assert!(matches!(
+            s.create(res, "ns", cm("a")),
+            Err(ApiError::AlreadyExists { .. })
+        ));
+        assert!(matches!(
+            s.create(res, "missing", cm("a")),
+            Err(ApiError::NamespaceNotFound(_))
+        ));
+        assert!(matches!(
+            s.create(res, "ns", cm("Bad_Name")),
+            Err(ApiError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn generate_name_and_spec_changes_bump_generation() {
+        let s = store_with_ns(100);
+        let res = by_kind("Deployment");
+        let d = s
+            .create(
+                res,
+                "ns",
+                json!({"metadata": {"generateName": "web-"}, "spec": {"replicas": 1}}),
+            )
+            .unwrap();
+        let name = name_of(&d).to_owned();
+        assert!(name.starts_with("web-") && name.len() == 9, "{name}");
+        let d = s
+            .update(res, "ns", &name, |o| {
+                o["spec"]["replicas"] = json!(2);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(d["metadata"]["generation"], 2);
+        let d = s
+            .update(res, "ns", &name, |o| {
+                o["status"] = json!({"replicas": 2});
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(
+            d["metadata"]["generation"], 2,
+            "status changes keep the generation"
+        );
+    }
+
+    #[test]
+    fn history_replays_events_and_expires_with_gone() {
+        let s = store_with_ns(3);
+        let res = by_kind("ConfigMap");
+        let start = s.current_rv();
+        for n in ["a", "b"] {
+            s.create(res, "ns", cm(n)).unwrap();
+        }
+        let events = s.events_since(start).unwrap();
+        assert_eq!(events.len(), 2);
+        assert!(events.iter().all(|e| e.kind == EventType::Added));
+        s.mark_terminating(res, "ns", "a", 5).unwrap();
+        s.remove(res, "ns", "a", None).unwrap();
+        let kinds: Vec<EventType> = s
+            .events_since(start + 1)
+            .unwrap()
+            .iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(kinds, [EventType::Added, EventType::Modified, EventType::Deleted]);
+        assert!(
+            matches!(s.events_since(start), Err(ApiError::Gone { .. })),
+            "history of 3 lost the first event"
+        );
+        s.compact();
+        assert!(matches!(s.events_since(start + 3), Err(ApiError::Gone { .. })));
+        assert!(s.events_since(s.current_rv()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn remove_with_a_uid_only_removes_that_incarnation() {
+        let s = store_with_ns(100);
+        let res = by_kind("ConfigMap");
+        s.create(res, "ns", cm("a")).unwrap();
+        assert!(matches!(
+            s.remove(res, "ns", "a", Some("other-uid")),
+            Err(ApiError::NotFound { .. })
+        ));
+        assert!(s.get(res, "ns", "a").is_some());
+    }
+}
