@@ -118,6 +118,36 @@ impl Shared {
     }
 }
 
+/// How objects are rendered, from the `Accept` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Json,
+    /// `meta.k8s.io/v1` Table (kubectl get).
+    Table,
+    /// `PartialObjectMetadata` (metadata-only clients).
+    Meta,
+}
+
+impl Format {
+    fn of(accept: &str) -> Self {
+        if table::wants_table(accept) {
+            Self::Table
+        } else if accept
+            .split(',')
+            .any(|p| p.contains("as=PartialObjectMetadata") && p.contains("g=meta.k8s.io"))
+        {
+            Self::Meta
+        } else {
+            Self::Json
+        }
+    }
+}
+
+/// The `PartialObjectMetadata` of an object.
+fn partial(obj: &Value) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]})
+}
+
 fn json_response(status: StatusCode, v: &Value) -> Response {
     (
         status,
@@ -303,7 +333,7 @@ fn serve(
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let as_table = table::wants_table(accept);
+    let format = Format::of(accept);
     let is_write = matches!(
         *method,
         Method::POST | Method::PUT | Method::PATCH | Method::DELETE
@@ -325,9 +355,9 @@ fn serve(
                 if res.computed {
                     return Err(ApiError::MethodNotAllowed);
                 }
-                return Ok(watch_response(shared, res, ns, q, as_table));
+                return Ok(watch_response(shared, res, ns, q, format));
             }
-            list(shared, res, ns.as_deref(), q, as_table)
+            list(shared, res, ns.as_deref(), q, format)
         }
         (Method::GET, Some(name), None | Some("status")) => {
             let obj = if res.computed {
@@ -340,14 +370,17 @@ fn serve(
                     .get(res, &ns_str, &name)
                     .ok_or(ApiError::NotFound { res, name })?
             };
-            if as_table {
-                let rv = obj
-                    .pointer("/metadata/resourceVersion")
-                    .map(|v| table_str(v.as_str()))
-                    .unwrap_or_default();
-                return Ok(json_response(StatusCode::OK, &table::table(res, &[obj], &rv)));
+            match format {
+                Format::Table => {
+                    let rv = obj
+                        .pointer("/metadata/resourceVersion")
+                        .map(|v| table_str(v.as_str()))
+                        .unwrap_or_default();
+                    Ok(json_response(StatusCode::OK, &table::table(res, &[obj], &rv)))
+                }
+                Format::Meta => Ok(json_response(StatusCode::OK, &partial(&obj))),
+                Format::Json => Ok(json_response(StatusCode::OK, &obj)),
             }
-            Ok(json_response(StatusCode::OK, &obj))
         }
         (Method::GET, Some(name), Some("scale")) => {
             let obj = store
@@ -781,7 +814,7 @@ fn list(
     res: &'static ResourceDef,
     ns: Option<&str>,
     q: &HashMap<String, String>,
-    as_table: bool,
+    format: Format,
 ) -> Result<Response, ApiError> {
     let (items, rv) = if res.computed {
         (pod_metrics(shared, ns), shared.store.current_rv())
@@ -818,14 +851,22 @@ fn list(
     } else {
         None
     };
-    if as_table {
-        let mut t = table::table(res, &items, &rv.to_string());
-        if let Some(c) = cont {
-            t["metadata"]["continue"] = json!(c);
+    match format {
+        Format::Table => {
+            let mut t = table::table(res, &items, &rv.to_string());
+            if let Some(c) = cont {
+                t["metadata"]["continue"] = json!(c);
+            }
+            Ok(json_response(StatusCode::OK, &t))
         }
-        return Ok(json_response(StatusCode::OK, &t));
+        Format::Meta => {
+            let mut l = list_doc(res, items.iter().map(partial).collect(), rv, cont);
+            l["kind"] = json!("PartialObjectMetadataList");
+            l["apiVersion"] = json!("meta.k8s.io/v1");
+            Ok(json_response(StatusCode::OK, &l))
+        }
+        Format::Json => Ok(json_response(StatusCode::OK, &list_doc(res, items, rv, cont))),
     }
-    Ok(json_response(StatusCode::OK, &list_doc(res, items, rv, cont)))
 }
 
 /// `PodMetrics` of the running pods of a namespace (all namespaces when `scope` is `None`).
@@ -867,13 +908,17 @@ struct WatchState {
     bookmarks: bool,
     next_bookmark: tokio::time::Instant,
     stop: CancellationToken,
-    as_table: bool,
+    format: Format,
     done: bool,
 }
 
 impl WatchState {
     fn line(&self, kind: &str, obj: &Value) -> Bytes {
-        let obj = if self.as_table && kind != "ERROR" && kind != "BOOKMARK" {
+        let obj = if kind == "ERROR" || kind == "BOOKMARK" {
+            obj.clone()
+        } else if self.format == Format::Meta {
+            partial(obj)
+        } else if self.format == Format::Table {
             table::table(
                 self.res,
                 std::slice::from_ref(obj),
@@ -941,7 +986,7 @@ fn watch_response(
     res: &'static ResourceDef,
     ns: Option<String>,
     q: &HashMap<String, String>,
-    as_table: bool,
+    format: Format,
 ) -> Response {
     let labels = match LabelSelector::parse(q.get("labelSelector").map_or("", String::as_str)) {
         Ok(l) => l,
@@ -973,7 +1018,7 @@ fn watch_response(
             .is_some_and(|b| b == "true" || b == "1"),
         next_bookmark: now + shared.bookmark_interval,
         stop: shared.watch_token(),
-        as_table,
+        format,
         done: false,
     };
     let rv = q.get("resourceVersion").map_or("", String::as_str);
