@@ -403,6 +403,37 @@ async fn errors_are_status_objects_with_real_reasons_and_codes() {
 }
 
 #[tokio::test]
+async fn dry_run_writes_answer_without_changing_anything() {
+    let cluster = common::cluster(&[NS]).await;
+    let api: Api<ConfigMap> = Api::namespaced(cluster.client().unwrap(), NS);
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let created = api.create(&dry, &cm("d", &[])).await.unwrap();
+    assert_eq!(created.metadata.name.as_deref(), Some("d"));
+    assert!(api.get_opt("d").await.unwrap().is_none(), "nothing was created");
+    api.create(&PostParams::default(), &cm("d", &[])).await.unwrap();
+    let before = api.get("d").await.unwrap();
+    let pp = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let patched = api
+        .patch("d", &pp, &Patch::Merge(serde_json::json!({"data": {"k": "dry"}})))
+        .await
+        .unwrap();
+    assert_eq!(patched.data.unwrap()["k"], "dry");
+    assert_eq!(api.get("d").await.unwrap(), before, "nothing was patched");
+    let dp = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    };
+    api.delete("d", &dp).await.unwrap();
+    assert!(api.get_opt("d").await.unwrap().is_some(), "nothing was deleted");
+}
+
+#[tokio::test]
 async fn field_selectors_and_paging_work() {
     let cluster = common::cluster(&[NS]).await;
     let api: Api<ConfigMap> = Api::namespaced(cluster.client().unwrap(), NS);

@@ -346,6 +346,15 @@ fn serve(
             return Err(ApiError::Injected(code));
         }
     }
+    let dry_run = match q.get("dryRun").map(String::as_str) {
+        None | Some("") => false,
+        Some("All") => true,
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "Invalid dry run value {other:?}: supported values are [\"All\"]"
+            )));
+        }
+    };
     let store = &shared.store;
     let ns_str = ns.clone().unwrap_or_default();
     match (method.clone(), name, sub.as_deref()) {
@@ -420,7 +429,7 @@ fn serve(
             };
             let obj = parse_object(&body)?;
             let obj = prepare_create(res, obj)?;
-            let created = store.create(res, &ns, obj)?;
+            let created = store.create_with(res, &ns, obj, dry_run)?;
             Ok(json_response(StatusCode::CREATED, &created))
         }
         (Method::PUT, Some(name), sub) => {
@@ -429,7 +438,7 @@ fn serve(
                 Some("scale") => {
                     let replicas = new.pointer("/spec/replicas").cloned().unwrap_or(json!(0));
                     let rv = new.pointer("/metadata/resourceVersion").cloned();
-                    let o = store.update(res, &ns_str, &name, |cur| {
+                    let o = store.update_with(res, &ns_str, &name, dry_run, |cur| {
                         if let Some(rv) = rv {
                             cur["metadata"]["resourceVersion"] = rv;
                         }
@@ -438,7 +447,7 @@ fn serve(
                     })?;
                     scale_of(&o)
                 }
-                _ => store.update(res, &ns_str, &name, |cur| {
+                _ => store.update_with(res, &ns_str, &name, dry_run, |cur| {
                     *cur = merge_status(res, sub, cur, new);
                     Ok(())
                 })?,
@@ -452,7 +461,7 @@ fn serve(
                 .unwrap_or("");
             let kind = PatchKind::from_content_type(ct)?;
             let updated = if sub == Some("scale") {
-                let o = store.update(res, &ns_str, &name, |cur| {
+                let o = store.update_with(res, &ns_str, &name, dry_run, |cur| {
                     let mut scale = scale_of(cur);
                     patch::apply(&mut scale, kind, &body)?;
                     cur["spec"]["replicas"] = scale.pointer("/spec/replicas").cloned().unwrap_or(json!(0));
@@ -463,7 +472,7 @@ fn serve(
                 })?;
                 scale_of(&o)
             } else {
-                store.update(res, &ns_str, &name, |cur| {
+                store.update_with(res, &ns_str, &name, dry_run, |cur| {
                     let mut doc = cur.clone();
                     patch::apply(&mut doc, kind, &body)?;
                     *cur = merge_status(res, sub, cur, doc);
@@ -479,6 +488,9 @@ fn serve(
                 name: name.clone(),
             })?;
             check_preconditions(res, &obj, &opts)?;
+            if dry_run || opts.dry_run {
+                return Ok(json_response(StatusCode::OK, &obj));
+            }
             let out = delete_one(shared, res, &ns_str, &name, &opts)?;
             Ok(json_response(StatusCode::OK, &out))
         }
@@ -486,6 +498,9 @@ fn serve(
             let opts = delete_options(&body, q)?;
             let (items, rv) = store.list(res, ns.as_deref());
             let items = filter(items, q)?;
+            if dry_run || opts.dry_run {
+                return Ok(json_response(StatusCode::OK, &list_doc(res, items, rv, None)));
+            }
             let mut deleted = Vec::new();
             for item in &items {
                 if let Ok(o) = delete_one(shared, res, namespace_of(item), name_of(item), &opts) {
@@ -687,6 +702,8 @@ fn scale_of(obj: &Value) -> Value {
 #[derive(Debug, Default)]
 struct DeleteOpts {
     grace: Option<i64>,
+    /// `dryRun: ["All"]` in the body.
+    dry_run: bool,
     orphan: bool,
     uid: Option<String>,
     rv: Option<String>,
@@ -698,6 +715,10 @@ fn delete_options(body: &[u8], q: &HashMap<String, String>) -> Result<DeleteOpts
         let v: Value = serde_json::from_slice(body)
             .map_err(|e| ApiError::BadRequest(format!("the DeleteOptions could not be decoded: {e}")))?;
         o.grace = v.get("gracePeriodSeconds").and_then(Value::as_i64);
+        o.dry_run = v
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|d| d.iter().any(|x| x == "All"));
         o.orphan = v.get("propagationPolicy").and_then(Value::as_str) == Some("Orphan")
             || v.get("orphanDependents").and_then(Value::as_bool) == Some(true);
         o.uid = v

@@ -241,7 +241,22 @@ impl Store {
     ///
     /// # Errors
     /// `AlreadyExists`, a missing namespace, or an invalid name.
-    pub fn create(&self, res: &'static ResourceDef, ns: &str, mut obj: Value) -> Result<Value, ApiError> {
+    pub fn create(&self, res: &'static ResourceDef, ns: &str, obj: Value) -> Result<Value, ApiError> {
+        self.create_with(res, ns, obj, false)
+    }
+
+    /// [`Store::create`]; with `dry_run` the object is checked and returned
+    /// as it would be stored, without storing it (no resourceVersion).
+    ///
+    /// # Errors
+    /// As [`Store::create`].
+    pub fn create_with(
+        &self,
+        res: &'static ResourceDef,
+        ns: &str,
+        mut obj: Value,
+        dry_run: bool,
+    ) -> Result<Value, ApiError> {
         if !obj.is_object() {
             return Err(ApiError::BadRequest("the object must be a JSON object".into()));
         }
@@ -288,8 +303,7 @@ impl Store {
         if inner.objects.contains_key(&k) {
             return Err(ApiError::AlreadyExists { res, name });
         }
-        inner.rv += 1;
-        let rv = inner.rv;
+        let rv = inner.rv + 1;
         meta["name"] = json!(name);
         if res.namespaced {
             meta["namespace"] = json!(ns);
@@ -307,6 +321,13 @@ impl Store {
         obj["apiVersion"] = json!(res.api_version());
         obj["kind"] = json!(res.kind);
         apply_defaults(res, &mut obj);
+        if dry_run {
+            if let Some(m) = obj["metadata"].as_object_mut() {
+                m.remove("resourceVersion");
+            }
+            return Ok(obj);
+        }
+        inner.rv = rv;
         inner.objects.insert(k, obj.clone());
         self.record(
             &mut inner,
@@ -330,6 +351,25 @@ impl Store {
     /// # Errors
     /// `NotFound`, `Conflict`, or whatever `f` returns.
     pub fn update<F>(&self, res: &'static ResourceDef, ns: &str, name: &str, f: F) -> Result<Value, ApiError>
+    where
+        F: FnOnce(&mut Value) -> Result<(), ApiError>,
+    {
+        self.update_with(res, ns, name, false, f)
+    }
+
+    /// [`Store::update`]; with `dry_run` the result is computed and returned
+    /// without storing it.
+    ///
+    /// # Errors
+    /// As [`Store::update`].
+    pub fn update_with<F>(
+        &self,
+        res: &'static ResourceDef,
+        ns: &str,
+        name: &str,
+        dry_run: bool,
+        f: F,
+    ) -> Result<Value, ApiError>
     where
         F: FnOnce(&mut Value) -> Result<(), ApiError>,
     {
@@ -397,8 +437,8 @@ impl Store {
             generation + 1
         });
         new["metadata"]["resourceVersion"] = old_rv;
-        if new == old {
-            return Ok(old);
+        if new == old || dry_run {
+            return Ok(new);
         }
         inner.rv += 1;
         let rv = inner.rv;
