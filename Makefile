@@ -2,7 +2,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: build test lint fmt bench bench-router bench-sim clean
+.PHONY: build test lint fmt bench bench-router bench-sim bench-controller clean
 
 ## build: the release binary at target/release/skipper
 build:
@@ -32,6 +32,10 @@ bench-router:
 ## bench-sim: simulator figures (pool of 50 Ready, RSS per fixture pod, watch latency p50/p99)
 bench-sim:
 	$(CARGO) test --release --test devcluster_bench -- --ignored --nocapture --test-threads 1
+
+## bench-controller: controller figures (cold/warm GetInstance latency, converge CPU for 10,000 idle functions)
+bench-controller:
+	$(CARGO) test --release --test controller_bench -- --ignored --nocapture --test-threads 1
 
 clean:
 	$(CARGO) clean

@@ -2,6 +2,11 @@
 //!
 //! Answers: which controller owns a function (or a raw hash), how evenly the
 //! ring spreads the key space, and what moves when a member joins or leaves.
+//!
+//! The members come from `--members`, from a live controller
+//! (`--controller HOST:PORT`, its `GetClusterState` ring), or from the
+//! cluster (`--namespace`, optionally `--kubeconfig`: the Ready controller
+//! pods, exactly as controllers build their ring).
 
 use std::fmt::Write as _;
 use std::net::IpAddr;
@@ -23,8 +28,25 @@ pub enum Output {
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
     /// Ring members (controller pod IPs), comma-separated, in the order they joined
-    #[arg(long, env = "SKIPPER_MEMBERS", value_delimiter = ',')]
+    #[arg(long, env = "SKIPPER_MEMBERS", value_delimiter = ',', conflicts_with_all = ["controller", "namespace"])]
     pub members: Vec<String>,
+
+    /// Take the members from this controller's ring (gRPC GetClusterState)
+    #[arg(
+        long,
+        env = "SKIPPER_CONTROLLER",
+        value_name = "HOST:PORT",
+        conflicts_with = "namespace"
+    )]
+    pub controller: Option<String>,
+
+    /// Take the members from the Ready controller pods of this namespace
+    #[arg(long, env = "SKIPPER_NAMESPACE", value_name = "NAMESPACE")]
+    pub namespace: Option<String>,
+
+    /// Kubeconfig used with --namespace (default: in-cluster or ~/.kube/config)
+    #[arg(long, env = "SKIPPER_KUBECONFIG", value_name = "PATH", requires = "namespace")]
+    pub kubeconfig: Option<std::path::PathBuf>,
 
     /// Function header JSON to look up (repeatable)
     #[arg(long = "function", value_name = "JSON")]
@@ -54,8 +76,12 @@ pub struct Args {
 /// Bad input, reported as one line and exit status 2.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
-    #[error("no ring members: pass --members IP[,IP...]")]
+    #[error("no ring members: pass --members IP[,IP...], --controller HOST:PORT or --namespace NAMESPACE")]
     NoMembers,
+    #[error("--controller {addr}: {reason}")]
+    Controller { addr: String, reason: String },
+    #[error("--namespace {namespace}: {reason}")]
+    Cluster { namespace: String, reason: String },
     #[error("invalid member {0:?}: not an IP address")]
     BadIp(String),
     #[error("invalid --function {json:?}: failed to unmarshal function: {reason}")]
@@ -317,7 +343,15 @@ fn round4(x: f64) -> f64 {
 ///
 /// # Errors
 /// Only when writing to stdout fails.
-pub async fn main(args: Args) -> anyhow::Result<ExitCode> {
+pub async fn main(mut args: Args) -> anyhow::Result<ExitCode> {
+    match live_members(&args).await {
+        Ok(Some(members)) => args.members = members,
+        Ok(None) => {}
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    }
     match Report::build(&args) {
         Ok(report) => {
             match args.output {
@@ -331,4 +365,96 @@ pub async fn main(args: Args) -> anyhow::Result<ExitCode> {
             Ok(ExitCode::from(2))
         }
     }
+}
+
+/// Deadline of the `GetClusterState` call and of the pod list.
+const LIVE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// The live ring members named by `--controller` or `--namespace`, sorted
+/// (`None` when neither is given).
+///
+/// # Errors
+/// [`Error::Controller`] or [`Error::Cluster`] naming what failed.
+pub async fn live_members(args: &Args) -> Result<Option<Vec<String>>, Error> {
+    if let Some(addr) = &args.controller {
+        return members_from_controller(addr).await.map(Some);
+    }
+    if let Some(ns) = &args.namespace {
+        return members_from_cluster(ns, args.kubeconfig.as_deref())
+            .await
+            .map(Some);
+    }
+    Ok(None)
+}
+
+async fn members_from_controller(addr: &str) -> Result<Vec<String>, Error> {
+    let fail = |reason: String| Error::Controller {
+        addr: addr.to_owned(),
+        reason,
+    };
+    let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(addr)
+        .await
+        .map_err(|e| fail(format!("cannot resolve: {e}")))?
+        .collect();
+    if addrs.is_empty() {
+        return Err(fail("resolves to no address".into()));
+    }
+    let client = crate::client::Client::new(crate::client::Endpoints::fixed(
+        &addrs,
+        crate::client::ChannelSettings::default(),
+    ));
+    let resp = client
+        .get_cluster_state(
+            crate::api::GetClusterStateRequest {
+                local_only: Some(true),
+            },
+            LIVE_DEADLINE,
+        )
+        .await
+        .map_err(|e| fail(e.to_string()))?;
+    let mut ips = resp.cluster_state.map(|s| s.controller_ips).unwrap_or_default();
+    ips.sort();
+    Ok(ips)
+}
+
+async fn members_from_cluster(
+    namespace: &str,
+    kubeconfig: Option<&std::path::Path>,
+) -> Result<Vec<String>, Error> {
+    use k8s_openapi::api::core::v1::Pod;
+    use kube::api::{Api, ListParams};
+    let fail = |reason: String| Error::Cluster {
+        namespace: namespace.to_owned(),
+        reason,
+    };
+    let config = match kubeconfig {
+        Some(path) => {
+            let kc = kube::config::Kubeconfig::read_from(path)
+                .map_err(|e| fail(format!("{}: {e}", path.display())))?;
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .map_err(|e| fail(e.to_string()))?
+        }
+        None => kube::Config::infer().await.map_err(|e| fail(e.to_string()))?,
+    };
+    let client = kube::Client::try_from(config).map_err(|e| fail(e.to_string()))?;
+    let pods: Api<Pod> = Api::namespaced(client, namespace);
+    let lp = ListParams::default().labels(crate::controller::kube::stores::CONTROLLER_SELECTOR);
+    let list = tokio::time::timeout(LIVE_DEADLINE, pods.list(&lp))
+        .await
+        .map_err(|_| {
+            fail(format!(
+                "listing controller pods timed out after {LIVE_DEADLINE:?}"
+            ))
+        })?
+        .map_err(|e| fail(e.to_string()))?;
+    let mut ips: Vec<String> = list
+        .items
+        .iter()
+        .filter(|p| crate::controller::kube::is_ready(p))
+        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+        .collect();
+    ips.sort();
+    ips.dedup();
+    Ok(ips)
 }

@@ -1,21 +1,252 @@
 //! `skipper controller`: assigns pool pods to functions, scales them and
 //! serves `skipper.ControllerService`.
+//!
+//! Layout:
+//! - [`config`]: flags and the validated [`Config`].
+//! - [`error`]: the error type and its one mapping to gRPC status codes.
+//! - [`kube`]: watches and caches (reads) and [`kube::pods`] (all writes).
+//! - [`assign`]: claiming a pool pod and the assign request.
+//! - [`supervisor`]: one actor per function; [`supervisor::converge`] is
+//!   the pure scaling core.
+//! - [`heartbeat`], [`events`], [`metrics`], [`peers`]: router activity, the
+//!   event log, Prometheus metrics, and clients of the other controllers.
+//! - [`core`]: the operations behind the RPCs; [`grpc`]: the service.
 
+pub mod assign;
+pub mod config;
+pub mod core;
+pub mod error;
+pub mod events;
+pub mod grpc;
+pub mod heartbeat;
+pub mod kube;
+pub mod metrics;
+pub mod peers;
+pub mod supervisor;
+
+use std::collections::HashSet;
 use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::SystemTime;
 
-use crate::cli::NotAvailable;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tonic_health::ServingStatus;
 
-/// Flags of `skipper controller`.
-#[derive(Debug, Clone, clap::Args)]
-pub struct Args {
-    #[command(flatten)]
-    pub telemetry: crate::telemetry::Args,
+pub use config::{Args, Config, ConfigError};
+
+use self::core::Core;
+use self::kube::is_running;
+use self::metrics::Metrics;
+use crate::ring::RingHandle;
+use crate::shutdown::Shutdown;
+
+/// Why the controller stopped with an error.
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("invalid configuration: {0}")]
+    Config(#[from] ConfigError),
+    #[error("failed to create kubernetes client: {0}")]
+    KubeClient(#[source] Box<::kube::Error>),
+    #[error("failed to create listener: {0}")]
+    Listen(#[source] std::io::Error),
+    #[error("failed to start controller: {0}")]
+    Start(#[from] kube::stores::StartError),
+    #[error("failed to discover controllers: {0}")]
+    RingEmpty(#[from] crate::ring::RingError),
+    #[error("failed to serve controller: {0}")]
+    Serve(#[source] tonic::transport::Error),
+    #[error("failed to serve metrics: {0}")]
+    Metrics(#[source] std::io::Error),
+}
+
+/// A running controller's handles, for tests and the dev playground.
+#[derive(Debug, Clone)]
+pub struct Running {
+    pub core: Arc<Core>,
+}
+
+/// Runs the controller on `listener` until `shutdown` fires.
+///
+/// Order: start the watches (a namespace probe failure is fatal), serve gRPC
+/// with health `NOT_SERVING`, wait for every cache to list once and for the
+/// ring to have a member (at most `--hash-ring-wait-time`; an empty ring is a
+/// discovery failure), start discovery, then report `SERVING`. `ready` is
+/// called with the running core once serving.
+///
+/// # Errors
+/// See [`RunError`].
+pub async fn run(
+    config: Config,
+    client: ::kube::Client,
+    listener: TcpListener,
+    shutdown: Shutdown,
+    ready: impl FnOnce(Running) + Send,
+) -> Result<(), RunError> {
+    let config = Arc::new(config);
+    let mut registry = prometheus_client::registry::Registry::default();
+    let metrics = Metrics::register(&mut registry);
+    if let Some(addr) = config
+        .telemetry
+        .metrics_addr()
+        .map_err(|e| RunError::Metrics(std::io::Error::new(std::io::ErrorKind::InvalidInput, e)))?
+    {
+        crate::telemetry::serve_metrics(addr, Arc::new(registry), &shutdown)
+            .await
+            .map_err(RunError::Metrics)?;
+    }
+    let ring = RingHandle::default();
+    let single = config.single_controller_mode.then_some(config.pod_ip.as_str());
+    let state = kube::stores::start(
+        &client,
+        &config.function_namespaces,
+        config.skip_forbidden_namespaces,
+        &config.namespace,
+        single,
+        &ring,
+        &metrics,
+        config.scale_interval,
+        &shutdown,
+    )
+    .await?;
+
+    let assigner = assign::Assigner::new(
+        config.signing_key.clone(),
+        config.paseto_version,
+        config.assign_path.clone(),
+        config.scale.assign_timeout,
+        metrics.clone(),
+        shutdown.clone(),
+    );
+    let core = Arc::new(Core {
+        config: config.clone(),
+        state: state.clone(),
+        ring: ring.clone(),
+        assigner,
+        events: events::Log::default(),
+        metrics,
+        stale_permits: Arc::new(Semaphore::new(config.max_concurrent_stale_replacements)),
+        started_at: SystemTime::now(),
+        shutdown: shutdown.clone(),
+        peers: peers::Peers::new(config.port),
+        supervisors: supervisor::Registry::default(),
+    });
+
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_service_status("", ServingStatus::NotServing).await;
+    let service = api_server(core.clone());
+    let token = shutdown.token().clone();
+    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let server = tonic::transport::Server::builder()
+        .add_service(health)
+        .add_service(service)
+        .serve_with_incoming_shutdown(incoming, token.clone().cancelled_owned());
+    let mut server = std::pin::pin!(server);
+
+    let startup = async {
+        state.wait_synced().await;
+        ring.wait_non_empty(config.hash_ring_wait_time).await
+    };
+    tokio::select! {
+        r = &mut server => return r.map_err(RunError::Serve),
+        () = token.cancelled() => return Ok(()),
+        r = startup => { r?; }
+    }
+    start_discovery(&core);
+    start_peer_pruning(&core);
+    reporter.set_service_status("", ServingStatus::Serving).await;
+    tracing::info!(pod_ip = %config.pod_ip, "controller serving");
+    ready(Running { core: core.clone() });
+    let result = server.await.map_err(RunError::Serve);
+    core.supervisors.stop_all();
+    tracing::info!("controller shutdown");
+    result
+}
+
+fn api_server(
+    core: Arc<Core>,
+) -> crate::api::controller_service_server::ControllerServiceServer<grpc::Service> {
+    crate::api::controller_service_server::ControllerServiceServer::new(grpc::Service::new(core))
+}
+
+/// Every `--scale-interval`, ensures a supervisor for every function with
+/// assigned pods; deletes tenant-labelled pods whose function annotation is
+/// missing or invalid.
+fn start_discovery(core: &Arc<Core>) {
+    let core2 = core.clone();
+    let token = core.shutdown.token().clone();
+    core.shutdown.spawn("discover-supervisors", async move {
+        let core = core2;
+        let mut ticker = tokio::time::interval(core.config.scale_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                () = token.cancelled() => return,
+                _ = ticker.tick() => {}
+            }
+            for ns in core.state.namespaces.values() {
+                let mut seen = HashSet::new();
+                for (pod, function) in ns.pods.assigned() {
+                    if !is_running(&pod) {
+                        continue;
+                    }
+                    let name = pod.metadata.name.clone().unwrap_or_default();
+                    match function {
+                        Some(f) => {
+                            if seen.insert(f.id()) {
+                                core.supervisor(&f, false).await;
+                            }
+                        }
+                        None => {
+                            tracing::warn!(pod = %name, "failed to get function from pod; deleting it");
+                            if let Err(e) = ns.writer.delete(&name).await {
+                                tracing::warn!(pod = %name, error = %e, "failed to delete invalid pod");
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// Drops peer clients of controllers that left the ring.
+fn start_peer_pruning(core: &Arc<Core>) {
+    let core2 = core.clone();
+    let token = core.shutdown.token().clone();
+    core.shutdown.spawn("prune-peers", async move {
+        let mut rx = core2.ring.subscribe();
+        loop {
+            tokio::select! {
+                () = token.cancelled() => return,
+                r = rx.changed() => if r.is_err() { return },
+            }
+            let ring = rx.borrow_and_update().clone();
+            core2.peers.retain(ring.sorted_members());
+        }
+    });
 }
 
 /// Runs the controller until SIGTERM/SIGINT.
 ///
 /// # Errors
-/// Not yet available in this build.
-pub async fn main(_args: Args) -> Result<ExitCode, NotAvailable> {
-    Err(NotAvailable("controller"))
+/// Bad flags, an unreachable API server, a failed namespace probe, or an
+/// empty ring after `--hash-ring-wait-time` (the process exits non-zero so
+/// Kubernetes restarts it).
+pub async fn main(args: Args) -> Result<ExitCode, RunError> {
+    let config = Config::try_from(args)?;
+    crate::telemetry::init(&config.telemetry);
+    let client = ::kube::Client::try_default()
+        .await
+        .map_err(|e| RunError::KubeClient(Box::new(e)))?;
+    let addr = config.listen_addr()?;
+    let listener = TcpListener::bind(addr).await.map_err(RunError::Listen)?;
+    let shutdown = Shutdown::new();
+    shutdown.trigger_on_signals().map_err(RunError::Listen)?;
+    let grace = config.shutdown_timeout;
+    let result = run(config, client, listener, shutdown.clone(), |_| {}).await;
+    if !shutdown.drain(grace).await {
+        tracing::warn!("graceful stop timed out, forcing stop");
+    }
+    result.map(|()| ExitCode::SUCCESS)
 }

@@ -1,0 +1,515 @@
+//! [`Core`]: what the RPC handlers and the supervisors share, and the
+//! controller's operations (get an instance, scale via the ring owner, record
+//! heartbeats, release, snapshot the state).
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use rand::seq::IndexedRandom;
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use super::assign::Assigner;
+use super::config::Config;
+use super::error::{Error, Result};
+use super::events;
+use super::heartbeat::{Report, forward_plan};
+use super::kube::stores::{Namespace, State};
+use super::kube::{Instance, is_running};
+use super::metrics::Metrics;
+use super::peers::Peers;
+use super::supervisor::converge::Decision;
+use super::supervisor::{Handle, Registry};
+use crate::api::{self, ScaleReason};
+use crate::domain::{Function, FunctionId, LABEL_TENANT};
+use crate::ring::RingHandle;
+use crate::shutdown::Shutdown;
+
+/// How many controllers a `Scale` may travel through before the receiver
+/// executes it itself (rings that disagree cannot bounce it forever).
+pub const MAX_SCALE_HOPS: u32 = 1;
+
+/// Bound on concurrent heartbeat forwards per batch.
+const FORWARD_CONCURRENCY: usize = 16;
+/// Deadline of one forwarded heartbeat batch.
+const FORWARD_DEADLINE: Duration = Duration::from_secs(5);
+
+/// The controller's shared parts.
+#[derive(Debug)]
+pub struct Core {
+    pub config: Arc<Config>,
+    pub state: State,
+    pub ring: RingHandle,
+    pub assigner: Assigner,
+    pub events: events::Log,
+    pub metrics: Metrics,
+    pub stale_permits: Arc<Semaphore>,
+    pub started_at: SystemTime,
+    pub shutdown: Shutdown,
+    pub peers: Peers,
+    pub supervisors: Registry,
+}
+
+impl Core {
+    /// A managed namespace.
+    ///
+    /// # Errors
+    /// [`Error::UnmanagedNamespace`].
+    pub fn namespace(&self, ns: &str) -> Result<&Namespace> {
+        self.state
+            .namespace(ns)
+            .ok_or_else(|| Error::UnmanagedNamespace(ns.to_owned()))
+    }
+
+    /// Whether this controller owns `id` on its ring.
+    #[must_use]
+    pub fn is_owner(&self, id: FunctionId) -> bool {
+        self.ring.current().owner(id) == Some(self.config.pod_ip.as_str())
+    }
+
+    fn ensure_synced(&self) -> Result<()> {
+        if self.state.is_synced() {
+            Ok(())
+        } else {
+            Err(Error::NotSynced)
+        }
+    }
+
+    /// Checks a function from a request and that its namespace is managed.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` and `FAILED_PRECONDITION` errors.
+    pub fn admit(&self, f: Option<&api::Function>) -> Result<Function> {
+        let f: Function = f.ok_or(Error::MissingFunction)?.into();
+        f.validate()?;
+        self.namespace(&f.namespace)?;
+        Ok(f)
+    }
+
+    /// The supervisor of a validated, managed function.
+    pub async fn supervisor(self: &Arc<Self>, f: &Function, update_spec: bool) -> Handle {
+        self.supervisors.get_or_spawn(self, f, update_spec).await
+    }
+
+    /// The running instances of a function from the pod cache (spec §4.3).
+    /// With `mutate`, pods that cannot be read as instances are deleted.
+    ///
+    /// # Errors
+    /// [`Error::UnmanagedNamespace`].
+    pub async fn read_instances(&self, f: &Function, mutate: bool) -> Result<Vec<Instance>> {
+        let ns = self.namespace(&f.namespace)?;
+        let mut out = Vec::new();
+        for (pod, function) in ns.pods.of_function(f.id()) {
+            if !is_running(&pod) {
+                continue;
+            }
+            match Instance::from_pod(&pod, function) {
+                Ok(mut i) => {
+                    (i.cpu_milli, i.memory_mib) = self.state.usage.get(&i.namespace, &i.name);
+                    out.push(i);
+                }
+                Err(e) => {
+                    let name = pod.metadata.name.clone().unwrap_or_default();
+                    if mutate {
+                        tracing::warn!(pod = %name, error = %e, "failed to get instance from pod, deleting invalid pod");
+                        if let Err(e) = ns.writer.delete(&name).await {
+                            tracing::warn!(pod = %name, error = %e, "failed to delete invalid pod");
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// `GetInstance` (spec §2.4, §5.10).
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn get_instance(
+        self: &Arc<Self>,
+        f: Function,
+        exclude: &[String],
+        deadline: Instant,
+    ) -> Result<Instance> {
+        self.ensure_synced()?;
+        let handle = self.supervisor(&f, true).await;
+        let ns = self.namespace(&f.namespace)?;
+        if f.is_oneshot() {
+            let _ = handle;
+            return self.assigner.assign(ns, &f, deadline).await;
+        }
+        let mut changes = ns.pods.subscribe();
+        loop {
+            changes.mark_unchanged();
+            let ready: Vec<Instance> = self
+                .read_instances(&f, true)
+                .await?
+                .into_iter()
+                .filter(|i| i.ready_at.is_some())
+                .collect();
+            if let Some(i) = choose(&f, ready, exclude) {
+                return Ok(i);
+            }
+            let decision = Decision::new(1, ScaleReason::NoReadyInstances);
+            let scaled = self.scale(f.clone(), decision, deadline, 0).await?;
+            if let Some(i) = choose(&f, scaled, exclude) {
+                return Ok(i);
+            }
+            // Nothing ready yet (e.g. scale-up refused at max + 1 with only
+            // unready pods): wait for the pod cache to change, not a busy loop.
+            if tokio::time::timeout_at(deadline, changes.changed())
+                .await
+                .is_err()
+            {
+                return Err(Error::NoReadyInstance);
+            }
+        }
+    }
+
+    /// Executes `decision` on the function's ring owner: locally when this
+    /// controller owns it (or the request already travelled
+    /// [`MAX_SCALE_HOPS`]), else forwarded with no lock held.
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn scale(
+        self: &Arc<Self>,
+        f: Function,
+        decision: Decision,
+        deadline: Instant,
+        hops: u32,
+    ) -> Result<Vec<Instance>> {
+        let ring = self.ring.wait_non_empty(self.config.hash_ring_wait_time).await?;
+        let owner = ring.owner(f.id()).map(str::to_owned);
+        match owner {
+            Some(o) if o != self.config.pod_ip && hops < MAX_SCALE_HOPS => {
+                let req = api::ScaleRequest {
+                    function: Some((&f).into()),
+                    desired_instances: Some(decision.desired),
+                    reason: Some(decision.reason as i32),
+                };
+                let budget = deadline.saturating_duration_since(Instant::now());
+                let resp = self.peers.scale(&o, req, hops + 1, budget).await?;
+                Ok(resp
+                    .instances
+                    .iter()
+                    .filter_map(|i| self.instance_from_api(i))
+                    .collect())
+            }
+            _ => loop {
+                let handle = self.supervisor(&f, true).await;
+                match handle.scale(decision.clone(), deadline).await {
+                    Err(Error::SupervisorStopped) if Instant::now() < deadline => {}
+                    other => return other,
+                }
+            },
+        }
+    }
+
+    fn instance_from_api(&self, i: &api::Instance) -> Option<Instance> {
+        let function = Arc::new(Function::from(i.function.as_ref()?));
+        let ts = |t: &Option<prost_types::Timestamp>| t.and_then(|t| SystemTime::try_from(t).ok());
+        Some(Instance {
+            namespace: function.namespace.clone(),
+            name: i.name.clone()?,
+            function,
+            replica_set: i.replica_set.clone().unwrap_or_default(),
+            assigned_at: ts(&i.assigned_at).unwrap_or(SystemTime::UNIX_EPOCH),
+            ready_at: ts(&i.ready_at),
+            addr: i.addr.clone().unwrap_or_default(),
+            cpu_milli: i.cpu_usage_milli.unwrap_or(0),
+            memory_mib: i.memory_usage_mib.unwrap_or(0),
+        })
+    }
+
+    /// `Heartbeat` (spec §2.4, §5.2): records each entry on its supervisor
+    /// and forwards the batch to the ring peers not yet in the chain.
+    /// Entries with an invalid function or an unmanaged namespace are
+    /// dropped (no supervisor is created for them).
+    ///
+    /// # Errors
+    /// [`Error::MissingRouterIp`].
+    pub async fn heartbeat(self: &Arc<Self>, req: api::HeartbeatRequest) -> Result<()> {
+        let router = req
+            .router_ip
+            .clone()
+            .filter(|r| !r.is_empty())
+            .ok_or(Error::MissingRouterIp)?;
+        let now = SystemTime::now();
+        for hb in &req.heartbeats {
+            let f = match self.admit(hb.function.as_ref()) {
+                Ok(f) => f,
+                Err(e) => {
+                    tracing::debug!(error = %e, "ignoring heartbeat");
+                    continue;
+                }
+            };
+            self.metrics
+                .heartbeats_total
+                .get_or_create(&Metrics::function(&f.deployment))
+                .inc();
+            let timestamp = hb
+                .timestamp
+                .and_then(|t| SystemTime::try_from(t).ok())
+                .unwrap_or(SystemTime::UNIX_EPOCH);
+            let report = Report {
+                timestamp,
+                in_flight: hb.in_flight_requests.unwrap_or(0),
+            };
+            let handle = self.supervisor(&f, true).await;
+            let timeout = self.config.scale.heartbeat_timeout;
+            handle
+                .shared
+                .with_heartbeats(|s| s.record(&router, report, now, timeout));
+        }
+        self.forward_heartbeats(req, router);
+        Ok(())
+    }
+
+    fn forward_heartbeats(self: &Arc<Self>, req: api::HeartbeatRequest, router: String) {
+        let ring = self.ring.current();
+        let (targets, chain) = forward_plan(ring.sorted_members(), &req.forwarded_for, &self.config.pod_ip);
+        if targets.is_empty() {
+            return;
+        }
+        let core = self.clone();
+        self.shutdown.spawn("forward-heartbeats", async move {
+            let limit = Arc::new(Semaphore::new(FORWARD_CONCURRENCY));
+            let mut set = tokio::task::JoinSet::new();
+            for target in targets {
+                let fwd = api::HeartbeatRequest {
+                    router_ip: Some(router.clone()),
+                    heartbeats: req.heartbeats.clone(),
+                    forwarded_for: chain.clone(),
+                };
+                let core = core.clone();
+                let limit = limit.clone();
+                set.spawn(async move {
+                    let Ok(_permit) = limit.acquire_owned().await else {
+                        return;
+                    };
+                    if let Err(e) = core.peers.heartbeat(&target, fwd, FORWARD_DEADLINE).await {
+                        tracing::warn!(peer = %target, error = %e, "failed to forward heartbeats");
+                    }
+                });
+            }
+            while set.join_next().await.is_some() {}
+        });
+    }
+
+    /// `ReleaseInstance`: deletes a Skipper-assigned pod; a pod that is
+    /// already gone is success.
+    ///
+    /// # Errors
+    /// `INVALID_ARGUMENT` without name or namespace, `FAILED_PRECONDITION`
+    /// for unmanaged namespaces and pods that are not Skipper-assigned.
+    pub async fn release(&self, i: Option<&api::Instance>) -> Result<()> {
+        let i = i.ok_or(Error::MissingInstance)?;
+        let name = i
+            .name
+            .clone()
+            .filter(|n| !n.is_empty())
+            .ok_or(Error::MissingInstance)?;
+        let namespace = i
+            .function
+            .as_ref()
+            .and_then(|f| f.namespace.clone())
+            .filter(|n| !n.is_empty())
+            .ok_or(Error::MissingInstance)?;
+        self.ensure_synced()?;
+        let ns = self.namespace(&namespace)?;
+        let Some(pod) = ns.pods.get(&name) else {
+            return Ok(());
+        };
+        if super::kube::label(&pod, LABEL_TENANT).is_none() {
+            return Err(Error::NotAssigned { namespace, name });
+        }
+        ns.writer.delete(&name).await.map_err(|e| match e {
+            super::kube::pods::WriteError::Api(k) => Error::Kube(k),
+            super::kube::pods::WriteError::Conflict(_) => Error::NotAssigned {
+                namespace: namespace.clone(),
+                name: name.clone(),
+            },
+        })?;
+        Ok(())
+    }
+
+    /// This controller's state: the supervisors it owns (all of them when
+    /// `all`), its ring, events and configuration.
+    pub async fn local_state(&self, all: bool) -> api::ClusterState {
+        let ring = self.ring.current();
+        let mut supervisors = Vec::new();
+        for h in self.supervisors.handles() {
+            let f = h.shared.spec();
+            let owner = ring.owner(h.id).unwrap_or_default().to_owned();
+            if !all && owner != self.config.pod_ip {
+                continue;
+            }
+            let instances = self.read_instances(&f, false).await.unwrap_or_default();
+            let router_heartbeats = h.shared.with_heartbeats(|s| {
+                s.iter()
+                    .map(|(router, r)| api::HeartbeatState {
+                        router_ip: Some(router.to_owned()),
+                        heartbeat: Some(api::Heartbeat {
+                            function: Some(f.as_ref().into()),
+                            timestamp: Some(r.timestamp.into()),
+                            in_flight_requests: Some(r.in_flight),
+                        }),
+                    })
+                    .collect()
+            });
+            let active = self
+                .state
+                .namespace(&f.namespace)
+                .and_then(|ns| ns.replica_sets.active_for(&f.deployment));
+            supervisors.push(api::SupervisorState {
+                function: Some(f.as_ref().into()),
+                instances: instances.iter().map(Instance::to_api).collect(),
+                router_heartbeats,
+                responsible_controller_ip: Some(owner),
+                active_replica_set: active,
+            });
+        }
+        let events = self
+            .events
+            .snapshot()
+            .into_iter()
+            .map(|e| api::Event {
+                timestamp: Some(e.timestamp.into()),
+                function: Some((&e.function).into()),
+                r#type: Some(e.kind as i32),
+                message: Some(e.message),
+                severity: Some(e.severity as i32),
+            })
+            .collect();
+        api::ClusterState {
+            pod_ip: Some(self.config.pod_ip.clone()),
+            started_at: Some(self.started_at.into()),
+            controller_ips: ring.sorted_members().iter().map(|s| s.to_string()).collect(),
+            supervisors,
+            events,
+            config: self
+                .config
+                .describe()
+                .into_iter()
+                .map(|(n, v, d)| api::ConfigValue {
+                    name: Some(n.to_owned()),
+                    value: Some(v),
+                    description: Some(d.to_owned()),
+                })
+                .collect(),
+        }
+    }
+
+    /// `GetClusterState`: with `local_only`, this controller's view of every
+    /// local supervisor; otherwise aggregated across the ring, each
+    /// controller contributing the supervisors it owns.
+    pub async fn cluster_state(&self, local_only: bool) -> api::ClusterState {
+        if local_only {
+            return self.local_state(true).await;
+        }
+        let mut state = self.local_state(false).await;
+        let ring = self.ring.current();
+        let peers: Vec<String> = ring
+            .sorted_members()
+            .iter()
+            .map(|s| s.to_string())
+            .filter(|ip| *ip != self.config.pod_ip)
+            .collect();
+        let answers = futures::future::join_all(peers.iter().map(|ip| self.peers.cluster_state(ip))).await;
+        let mut seen: HashSet<FunctionId> = state
+            .supervisors
+            .iter()
+            .filter_map(|s| s.function.as_ref().map(|f| Function::from(f).id()))
+            .collect();
+        for (ip, answer) in peers.iter().zip(answers) {
+            match answer {
+                Ok(peer) => {
+                    for s in peer.supervisors {
+                        let id = s.function.as_ref().map(|f| Function::from(f).id());
+                        let owned = s.responsible_controller_ip.as_deref() == Some(ip.as_str());
+                        if owned && id.is_some_and(|id| seen.insert(id)) {
+                            state.supervisors.push(s);
+                        }
+                    }
+                    state.events.extend(peer.events);
+                }
+                Err(e) => tracing::warn!(peer = %ip, error = %e, "failed to get cluster state from peer"),
+            }
+        }
+        let key = |e: &api::Event| e.timestamp.map(|t| (t.seconds, t.nanos)).unwrap_or_default();
+        state.events.sort_by_key(|e| std::cmp::Reverse(key(e)));
+        state.events.truncate(events::CAPACITY);
+        state
+    }
+}
+
+/// Picks an instance: the newest `max_instances` ready ones, minus the
+/// exclusions unless that leaves none, uniformly at random.
+fn choose(f: &Function, mut ready: Vec<Instance>, exclude: &[String]) -> Option<Instance> {
+    if ready.is_empty() {
+        return None;
+    }
+    let max = f.scale_or_default().max_instances().max(1) as usize;
+    if ready.len() > max {
+        ready.sort_by_key(|i| std::cmp::Reverse(i.assigned_at));
+        ready.truncate(max);
+    }
+    if !exclude.is_empty() {
+        let kept: Vec<Instance> = ready
+            .iter()
+            .filter(|i| !exclude.contains(&i.name))
+            .cloned()
+            .collect();
+        if kept.is_empty() {
+            tracing::warn!(function = %f.id(), "every ready instance is excluded; ignoring the exclusions");
+        } else {
+            ready = kept;
+        }
+    }
+    ready.choose(&mut rand::rng()).cloned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inst(name: &str, age: u64) -> Instance {
+        Instance {
+            namespace: "ns".into(),
+            name: name.into(),
+            function: Arc::new(Function::default()),
+            replica_set: "rs".into(),
+            assigned_at: SystemTime::UNIX_EPOCH + Duration::from_secs(1000 - age),
+            ready_at: Some(SystemTime::UNIX_EPOCH),
+            addr: "1.2.3.4:80".into(),
+            cpu_milli: 0,
+            memory_mib: 0,
+        }
+    }
+
+    fn f(max: u32) -> Function {
+        Function {
+            scale: Some(crate::domain::Scale {
+                max_instances: Some(max),
+                ..Default::default()
+            }),
+            ..Function::default()
+        }
+    }
+
+    #[test]
+    fn choice_honours_max_and_exclusions() {
+        assert!(choose(&f(1), vec![], &[]).is_none());
+        for _ in 0..20 {
+            let c = choose(&f(1), vec![inst("old", 10), inst("new", 1)], &[]).unwrap();
+            assert_eq!(c.name, "new", "only the newest max_instances are used");
+            let c = choose(&f(3), vec![inst("a", 1), inst("b", 2)], &["a".into()]).unwrap();
+            assert_eq!(c.name, "b");
+        }
+        let c = choose(&f(3), vec![inst("a", 1)], &["a".into()]).unwrap();
+        assert_eq!(c.name, "a", "excluding everything keeps everything");
+    }
+}

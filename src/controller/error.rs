@@ -1,0 +1,125 @@
+//! The controller's error type and its one mapping to `tonic::Status`.
+//!
+//! Codes are chosen for what a client can do about them: `UNAVAILABLE` for
+//! transient conditions (not synced, ring empty, API server or peer down, a
+//! pod that failed its assignment) — the client retry policy keys on it;
+//! `INVALID_ARGUMENT` for bad requests; `FAILED_PRECONDITION` for requests
+//! about namespaces or pods this controller does not manage;
+//! `RESOURCE_EXHAUSTED` when no pool pod arrived before the deadline;
+//! `INTERNAL` only for bugs.
+
+use crate::domain::ValidationError;
+
+/// A failed controller operation.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("missing function")]
+    MissingFunction,
+    #[error("invalid function: {0}")]
+    InvalidFunction(#[from] ValidationError),
+    #[error("missing router_ip")]
+    MissingRouterIp,
+    #[error("missing instance name or namespace")]
+    MissingInstance,
+    #[error("namespace {0} is not managed by this controller (not in --function-namespaces or skipped)")]
+    UnmanagedNamespace(String),
+    #[error("pod {namespace}/{name} is not a Skipper-assigned pod")]
+    NotAssigned { namespace: String, name: String },
+    #[error("controller is starting: the Kubernetes caches have not synced yet")]
+    NotSynced,
+    #[error(transparent)]
+    Ring(#[from] crate::ring::RingError),
+    #[error("kubernetes API: {0}")]
+    Kube(#[source] Box<kube::Error>),
+    #[error("no unassigned pod of deployment {namespace}/{deployment} became available before the deadline")]
+    NoPoolPod { namespace: String, deployment: String },
+    #[error("failed to assign pod {pod}: {reason}")]
+    AssignFailed { pod: String, reason: String },
+    #[error("scale did not produce a ready instance before the deadline")]
+    NoReadyInstance,
+    #[error("peer controller {peer}: {source}")]
+    Peer {
+        peer: String,
+        #[source]
+        source: Box<crate::client::Error>,
+    },
+    #[error("the function's supervisor stopped; retry")]
+    SupervisorStopped,
+    #[error("controller is shutting down")]
+    ShuttingDown,
+}
+
+/// Result of controller operations.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    /// The gRPC code of this error.
+    #[must_use]
+    pub fn code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            Self::MissingFunction
+            | Self::InvalidFunction(_)
+            | Self::MissingRouterIp
+            | Self::MissingInstance => Code::InvalidArgument,
+            Self::UnmanagedNamespace(_) | Self::NotAssigned { .. } => Code::FailedPrecondition,
+            Self::NotSynced
+            | Self::Ring(_)
+            | Self::Kube(_)
+            | Self::AssignFailed { .. }
+            | Self::SupervisorStopped
+            | Self::ShuttingDown => Code::Unavailable,
+            Self::NoPoolPod { .. } => Code::ResourceExhausted,
+            Self::NoReadyInstance => Code::DeadlineExceeded,
+            Self::Peer { source, .. } => match source.code() {
+                Code::Internal | Code::Unknown => Code::Unavailable,
+                c => c,
+            },
+        }
+    }
+}
+
+impl From<Error> for tonic::Status {
+    fn from(e: Error) -> Self {
+        tonic::Status::new(e.code(), e.to_string())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn codes_are_actionable() {
+        let s = tonic::Status::from(Error::InvalidFunction(ValidationError::MissingTenant));
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::InvalidArgument, "invalid function: missing tenant")
+        );
+        assert_eq!(
+            Error::UnmanagedNamespace("x".into()).code(),
+            Code::FailedPrecondition
+        );
+        assert_eq!(Error::NotSynced.code(), Code::Unavailable);
+        assert_eq!(
+            Error::Ring(crate::ring::RingError::Empty(std::time::Duration::ZERO)).code(),
+            Code::Unavailable
+        );
+        assert_eq!(
+            Error::NoPoolPod {
+                namespace: "n".into(),
+                deployment: "d".into()
+            }
+            .code(),
+            Code::ResourceExhausted
+        );
+        let peer = Error::Peer {
+            peer: "p".into(),
+            source: Box::new(crate::client::Error::NoEndpoints {
+                method: crate::client::Method::Scale,
+            }),
+        };
+        assert_eq!(peer.code(), Code::Unavailable);
+    }
+}

@@ -1,0 +1,145 @@
+//! `skipper.ControllerService`: decode, delegate to [`Core`], encode. Errors
+//! become `tonic::Status` through the one mapping in [`super::error`].
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+use tonic::{Request, Response, Status};
+
+use super::core::Core;
+use super::peers::HOPS_METADATA;
+use super::supervisor::converge::Decision;
+use crate::api::{self, ScaleReason};
+
+/// The gRPC service.
+#[derive(Debug, Clone)]
+pub struct Service {
+    core: Arc<Core>,
+}
+
+impl Service {
+    /// A service over `core`.
+    #[must_use]
+    pub fn new(core: Arc<Core>) -> Self {
+        Self { core }
+    }
+
+    /// The caller's deadline (`grpc-timeout`) less a small margin, so the
+    /// caller receives this controller's answer rather than its own
+    /// timeout; capped at twice the assign timeout so no request waits
+    /// without bound.
+    fn deadline<T>(&self, req: &Request<T>) -> Instant {
+        let cap = self.core.config.scale.assign_timeout * 2;
+        let asked = req
+            .metadata()
+            .get("grpc-timeout")
+            .and_then(|v| v.to_str().ok())
+            .and_then(parse_grpc_timeout)
+            .map_or(cap, |d| d.saturating_sub((d / 10).min(Duration::from_millis(50))));
+        Instant::now() + asked.min(cap)
+    }
+}
+
+/// Parses a `grpc-timeout` header value (`100m`, `5S`, ...).
+#[must_use]
+pub fn parse_grpc_timeout(v: &str) -> Option<Duration> {
+    if v.len() < 2 {
+        return None;
+    }
+    let (num, unit) = v.split_at(v.len() - 1);
+    let n: u64 = num.parse().ok()?;
+    Some(match unit {
+        "H" => Duration::from_secs(n.saturating_mul(3600)),
+        "M" => Duration::from_secs(n.saturating_mul(60)),
+        "S" => Duration::from_secs(n),
+        "m" => Duration::from_millis(n),
+        "u" => Duration::from_micros(n),
+        "n" => Duration::from_nanos(n),
+        _ => return None,
+    })
+}
+
+#[tonic::async_trait]
+impl api::controller_service_server::ControllerService for Service {
+    async fn get_instance(
+        &self,
+        request: Request<api::GetInstanceRequest>,
+    ) -> Result<Response<api::GetInstanceResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let req = request.into_inner();
+        let f = self.core.admit(req.function.as_ref())?;
+        let instance = self
+            .core
+            .get_instance(f, &req.exclude_instance_names, deadline)
+            .await?;
+        Ok(Response::new(api::GetInstanceResponse {
+            instance: Some(instance.to_api()),
+        }))
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<api::HeartbeatRequest>,
+    ) -> Result<Response<api::HeartbeatResponse>, Status> {
+        self.core.heartbeat(request.into_inner()).await?;
+        Ok(Response::new(api::HeartbeatResponse {}))
+    }
+
+    async fn scale(
+        &self,
+        request: Request<api::ScaleRequest>,
+    ) -> Result<Response<api::ScaleResponse>, Status> {
+        let deadline = self.deadline(&request);
+        let hops = request
+            .metadata()
+            .get(HOPS_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(0);
+        let req = request.into_inner();
+        let f = self.core.admit(req.function.as_ref())?;
+        let reason = req
+            .reason
+            .and_then(|r| ScaleReason::try_from(r).ok())
+            .unwrap_or(ScaleReason::Unspecified);
+        let decision = Decision::new(req.desired_instances.unwrap_or(0), reason);
+        let instances = self.core.scale(f, decision, deadline, hops).await?;
+        Ok(Response::new(api::ScaleResponse {
+            instances: instances.iter().map(super::kube::Instance::to_api).collect(),
+        }))
+    }
+
+    async fn release_instance(
+        &self,
+        request: Request<api::ReleaseInstanceRequest>,
+    ) -> Result<Response<api::ReleaseInstanceResponse>, Status> {
+        self.core.release(request.into_inner().instance.as_ref()).await?;
+        Ok(Response::new(api::ReleaseInstanceResponse {}))
+    }
+
+    async fn get_cluster_state(
+        &self,
+        request: Request<api::GetClusterStateRequest>,
+    ) -> Result<Response<api::GetClusterStateResponse>, Status> {
+        let local_only = request.into_inner().local_only.unwrap_or(false);
+        let state = self.core.cluster_state(local_only).await;
+        Ok(Response::new(api::GetClusterStateResponse {
+            cluster_state: Some(state),
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_timeouts_parse() {
+        assert_eq!(parse_grpc_timeout("100m"), Some(Duration::from_millis(100)));
+        assert_eq!(parse_grpc_timeout("5S"), Some(Duration::from_secs(5)));
+        assert_eq!(parse_grpc_timeout("2M"), Some(Duration::from_secs(120)));
+        assert_eq!(parse_grpc_timeout("7x"), None);
+        assert_eq!(parse_grpc_timeout("m"), None);
+    }
+}

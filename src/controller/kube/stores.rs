@@ -1,0 +1,624 @@
+//! The controller's watches and start-up: the per-namespace probe
+//! (`--skip-forbidden-namespaces`), function pods and ReplicaSets per managed
+//! namespace, controller pods → ring membership, and pod metrics
+//! (`metrics.k8s.io/v1beta1`). Readiness means every watch has listed once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::fmt::Debug;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, SystemTime};
+
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
+use kube::runtime::WatchStreamExt;
+use kube::runtime::watcher::{self, Event};
+use serde::de::DeserializeOwned;
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+
+use super::cache::{Applied, PodCache};
+use super::is_ready;
+use super::pods::PodWriter;
+use crate::controller::metrics::Metrics;
+use crate::domain::{LABEL_DEPLOYMENT, LABEL_TENANT};
+use crate::ring::{HashRing, RingHandle};
+use crate::shutdown::Shutdown;
+
+/// Label selector of the controller pods that form the ring.
+pub const CONTROLLER_SELECTOR: &str = "app.kubernetes.io/name=skipper,app.kubernetes.io/component=controller";
+
+/// Start-up failed.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("failed to list pods in namespace {namespace}: {source}")]
+    Probe {
+        namespace: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+}
+
+/// The ReplicaSets of one namespace.
+#[derive(Debug, Default)]
+pub struct ReplicaSets {
+    // A std lock: map updates and lookups only, never held across an await.
+    sets: RwLock<HashMap<String, Arc<ReplicaSet>>>,
+    relist: RwLock<Option<HashMap<String, Arc<ReplicaSet>>>>,
+    synced: watch::Sender<bool>,
+}
+
+impl ReplicaSets {
+    fn handle(&self, ev: Event<ReplicaSet>) {
+        let name = |rs: &ReplicaSet| rs.metadata.name.clone().unwrap_or_default();
+        match ev {
+            Event::Apply(rs) => {
+                self.write().insert(name(&rs), Arc::new(rs));
+            }
+            Event::Delete(rs) => {
+                self.write().remove(&name(&rs));
+            }
+            Event::Init => *self.relist_write() = Some(HashMap::new()),
+            Event::InitApply(rs) => {
+                if let Some(m) = self.relist_write().as_mut() {
+                    m.insert(name(&rs), Arc::new(rs));
+                }
+            }
+            Event::InitDone => {
+                let listed = self.relist_write().take().unwrap_or_default();
+                *self.write() = listed;
+                self.synced.send_replace(true);
+            }
+        }
+    }
+
+    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<ReplicaSet>>> {
+        self.sets
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn relist_write(&self) -> std::sync::RwLockWriteGuard<'_, Option<HashMap<String, Arc<ReplicaSet>>>> {
+        self.relist
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// A ReplicaSet by name.
+    #[must_use]
+    pub fn get(&self, name: &str) -> Option<Arc<ReplicaSet>> {
+        self.sets
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(name)
+            .cloned()
+    }
+
+    /// Inserts a ReplicaSet (tests and simulators without a watch).
+    pub fn insert(&self, rs: ReplicaSet) {
+        let name = rs.metadata.name.clone().unwrap_or_default();
+        self.write().insert(name, Arc::new(rs));
+    }
+
+    /// The newest ReplicaSet with replicas owned by Deployment `deployment`.
+    #[must_use]
+    pub fn active_for(&self, deployment: &str) -> Option<String> {
+        let sets = self
+            .sets
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        sets.values()
+            .filter(|rs| {
+                rs.metadata
+                    .owner_references
+                    .iter()
+                    .flatten()
+                    .any(|o| o.kind == "Deployment" && o.name == deployment)
+                    && rs.status.as_ref().is_some_and(|s| s.replicas > 0)
+            })
+            .max_by_key(|rs| rs.metadata.creation_timestamp.as_ref().map(|t| t.0))
+            .and_then(|rs| rs.metadata.name.clone())
+    }
+
+    /// Whether the first list has been applied.
+    #[must_use]
+    pub fn is_synced(&self) -> bool {
+        *self.synced.borrow()
+    }
+}
+
+/// A managed function namespace.
+#[derive(Debug, Clone)]
+pub struct Namespace {
+    pub pods: Arc<PodCache>,
+    pub writer: PodWriter,
+    pub replica_sets: Arc<ReplicaSets>,
+}
+
+/// CPU (millicores) and memory (MiB) of assigned pods, by `namespace/name`.
+#[derive(Debug, Default)]
+pub struct Usage {
+    // A std lock: replaced wholesale per namespace, read per instance; no awaits.
+    by_pod: RwLock<HashMap<String, (u32, u32)>>,
+}
+
+impl Usage {
+    /// Usage of a pod, `(0, 0)` when unknown.
+    #[must_use]
+    pub fn get(&self, namespace: &str, name: &str) -> (u32, u32) {
+        self.by_pod
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(&format!("{namespace}/{name}"))
+            .copied()
+            .unwrap_or_default()
+    }
+
+    fn replace_namespace(
+        &self,
+        namespace: &str,
+        values: HashMap<String, (u32, u32)>,
+        alive: impl Fn(&str) -> bool,
+    ) {
+        let mut map = self
+            .by_pod
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let prefix = format!("{namespace}/");
+        map.retain(|k, _| !k.starts_with(&prefix) || alive(&k[prefix.len()..]));
+        for (name, v) in values {
+            map.insert(format!("{prefix}{name}"), v);
+        }
+    }
+}
+
+/// Everything the controller reads from Kubernetes.
+#[derive(Debug, Clone)]
+pub struct State {
+    pub namespaces: Arc<BTreeMap<String, Namespace>>,
+    pub usage: Arc<Usage>,
+    membership_synced: watch::Receiver<bool>,
+}
+
+impl State {
+    /// A managed namespace.
+    #[must_use]
+    pub fn namespace(&self, ns: &str) -> Option<&Namespace> {
+        self.namespaces.get(ns)
+    }
+
+    /// Whether every watch has listed once.
+    #[must_use]
+    pub fn is_synced(&self) -> bool {
+        *self.membership_synced.borrow()
+            && self
+                .namespaces
+                .values()
+                .all(|n| n.pods.is_synced() && n.replica_sets.is_synced())
+    }
+
+    /// Resolves once every watch has listed once.
+    pub async fn wait_synced(&self) {
+        let mut rx = self.membership_synced.clone();
+        let _ = rx.wait_for(|s| *s).await;
+        for n in self.namespaces.values() {
+            n.pods.wait_synced().await;
+            let mut rx = n.replica_sets.synced.subscribe();
+            let _ = rx.wait_for(|s| *s).await;
+        }
+    }
+}
+
+fn lag_since(t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -> Option<f64> {
+    let t = SystemTime::from(t?.0);
+    Some(
+        SystemTime::now()
+            .duration_since(t)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or(0.0),
+    )
+}
+
+async fn run_watch<K, F>(
+    api: Api<K>,
+    config: watcher::Config,
+    token: CancellationToken,
+    resource: &'static str,
+    mut on: F,
+) where
+    K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
+    F: FnMut(Event<K>) + Send,
+{
+    let mut stream = std::pin::pin!(watcher::watcher(api, config).default_backoff());
+    loop {
+        tokio::select! {
+            () = token.cancelled() => return,
+            next = stream.next() => match next {
+                None => return,
+                Some(Ok(ev)) => on(ev),
+                Some(Err(e)) => {
+                    if matches!(&e, watcher::Error::WatchError(s) if s.code == 410) {
+                        tracing::debug!(watch_resource = resource, error = %e, "informer watch error");
+                    } else {
+                        tracing::warn!(watch_resource = resource, error = %e, "informer watch error");
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn handle_pod_event(cache: &PodCache, metrics: &Metrics, ev: Event<Pod>) {
+    match ev {
+        Event::Apply(pod) => {
+            let lag = lag_since(pod.metadata.creation_timestamp.as_ref());
+            match cache.apply(pod, true) {
+                Applied::Added => metrics.informer_event("pods", "add", lag),
+                Applied::Updated | Applied::Ignored => metrics.informer_event("pods", "update", None),
+            }
+        }
+        Event::Delete(pod) => {
+            metrics.informer_event(
+                "pods",
+                "delete",
+                lag_since(pod.metadata.deletion_timestamp.as_ref()),
+            );
+            if let Some(n) = pod.metadata.name.as_deref() {
+                cache.remove(n);
+            }
+        }
+        Event::Init => cache.relist_start(),
+        Event::InitApply(pod) => cache.relist_apply(pod),
+        Event::InitDone => cache.relist_done(),
+    }
+}
+
+/// Tracks the Ready controller pods and publishes the ring they form.
+#[derive(Debug)]
+struct Membership {
+    members: HashMap<String, String>,
+    relist: Option<HashMap<String, String>>,
+    ring: RingHandle,
+}
+
+impl Membership {
+    fn member(pod: &Pod) -> Option<(String, String)> {
+        let name = pod.metadata.name.clone()?;
+        let ip = pod.status.as_ref()?.pod_ip.clone().filter(|ip| !ip.is_empty())?;
+        is_ready(pod).then_some((name, ip))
+    }
+
+    fn handle(&mut self, ev: Event<Pod>) -> bool {
+        match ev {
+            Event::Apply(pod) => {
+                let name = pod.metadata.name.clone().unwrap_or_default();
+                match Self::member(&pod) {
+                    Some((n, ip)) => {
+                        self.members.insert(n, ip);
+                    }
+                    None => {
+                        self.members.remove(&name);
+                    }
+                }
+            }
+            Event::Delete(pod) => {
+                self.members
+                    .remove(pod.metadata.name.as_deref().unwrap_or_default());
+            }
+            Event::Init => self.relist = Some(HashMap::new()),
+            Event::InitApply(pod) => {
+                if let (Some(m), Some((n, ip))) = (self.relist.as_mut(), Self::member(&pod)) {
+                    m.insert(n, ip);
+                }
+                return false;
+            }
+            Event::InitDone => {
+                self.members = self.relist.take().unwrap_or_default();
+                self.publish();
+                return true;
+            }
+        }
+        self.publish();
+        false
+    }
+
+    fn publish(&self) {
+        let mut ips: Vec<&String> = self.members.values().collect();
+        ips.sort();
+        ips.dedup();
+        self.ring.publish(HashRing::new(ips.iter().map(|s| s.as_str())));
+    }
+}
+
+/// Parses a Kubernetes quantity into base units (cores, bytes).
+#[must_use]
+pub fn parse_quantity(q: &str) -> Option<f64> {
+    let q = q.trim();
+    let split = q
+        .find(|c: char| !(c.is_ascii_digit() || c == '.' || c == '-' || c == '+'))
+        .unwrap_or(q.len());
+    let (num, suffix) = q.split_at(split);
+    let n: f64 = num.parse().ok()?;
+    let mult = match suffix {
+        "" => 1.0,
+        "n" => 1e-9,
+        "u" => 1e-6,
+        "m" => 1e-3,
+        "k" => 1e3,
+        "M" => 1e6,
+        "G" => 1e9,
+        "T" => 1e12,
+        "Ki" => 1024.0,
+        "Mi" => 1024.0 * 1024.0,
+        "Gi" => 1024.0 * 1024.0 * 1024.0,
+        "Ti" => 1024.0_f64.powi(4),
+        s if s.starts_with('e') || s.starts_with('E') => 10f64.powi(s[1..].parse().ok()?),
+        _ => return None,
+    };
+    Some(n * mult)
+}
+
+/// `(cpu millicores, memory MiB)` of one PodMetrics object: summed over
+/// containers, memory floored per container.
+#[must_use]
+pub fn pod_usage(obj: &serde_json::Value) -> (u32, u32) {
+    let mut cpu = 0u32;
+    let mut mem = 0u32;
+    for c in obj["containers"].as_array().into_iter().flatten() {
+        let usage = &c["usage"];
+        // Saturating float-to-int conversions: usage figures are small and non-negative.
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        if let Some(v) = usage["cpu"].as_str().and_then(parse_quantity) {
+            cpu = cpu.saturating_add((v * 1000.0).round() as u32);
+        }
+        #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+        if let Some(v) = usage["memory"].as_str().and_then(parse_quantity) {
+            mem = mem.saturating_add((v / 1024.0 / 1024.0).floor() as u32);
+        }
+    }
+    (cpu, mem)
+}
+
+async fn refresh_usage(
+    client: &kube::Client,
+    ns: &Namespace,
+    usage: &Usage,
+    namespace: &str,
+) -> Result<(), kube::Error> {
+    let gvk = GroupVersionKind::gvk("metrics.k8s.io", "v1beta1", "PodMetrics");
+    let ar = ApiResource::from_gvk_with_plural(&gvk, "pods");
+    let api: Api<DynamicObject> = Api::namespaced_with(client.clone(), namespace, &ar);
+    let mut values = HashMap::new();
+    let mut lp = ListParams::default().labels(LABEL_TENANT).limit(100);
+    loop {
+        let list = api.list(&lp).await?;
+        for obj in &list.items {
+            if let Some(name) = obj.metadata.name.clone() {
+                values.insert(name, pod_usage(&obj.data));
+            }
+        }
+        match list.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(c) => lp = lp.continue_token(&c),
+            None => break,
+        }
+    }
+    usage.replace_namespace(namespace, values, |name| ns.pods.get(name).is_some());
+    Ok(())
+}
+
+/// Probes each function namespace, starts every watch and the pod-metrics
+/// refresh, and returns the state they fill. Does not wait for the first
+/// lists (see [`State::wait_synced`]).
+///
+/// # Errors
+/// [`StartError::Probe`] when a namespace cannot be listed (Forbidden is
+/// skipped with `skip_forbidden`).
+#[allow(clippy::too_many_arguments)]
+pub async fn start(
+    client: &kube::Client,
+    function_namespaces: &[String],
+    skip_forbidden: bool,
+    controller_namespace: &str,
+    single_controller_ip: Option<&str>,
+    ring: &RingHandle,
+    metrics: &Metrics,
+    scale_interval: Duration,
+    shutdown: &Shutdown,
+) -> Result<State, StartError> {
+    let mut namespaces = BTreeMap::new();
+    for ns in function_namespaces {
+        let probe: Api<Pod> = Api::namespaced(client.clone(), ns);
+        match probe.list(&ListParams::default().limit(1)).await {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 403 && skip_forbidden => {
+                tracing::warn!(namespace = %ns, "skipping namespace: listing pods is forbidden");
+                continue;
+            }
+            Err(e) => {
+                return Err(StartError::Probe {
+                    namespace: ns.clone(),
+                    source: Box::new(e),
+                });
+            }
+        }
+        let cache = Arc::new(PodCache::new(ns));
+        let replica_sets = Arc::new(ReplicaSets::default());
+        let config = watcher::Config::default().labels(LABEL_DEPLOYMENT);
+        {
+            let cache = cache.clone();
+            let metrics = metrics.clone();
+            shutdown.spawn(
+                "watch-pods",
+                run_watch(
+                    probe,
+                    config.clone(),
+                    shutdown.token().clone(),
+                    "pods",
+                    move |ev| {
+                        handle_pod_event(&cache, &metrics, ev);
+                    },
+                ),
+            );
+        }
+        {
+            let rs_api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns);
+            let sets = replica_sets.clone();
+            let metrics = metrics.clone();
+            shutdown.spawn(
+                "watch-replicasets",
+                run_watch(
+                    rs_api,
+                    config,
+                    shutdown.token().clone(),
+                    "replicasets",
+                    move |ev| {
+                        let kind = match &ev {
+                            Event::Apply(_) => Some("update"),
+                            Event::Delete(_) => Some("delete"),
+                            _ => None,
+                        };
+                        if let Some(k) = kind {
+                            metrics.informer_event("replicasets", k, None);
+                        }
+                        sets.handle(ev);
+                    },
+                ),
+            );
+        }
+        let writer = PodWriter::new(client.clone(), cache.clone());
+        namespaces.insert(
+            ns.clone(),
+            Namespace {
+                pods: cache,
+                writer,
+                replica_sets,
+            },
+        );
+    }
+
+    let (membership_tx, membership_synced) = watch::channel(false);
+    if let Some(ip) = single_controller_ip {
+        ring.publish(HashRing::new([ip]));
+        membership_tx.send_replace(true);
+    } else {
+        let api: Api<Pod> = Api::namespaced(client.clone(), controller_namespace);
+        let mut membership = Membership {
+            members: HashMap::new(),
+            relist: None,
+            ring: ring.clone(),
+        };
+        let metrics = metrics.clone();
+        shutdown.spawn(
+            "watch-controller-pods",
+            run_watch(
+                api,
+                watcher::Config::default().labels(CONTROLLER_SELECTOR),
+                shutdown.token().clone(),
+                "controller_pods",
+                move |ev| {
+                    if let Event::Apply(_) | Event::Delete(_) = &ev {
+                        metrics.informer_event("controller_pods", "update", None);
+                    }
+                    if membership.handle(ev) {
+                        membership_tx.send_replace(true);
+                    }
+                },
+            ),
+        );
+    }
+
+    let state = State {
+        namespaces: Arc::new(namespaces),
+        usage: Arc::new(Usage::default()),
+        membership_synced,
+    };
+    {
+        let state = state.clone();
+        let client = client.clone();
+        let token = shutdown.token().clone();
+        shutdown.spawn("refresh-pod-metrics", async move {
+            let mut ticker = tokio::time::interval(scale_interval);
+            ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tokio::select! {
+                    () = token.cancelled() => return,
+                    _ = ticker.tick() => {}
+                }
+                for (name, ns) in state.namespaces.iter() {
+                    if let Err(e) = refresh_usage(&client, ns, &state.usage, name).await {
+                        tracing::warn!(namespace = %name, error = %e, "failed to get pod metrics");
+                    }
+                }
+            }
+        });
+    }
+    Ok(state)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+
+    fn controller_pod(name: &str, ip: &str, ready: bool, terminating: bool) -> Pod {
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        if terminating {
+            p.metadata.deletion_timestamp = Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(
+                jiff::Timestamp::now(),
+            ));
+        }
+        p.status = Some(PodStatus {
+            phase: Some("Running".into()),
+            pod_ip: Some(ip.into()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: if ready { "True" } else { "False" }.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        });
+        p
+    }
+
+    #[test]
+    fn ring_follows_ready_controller_pods() {
+        let ring = RingHandle::default();
+        let mut m = Membership {
+            members: HashMap::new(),
+            relist: None,
+            ring: ring.clone(),
+        };
+        m.handle(Event::Init);
+        m.handle(Event::InitApply(controller_pod("a", "10.0.0.1", true, false)));
+        m.handle(Event::InitApply(controller_pod("b", "10.0.0.2", false, false)));
+        assert!(m.handle(Event::InitDone));
+        assert_eq!(ring.current().sorted_members().len(), 1);
+        m.handle(Event::Apply(controller_pod("b", "10.0.0.2", true, false)));
+        assert_eq!(ring.current().sorted_members().len(), 2);
+        m.handle(Event::Apply(controller_pod("a", "10.0.0.1", true, true)));
+        assert_eq!(
+            &*ring.current().sorted_members()[0],
+            "10.0.0.2",
+            "terminating controller leaves at once"
+        );
+        m.handle(Event::Delete(controller_pod("b", "10.0.0.2", true, false)));
+        assert!(ring.current().is_empty());
+    }
+
+    #[test]
+    fn quantities_and_usage() {
+        assert_eq!(parse_quantity("250m"), Some(0.25));
+        assert_eq!(parse_quantity("1"), Some(1.0));
+        assert!((parse_quantity("1500000n").unwrap() - 0.0015).abs() < 1e-12);
+        assert_eq!(parse_quantity("64Mi"), Some(64.0 * 1024.0 * 1024.0));
+        assert_eq!(parse_quantity("lots"), None);
+        let obj = serde_json::json!({"containers": [
+            {"name": "a", "usage": {"cpu": "250m", "memory": "10Mi"}},
+            {"name": "b", "usage": {"cpu": "125000000n", "memory": "1572864"}},
+        ]});
+        assert_eq!(pod_usage(&obj), (375, 11));
+    }
+}

@@ -1,0 +1,321 @@
+//! Test harness for the controller: a simulated cluster with a fixture pool
+//! (real `skipper fixture` processes), in-process controllers bound to
+//! loopback addresses, and helpers that await conditions with a deadline.
+//!
+//! Include it with `#[path = "common/controller.rs"] mod harness;`.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use skipper::api;
+use skipper::api::controller_service_client::ControllerServiceClient;
+use skipper::controller::core::Core;
+use skipper::controller::{Config, RunError};
+use skipper::devcluster::{Cluster, pool_deployment_json};
+use skipper::domain::{Function, Scale};
+use skipper::shutdown::Shutdown;
+use skipper::token::{SigningKey, VerifyingKey};
+use tokio::net::TcpListener;
+use tonic::transport::Channel;
+
+/// Function namespace of the tests.
+pub const NS: &str = "fns";
+/// Namespace of the controller pods.
+pub const CTL_NS: &str = "skipper";
+
+/// A simulated cluster and the signing key its pool trusts.
+pub struct Sim {
+    pub cluster: Cluster,
+    pub client: kube::Client,
+    pub key: SigningKey,
+    pub public_pem: String,
+    pub work_dir: PathBuf,
+}
+
+/// Waits for `f` to return `Some`, polling every 10 ms, failing the test
+/// after `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let result = tokio::time::timeout(limit, async {
+        loop {
+            if let Some(v) = f().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    match result {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {limit:?} waiting for {what}"),
+    }
+}
+
+impl Sim {
+    /// Starts a cluster with the function and controller namespaces.
+    pub async fn start() -> Self {
+        let suffix: u64 = rand::random();
+        let work_dir =
+            std::env::temp_dir().join(format!("skipper-ctl-test-{}-{suffix:016x}", std::process::id()));
+        std::fs::create_dir_all(&work_dir).unwrap();
+        let cluster = Cluster::start(skipper::devcluster::Config {
+            skipper_exe: env!("CARGO_BIN_EXE_skipper").into(),
+            namespaces: vec![
+                NS.into(),
+                CTL_NS.into(),
+                "ring-a".into(),
+                "ring-b".into(),
+                "other".into(),
+            ],
+            work_dir: Some(work_dir.clone()),
+            probe_interval: Duration::from_millis(20),
+            resync_interval: Duration::from_millis(200),
+            ..skipper::devcluster::Config::default()
+        })
+        .await
+        .unwrap();
+        let client = cluster.client().unwrap();
+        let key = SigningKey::generate();
+        let public_pem = key.verifying_key().to_pem();
+        Self {
+            cluster,
+            client,
+            key,
+            public_pem,
+            work_dir,
+        }
+    }
+
+    /// Creates a pool Deployment with extra fixture environment.
+    pub async fn deploy_pool(&self, name: &str, replicas: i32, env: &[(&str, &str)]) {
+        let mut d = pool_deployment_json(NS, name, replicas, &self.public_pem);
+        let list = d["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array_mut()
+            .unwrap();
+        for (k, v) in env {
+            list.push(json!({"name": k, "value": v}));
+        }
+        let d: Deployment = serde_json::from_value(d).unwrap();
+        Api::<Deployment>::namespaced(self.client.clone(), NS)
+            .create(&PostParams::default(), &d)
+            .await
+            .unwrap();
+    }
+
+    /// Sets a Deployment's replica count.
+    pub async fn scale_pool(&self, name: &str, replicas: i32) {
+        Api::<Deployment>::namespaced(self.client.clone(), NS)
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Names of Ready, unassigned pool pods of a deployment.
+    pub fn free_pods(&self, deployment: &str) -> Vec<String> {
+        self.cluster
+            .ready_pods(NS, &format!("skipper/deployment={deployment},!skipper/tenant"))
+            .iter()
+            .map(|p| p["metadata"]["name"].as_str().unwrap().to_owned())
+            .collect()
+    }
+
+    /// Waits until `n` pool pods are Ready.
+    pub async fn wait_pool(&self, deployment: &str, n: usize, limit: Duration) {
+        eventually(limit, "pool pods to be Ready", || async {
+            (self.free_pods(deployment).len() >= n).then_some(())
+        })
+        .await;
+    }
+
+    /// A pod, if it exists and is not being deleted.
+    pub async fn live_pod(&self, name: &str) -> Option<Pod> {
+        let pod = Api::<Pod>::namespaced(self.client.clone(), NS)
+            .get_opt(name)
+            .await
+            .unwrap()?;
+        pod.metadata.deletion_timestamp.is_none().then_some(pod)
+    }
+
+    /// Live pods assigned to `tenant`.
+    pub async fn tenant_pods(&self, tenant: &str) -> Vec<Pod> {
+        Api::<Pod>::namespaced(self.client.clone(), NS)
+            .list(&ListParams::default().labels(&format!("skipper/tenant={tenant}")))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect()
+    }
+
+    /// Deletes a pod.
+    pub async fn delete_pod(&self, ns: &str, name: &str) {
+        let _ = Api::<Pod>::namespaced(self.client.clone(), ns)
+            .delete(name, &DeleteParams::default())
+            .await;
+    }
+
+    /// The token a fixture pod accepted, if any.
+    pub fn token_of(&self, pod: &str) -> Option<String> {
+        std::fs::read_to_string(
+            self.work_dir
+                .join("pods")
+                .join(format!("{NS}_{pod}"))
+                .join("token"),
+        )
+        .ok()
+    }
+
+    /// The public key pods verify with.
+    pub fn verifying_key(&self) -> VerifyingKey {
+        self.key.verifying_key()
+    }
+
+    /// A pod that stands in for a controller replica: Ready at once, no
+    /// ports, labelled as a controller. Returns its IP.
+    pub async fn controller_pod(&self, ns: &str, name: &str) -> String {
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": {
+                "app.kubernetes.io/name": "skipper", "app.kubernetes.io/component": "controller"}},
+            "spec": {"terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "c", "image": "x", "command": ["sleep", "3600"]}]},
+        }))
+        .unwrap();
+        let api = Api::<Pod>::namespaced(self.client.clone(), ns);
+        api.create(&PostParams::default(), &pod).await.unwrap();
+        eventually(Duration::from_secs(10), "controller pod to be Ready", || async {
+            let ready = self
+                .cluster
+                .ready_pods(ns, "app.kubernetes.io/component=controller");
+            ready
+                .iter()
+                .find(|p| p["metadata"]["name"] == name)
+                .and_then(|p| p["status"]["podIP"].as_str().map(str::to_owned))
+        })
+        .await
+    }
+
+    /// A controller configuration with short intervals for tests.
+    pub fn config(&self, pod_ip: &str) -> Config {
+        let mut c = Config::new(CTL_NS, pod_ip, &[NS], self.key.clone());
+        c.single_controller_mode = true;
+        c.scale_interval = Duration::from_millis(200);
+        c.scale.heartbeat_timeout = Duration::from_secs(30);
+        c.scale.downscale_stabilization = Duration::from_secs(1);
+        c.scale.initial_readiness_delay = Duration::from_secs(1);
+        c.scale.assign_timeout = Duration::from_secs(5);
+        c.hash_ring_wait_time = Duration::from_secs(5);
+        c
+    }
+}
+
+/// A controller running in this process.
+pub struct Ctl {
+    pub addr: SocketAddr,
+    pub core: Arc<Core>,
+    pub shutdown: Shutdown,
+    pub task: tokio::task::JoinHandle<Result<(), RunError>>,
+    pub grpc: ControllerServiceClient<Channel>,
+}
+
+impl Ctl {
+    /// Starts a controller on `listener` and waits until it serves.
+    pub async fn start(sim: &Sim, mut config: Config, listener: TcpListener) -> Self {
+        let addr = listener.local_addr().unwrap();
+        config.port = addr.port();
+        let shutdown = Shutdown::new();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(skipper::controller::run(
+            config,
+            sim.client.clone(),
+            listener,
+            shutdown.clone(),
+            move |running| {
+                let _ = tx.send(running);
+            },
+        ));
+        let running = tokio::time::timeout(Duration::from_secs(15), rx)
+            .await
+            .expect("controller did not become ready")
+            .expect("controller stopped before becoming ready");
+        let grpc = ControllerServiceClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        Self {
+            addr,
+            core: running.core,
+            shutdown,
+            task,
+            grpc,
+        }
+    }
+
+    /// Starts a single-controller-mode controller on 127.0.0.1:0.
+    pub async fn single(sim: &Sim) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start(sim, sim.config("127.0.0.1"), listener).await
+    }
+
+    /// Stops the controller.
+    pub async fn stop(self) {
+        self.shutdown.trigger();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+        self.shutdown.drain(Duration::from_secs(5)).await;
+    }
+}
+
+/// A regular function of the pool `deployment`.
+pub fn function(deployment: &str, tenant: &str, max: u32) -> Function {
+    Function {
+        namespace: NS.into(),
+        deployment: deployment.into(),
+        tenant: tenant.into(),
+        metadata: Some("m".into()),
+        scale: Some(Scale {
+            min_instances: Some(0),
+            max_instances: Some(max),
+            ..Scale::default()
+        }),
+        oneshot: None,
+    }
+}
+
+/// A GetInstance request with a deadline.
+pub fn get_instance(f: &Function, timeout: Duration) -> tonic::Request<api::GetInstanceRequest> {
+    let mut r = tonic::Request::new(api::GetInstanceRequest {
+        function: Some(f.into()),
+        exclude_instance_names: vec![],
+    });
+    r.set_timeout(timeout);
+    r
+}
+
+/// A heartbeat batch from `router` for `f`, stamped now.
+pub fn heartbeat(router: &str, f: &Function, in_flight: u32) -> api::HeartbeatRequest {
+    api::HeartbeatRequest {
+        router_ip: Some(router.into()),
+        heartbeats: vec![api::Heartbeat {
+            function: Some(f.into()),
+            timestamp: Some(std::time::SystemTime::now().into()),
+            in_flight_requests: Some(in_flight),
+        }],
+        forwarded_for: vec![],
+    }
+}

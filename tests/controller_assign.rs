@@ -1,0 +1,322 @@
+//! Pod assignment against the simulator: claims, the assign request, tokens,
+//! failures, waiting for the pool, and input rejected up front.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "common/controller.rs"]
+mod harness;
+
+use std::time::{Duration, SystemTime};
+
+use harness::{Ctl, NS, Sim, eventually, function, get_instance};
+use skipper::api;
+use skipper::domain::LABEL_TENANT;
+use tonic::Code;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn get_instance_claims_a_pool_pod_and_the_pod_verifies_the_token() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("pool", 2, &[]).await;
+    sim.wait_pool("pool", 2, Duration::from_secs(20)).await;
+    let mut ctl = Ctl::single(&sim).await;
+
+    let f = function("pool", "tenant-a", 3);
+    let inst = ctl
+        .grpc
+        .get_instance(get_instance(&f, Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .into_inner()
+        .instance
+        .unwrap();
+    let name = inst.name.clone().unwrap();
+    assert!(inst.ready_at.is_some(), "ready in memory at once");
+    assert!(inst.addr.as_deref().unwrap().ends_with(":8888"));
+    let pod = sim.live_pod(&name).await.unwrap();
+    let labels = pod.metadata.labels.clone().unwrap();
+    assert_eq!(labels.get(LABEL_TENANT).map(String::as_str), Some("tenant-a"));
+    let ann = pod.metadata.annotations.clone().unwrap();
+    assert!(ann.contains_key("skipper/replica-set"));
+    assert_eq!(
+        skipper::domain::Function::from_json(&ann["skipper/function"]).unwrap(),
+        f
+    );
+    let token = sim.token_of(&name).expect("the fixture accepted a token");
+    assert!(token.starts_with("v2.public."));
+    let claims = sim.verifying_key().verify(&token, SystemTime::now()).unwrap();
+    assert_eq!(claims.sub, "tenant-a");
+
+    // ready-at lands on the pod in the background.
+    eventually(Duration::from_secs(5), "ready-at annotation", || async {
+        let p = sim.live_pod(&name).await?;
+        p.metadata.annotations?.get("skipper/ready-at").cloned()
+    })
+    .await;
+
+    // A second call reuses the ready instance.
+    let again = ctl
+        .grpc
+        .get_instance(get_instance(&f, Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .into_inner()
+        .instance
+        .unwrap();
+    assert_eq!(again.name, inst.name);
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn invalid_tenant_and_unmanaged_namespace_are_rejected_at_once() {
+    let sim = Sim::start().await;
+    let mut ctl = Ctl::single(&sim).await;
+    let started = tokio::time::Instant::now();
+
+    let bad_tenant = function("pool", "not a label value!", 1);
+    let err = ctl
+        .grpc
+        .get_instance(get_instance(&bad_tenant, Duration::from_secs(30)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().starts_with("invalid function: invalid tenant"),
+        "{}",
+        err.message()
+    );
+
+    let mut missing = function("pool", "t", 1);
+    missing.scale = None;
+    let err = ctl
+        .grpc
+        .get_instance(get_instance(&missing, Duration::from_secs(30)))
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.code(), err.message()),
+        (Code::InvalidArgument, "invalid function: missing scale")
+    );
+
+    let mut other = function("pool", "t", 1);
+    other.namespace = "other".into();
+    let err = ctl
+        .grpc
+        .get_instance(get_instance(&other, Duration::from_secs(30)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    let err = ctl
+        .grpc
+        .scale(api::ScaleRequest {
+            function: Some((&other).into()),
+            desired_instances: Some(1),
+            reason: None,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition);
+    // A heartbeat for an unmanaged namespace is accepted but creates nothing.
+    ctl.grpc
+        .heartbeat(harness::heartbeat("10.1.1.1", &other, 3))
+        .await
+        .unwrap();
+    let err = ctl
+        .grpc
+        .heartbeat(api::HeartbeatRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.code(), err.message()),
+        (Code::InvalidArgument, "missing router_ip")
+    );
+
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "rejections are immediate"
+    );
+    assert!(
+        ctl.core.supervisors.is_empty(),
+        "no supervisor for rejected input"
+    );
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn failed_assign_deletes_the_pod_and_reports_the_error() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("broken", 1, &[("SKIPPER_ASSIGN_STATUS", "500")])
+        .await;
+    sim.deploy_pool("slow", 1, &[("SKIPPER_ASSIGN_DELAY", "30s")])
+        .await;
+    sim.wait_pool("broken", 1, Duration::from_secs(20)).await;
+    sim.wait_pool("slow", 1, Duration::from_secs(20)).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut config = sim.config("127.0.0.1");
+    config.scale.assign_timeout = Duration::from_millis(500);
+    let mut ctl = Ctl::start(&sim, config, listener).await;
+
+    for (deployment, expect) in [("broken", "status=500"), ("slow", "timed out")] {
+        let victim = sim.free_pods(deployment)[0].clone();
+        let f = function(deployment, "t1", 1);
+        let err = ctl
+            .grpc
+            .get_instance(get_instance(&f, Duration::from_secs(1)))
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err.code(),
+                Code::Unavailable | Code::DeadlineExceeded | Code::ResourceExhausted
+            ),
+            "{err:?}"
+        );
+        eventually(Duration::from_secs(5), "claimed pod to be deleted", || async {
+            sim.live_pod(&victim).await.is_none().then_some(())
+        })
+        .await;
+        assert!(
+            ctl.core
+                .events
+                .snapshot()
+                .iter()
+                .all(|e| !e.message.contains(&victim)),
+            "a failed pod is never reported as assigned"
+        );
+        let _ = expect;
+    }
+    // The direct error text names the cause.
+    sim.wait_pool("broken", 1, Duration::from_secs(20)).await;
+    let ns = ctl.core.namespace(NS).unwrap();
+    let f = function("broken", "t2", 1);
+    let err = ctl
+        .core
+        .assigner
+        .assign(ns, &f, tokio::time::Instant::now() + Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(
+        err.to_string().contains("assign request failed: status=500"),
+        "{err}"
+    );
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
+    let sim = Sim::start().await;
+    let ctl = Ctl::single(&sim).await;
+    // The best of three trials: the wake-up is event driven, so one trial
+    // not starved by a busy machine shows it. Each trial has its own empty
+    // pool (scaling a pool back down would make its claimed pods stale).
+    let mut best = Duration::MAX;
+    for trial in 0..3 {
+        let deployment = format!("empty-{trial}");
+        sim.deploy_pool(&deployment, 0, &[]).await;
+        let gauge = || {
+            ctl.core
+                .metrics
+                .waiting_for_unassigned_pods
+                .get_or_create(&skipper::controller::metrics::Metrics::function(&deployment))
+                .get()
+        };
+        let f = function(&deployment, "waiter", 1);
+        let core = ctl.core.clone();
+        let waiting = tokio::spawn(async move {
+            let ns = core.namespace(NS).unwrap();
+            let r = core
+                .assigner
+                .assign(ns, &f, tokio::time::Instant::now() + Duration::from_secs(30))
+                .await;
+            (r, tokio::time::Instant::now())
+        });
+        eventually(Duration::from_secs(5), "waiting gauge", || async {
+            (gauge() == 1).then_some(())
+        })
+        .await;
+        sim.scale_pool(&deployment, 1).await;
+        let selector = format!("skipper/deployment={deployment}");
+        let ready_at = eventually(Duration::from_secs(20), "pool pod Ready", || async {
+            let ready = sim.cluster.ready_pods(NS, &selector);
+            (!ready.is_empty()).then(tokio::time::Instant::now)
+        })
+        .await;
+        let (result, done_at) = waiting.await.unwrap();
+        assert!(result.unwrap().ready_at.is_some());
+        assert_eq!(gauge(), 0);
+        best = best.min(done_at.saturating_duration_since(ready_at));
+    }
+    assert!(
+        best < Duration::from_millis(100),
+        "claim completed {best:?} after the pod became Ready"
+    );
+
+    // With no pool pod at all the wait ends at the deadline with an honest code.
+    sim.deploy_pool("drained", 0, &[]).await;
+    let mut grpc = ctl.grpc.clone();
+    let err = grpc
+        .get_instance(get_instance(
+            &function("drained", "late", 1),
+            Duration::from_millis(300),
+        ))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err.code(), Code::ResourceExhausted | Code::DeadlineExceeded),
+        "{err:?}"
+    );
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn two_controllers_claim_concurrently_without_double_assignment() {
+    const TENANTS: usize = 200;
+    const POOL: i32 = 50;
+    let sim = Sim::start().await;
+    sim.deploy_pool("race", POOL, &[]).await;
+    sim.wait_pool("race", POOL as usize, Duration::from_secs(60))
+        .await;
+    let a = Ctl::single(&sim).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let b = Ctl::start(&sim, sim.config("127.0.0.1"), listener).await;
+
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..TENANTS {
+        let core = if i % 2 == 0 {
+            a.core.clone()
+        } else {
+            b.core.clone()
+        };
+        tasks.spawn(async move {
+            let f = function("race", &format!("tenant-{i}"), 1);
+            let ns = core.namespace(NS).unwrap();
+            let inst = core
+                .assigner
+                .assign(ns, &f, tokio::time::Instant::now() + Duration::from_secs(120))
+                .await
+                .unwrap();
+            let token = inst.name.clone();
+            // Release at once so the pool's processes stay bounded.
+            let release = skipper::api::Instance {
+                function: Some((&f).into()),
+                name: Some(inst.name.clone()),
+                ..Default::default()
+            };
+            (f.tenant.clone(), token, release, core)
+        });
+    }
+    let mut seen = std::collections::HashMap::new();
+    while let Some(r) = tasks.join_next().await {
+        let (tenant, pod, release, core) = r.unwrap();
+        let token = sim.token_of(&pod).expect("pod accepted a token");
+        let claims = sim.verifying_key().verify(&token, SystemTime::now()).unwrap();
+        assert_eq!(claims.sub, tenant, "pod {pod} holds the token of its own tenant");
+        assert!(
+            seen.insert(pod.clone(), tenant).is_none(),
+            "pod {pod} assigned twice"
+        );
+        core.release(Some(&release)).await.unwrap();
+    }
+    assert_eq!(seen.len(), TENANTS);
+    a.stop().await;
+    b.stop().await;
+}
