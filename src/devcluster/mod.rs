@@ -434,8 +434,8 @@ impl Cluster {
     /// The directory of a pod (`POD_DIR`; holds its `log`), while the pod exists.
     #[must_use]
     pub fn pod_dir(&self, ns: &str, name: &str) -> Option<PathBuf> {
-        let pod = self.shared.store.get(by_kind("Pod"), ns, name)?;
-        Some(self.shared.kubelet.pod_dir(ns, name, store::uid_of(&pod)))
+        self.shared.store.get(by_kind("Pod"), ns, name)?;
+        Some(self.shared.kubelet.pod_dir(ns, name))
     }
 
     /// Pids of every running pod process.

@@ -402,7 +402,7 @@ fn serve(
                 res,
                 name: name.clone(),
             })?;
-            let path = shared.kubelet.pod_dir(&ns_str, &name, uid_of(&pod)).join("log");
+            let path = shared.kubelet.pod_dir(&ns_str, &name).join("log");
             let text = std::fs::read(&path).unwrap_or_default();
             if q.get("follow").is_none_or(|f| f != "true") {
                 return Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], text).into_response());
