@@ -340,6 +340,31 @@ async fn no_capacity_is_503_and_controller_errors_are_502() {
 }
 
 #[tokio::test]
+async fn an_unusable_instance_address_is_excluded_and_retried() {
+    let w = world(|_| {}).await;
+    w.fake.with(|s| {
+        s.instances.insert(
+            0,
+            skipper::api::Instance {
+                name: Some("pod-noaddr".into()),
+                addr: Some(String::new()),
+                ..Default::default()
+            },
+        );
+    });
+    let resp = http()
+        .get(w.router.url("/x"))
+        .header(HEADER_FUNCTION, header())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let reqs = w.fake.with(|s| s.get_instance_requests.clone());
+    assert_eq!(reqs[1].exclude_instance_names, vec!["pod-noaddr".to_owned()]);
+    w.router.stop().await;
+}
+
+#[tokio::test]
 async fn every_connect_failing_is_502() {
     let w = world(|c| c.max_round_trip_attempts = 3).await;
     w.fake
