@@ -269,6 +269,15 @@ impl Endpoints {
         self.targets.borrow().iter().map(|t| t.addr).collect()
     }
 
+    /// Resolves once the address set satisfies `pred` (checked now and on
+    /// every replacement). Callers bound the wait.
+    pub async fn wait_until(&self, mut pred: impl FnMut(&[SocketAddr]) -> bool) {
+        let mut rx = self.targets.subscribe();
+        let _ = rx
+            .wait_for(|t| pred(&t.iter().map(|x| x.addr).collect::<Vec<_>>()))
+            .await;
+    }
+
     /// Notified each time a call finds a controller unavailable.
     #[must_use]
     pub fn failures(&self) -> Arc<Notify> {

@@ -62,6 +62,11 @@ pub struct Args {
     #[arg(long, env = "SKIPPER_ASSIGN_STATUS", value_parser = parse_status)]
     pub assign_status: Option<u16>,
 
+    /// Exit when this process is no longer our parent (the simulator sets it,
+    /// so its pods do not outlive a killed simulator)
+    #[arg(long, env = "SKIPPER_EXIT_WITH_PARENT", hide = true)]
+    pub exit_with_parent: Option<u32>,
+
     /// Logging and telemetry flags.
     #[command(flatten)]
     pub telemetry: crate::telemetry::Args,
@@ -245,6 +250,23 @@ pub async fn main(args: Args) -> Result<ExitCode, FixtureError> {
     let shutdown = Shutdown::new();
     shutdown.trigger_on_signals().map_err(FixtureError::Signals)?;
     let fixture = Fixture::start(settings, shutdown.clone()).await?;
+    if let Some(parent) = args.exit_with_parent {
+        let s = shutdown.clone();
+        shutdown.spawn("parent-watch", async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(250));
+            loop {
+                tokio::select! {
+                    _ = tick.tick() => {}
+                    () = s.cancelled() => return,
+                }
+                if u32::try_from(nix::unistd::getppid().as_raw()).ok() != Some(parent) {
+                    tracing::warn!(parent, "parent process is gone, shutting down");
+                    s.trigger();
+                    return;
+                }
+            }
+        });
+    }
     shutdown.cancelled().await;
     fixture.stop().await;
     Ok(ExitCode::SUCCESS)

@@ -109,11 +109,12 @@ impl Apiserver {
 }
 
 impl Drop for Apiserver {
-    /// On a failed test: Ctrl-C the server, which stops its pod processes and exits.
+    /// Ctrl-C the server (it stops its pod processes and exits) and remove the kubeconfig directory.
     fn drop(&mut self) {
         if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
             let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGINT);
         }
+        let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
 
@@ -312,7 +313,6 @@ async fn kubectl_drives_a_fixture_pool_against_skipper_dev_apiserver() {
         all_pids.iter().all(|p| !common::process_alive(*p)),
         "no pod process outlives the server"
     );
-    std::fs::remove_dir_all(&api.dir).unwrap();
 }
 
 #[tokio::test]
@@ -363,4 +363,56 @@ fn plain_dev_is_not_available_and_a_busy_address_is_named() {
         .unwrap();
     assert_eq!(out.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&out.stderr).contains(&format!("listening on {addr}")));
+}
+
+#[tokio::test]
+async fn fixture_pods_exit_when_the_simulator_is_killed() {
+    let mut api = Apiserver::start().await;
+    let kubeconfig = kube::config::Kubeconfig::read_from(api.path("kubeconfig")).unwrap();
+    let config =
+        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap();
+    let client = kube::Client::try_from(config).unwrap();
+    let (_, pem) = common::keys();
+    let deployments: kube::Api<k8s_openapi::api::apps::v1::Deployment> =
+        kube::Api::namespaced(client.clone(), "default");
+    deployments
+        .create(
+            &kube::api::PostParams::default(),
+            &skipper::devcluster::pool_deployment("default", "fixture", 2, &pem),
+        )
+        .await
+        .unwrap();
+    let pods: kube::Api<k8s_openapi::api::core::v1::Pod> = kube::Api::namespaced(client, "default");
+    let pids: Vec<u32> = common::eventually("2 ready pods", WAIT, || {
+        let pods = pods.clone();
+        async move {
+            let list = pods.list(&kube::api::ListParams::default()).await.ok()?;
+            let json: Vec<Value> = list
+                .items
+                .iter()
+                .filter_map(|p| serde_json::to_value(p).ok())
+                .collect();
+            let ready: Vec<u32> = json.iter().filter(|p| ready(p)).map(pid_of).collect();
+            (ready.len() == 2).then_some(ready)
+        }
+    })
+    .await;
+    assert!(pids.iter().all(|p| common::process_alive(*p)));
+    let server_pid = api.child.id().unwrap();
+    api.child.start_kill().unwrap();
+    api.child.wait().await.unwrap();
+    common::eventually("orphaned fixtures exit", WAIT, || {
+        let alive = pids.iter().any(|p| common::process_alive(*p));
+        async move { (!alive).then_some(()) }
+    })
+    .await;
+    // A killed simulator cannot remove its work directory.
+    let prefix = format!("skipper-sim-{server_pid}-");
+    for entry in std::fs::read_dir(std::env::temp_dir()).unwrap().flatten() {
+        if entry.file_name().to_string_lossy().starts_with(&prefix) {
+            std::fs::remove_dir_all(entry.path()).unwrap();
+        }
+    }
 }

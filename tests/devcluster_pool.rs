@@ -25,11 +25,12 @@ const WAIT: Duration = Duration::from_secs(20);
 
 /// Waits until the pool has `n` Ready, unassigned pods and returns them.
 async fn ready_pool(cluster: &Cluster, n: usize) -> Vec<Value> {
-    common::eventually(&format!("{n} ready pool pods"), WAIT, || {
-        let pods = cluster.ready_pods(NS, "skipper/deployment=fixture,!skipper/tenant");
-        async move { (pods.len() == n).then_some(pods) }
-    })
-    .await
+    let pods = cluster
+        .wait_ready_pods(NS, "skipper/deployment=fixture,!skipper/tenant", n, WAIT)
+        .await
+        .unwrap();
+    assert_eq!(pods.len(), n, "no more than {n} ready pool pods");
+    pods
 }
 
 async fn start_pool(replicas: i32) -> (Cluster, kube::Client, skipper::token::SigningKey) {
@@ -472,6 +473,33 @@ async fn a_recreated_pod_with_the_same_name_starts_with_a_fresh_pod_directory() 
         .await;
         assert!(!dir.exists(), "the pod directory goes with the pod");
     }
+}
+
+#[tokio::test]
+async fn logs_follow_a_running_pod_until_it_is_deleted() {
+    use futures::AsyncBufReadExt as _;
+    let (cluster, client, key) = start_pool(1).await;
+    let pod = ready_pool(&cluster, 1).await.remove(0);
+    let (name, ip) = (name_of(&pod), ip_of(&pod));
+    let api: Api<Pod> = Api::namespaced(client, NS);
+    let follow = LogParams {
+        follow: true,
+        ..LogParams::default()
+    };
+    let mut lines = api.log_stream(&name, &follow).await.unwrap().lines();
+    let mut next = async || tokio::time::timeout(WAIT, lines.next()).await.unwrap();
+    while !next().await.unwrap().unwrap().contains("fixture listening") {}
+    let resp = reqwest::Client::new()
+        .post(format!("http://{ip}:8888/__skipper/assign"))
+        .header("X-Skipper-Token", common::token(&key, Version::V2, "followed"))
+        .header("X-Skipper-Function", common::function_json("followed"))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    while !next().await.unwrap().unwrap().contains("assigned") {}
+    api.delete(&name, &DeleteParams::default()).await.unwrap();
+    while next().await.is_some() {}
 }
 
 #[tokio::test]

@@ -359,17 +359,37 @@ async fn field_selectors_and_paging_work() {
         .unwrap();
     assert_eq!(one.items.iter().map(name).collect::<Vec<_>>(), ["c3"]);
     let mut seen = Vec::new();
+    let mut versions = Vec::new();
     let mut lp = ListParams::default().limit(2);
     loop {
         let page = api.list(&lp).await.unwrap();
         assert!(page.items.len() <= 2);
         seen.extend(page.items.iter().map(name));
+        versions.push(page.metadata.resource_version.clone().unwrap());
+        if versions.len() == 1 {
+            // A change between pages: the pages still report the first page's version.
+            api.delete("c0", &DeleteParams::default()).await.unwrap();
+        }
         match page.metadata.continue_.filter(|c| !c.is_empty()) {
             Some(c) => lp = lp.continue_token(&c),
             None => break,
         }
     }
     assert_eq!(seen, ["c0", "c1", "c2", "c3", "c4"]);
+    assert!(versions.iter().all(|v| *v == versions[0]), "{versions:?}");
+    // A watch from that version sees the change made while paging.
+    let mut w = api
+        .watch(&WatchParams::default(), &versions[0])
+        .await
+        .unwrap()
+        .boxed();
+    match tokio::time::timeout(Duration::from_secs(5), w.next())
+        .await
+        .unwrap()
+    {
+        Some(Ok(WatchEvent::Deleted(c))) => assert_eq!(name(&c), "c0"),
+        other => panic!("want DELETED c0, got {other:?}"),
+    }
 }
 
 #[tokio::test]

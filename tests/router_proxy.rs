@@ -339,6 +339,53 @@ async fn response_header_timeout_is_504() {
 }
 
 #[tokio::test]
+async fn request_timeout_is_504() {
+    let w = world(|c| c.request_timeout = Some(Duration::from_millis(100))).await;
+    let resp = http()
+        .get(w.router.url("/block"))
+        .header(HEADER_FUNCTION, header())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 504);
+    let body = resp.text().await.unwrap();
+    assert!(body.contains("request timeout"), "{body}");
+    w.upstream.open();
+    w.router.stop().await;
+}
+
+#[tokio::test]
+async fn oneshot_instance_is_released_after_an_upstream_failure() {
+    let w = world(|_| {}).await;
+    let rude = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let rude_addr = rude.local_addr().unwrap();
+    tokio::spawn(async move {
+        let Ok((mut s, _)) = rude.accept().await else {
+            return;
+        };
+        let mut buf = [0u8; 1024];
+        let _ = tokio::io::AsyncReadExt::read(&mut s, &mut buf).await;
+    });
+    w.fake.with(|s| s.instances[0].addr = Some(rude_addr.to_string()));
+    let resp = http()
+        .get(w.router.url("/x"))
+        .header(HEADER_FUNCTION, function_header("app", "t1", true))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 502);
+    let fake = w.fake.clone();
+    w.router.stop().await;
+    let names: Vec<String> = fake.with(|s| {
+        s.releases
+            .iter()
+            .map(|r| r.instance.as_ref().unwrap().name.clone().unwrap())
+            .collect()
+    });
+    assert_eq!(names, vec!["pod-1".to_owned()]);
+}
+
+#[tokio::test]
 async fn sse_first_event_arrives_before_the_response_ends() {
     let w = world(|_| {}).await;
     let resp = http()
@@ -381,6 +428,28 @@ async fn large_download_streams_through() {
         total += chunk.unwrap().len();
     }
     assert_eq!(total, n);
+    w.router.stop().await;
+}
+
+#[tokio::test]
+async fn instance_connections_are_kept_alive_and_reused() {
+    let w = world(|_| {}).await;
+    let mut peers = Vec::new();
+    for _ in 0..5 {
+        // A fresh client connection each time; the router's side is pooled.
+        let peer = http()
+            .get(w.router.url("/peer"))
+            .header(HEADER_FUNCTION, header())
+            .send()
+            .await
+            .unwrap()
+            .text()
+            .await
+            .unwrap();
+        peers.push(peer);
+    }
+    peers.dedup();
+    assert_eq!(peers.len(), 1, "one upstream connection serves all: {peers:?}");
     w.router.stop().await;
 }
 

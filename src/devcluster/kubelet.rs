@@ -387,7 +387,12 @@ impl Kubelet {
         // Like an emptyDir, the directory belongs to this pod incarnation (its
         // uid): a new pod with the same name starts empty (no stale token).
         let dir = self.pod_dir(&ns, &name, &uid);
-        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+        if stop.is_cancelled() {
+            return Ok(());
+        }
+        // `create_dir`, not `create_dir_all`: once the cluster removed its work
+        // directory, a late pod must not recreate it.
+        std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
         let env = self.environment(store, &pod, &container, ip, &dir);
         let expand = |s: &str| expand_vars(s, &env);
         let mut argv: Vec<String> = match container.get("command").and_then(Value::as_array) {
@@ -567,6 +572,8 @@ impl Kubelet {
             "KUBECONFIG".into(),
             self.settings.kubeconfig.display().to_string(),
         );
+        // `skipper fixture` exits when the simulator is gone (even after SIGKILL).
+        env.insert("SKIPPER_EXIT_WITH_PARENT".into(), std::process::id().to_string());
         let data_of = |kind: &str, name: &str| -> BTreeMap<String, String> {
             let Some(obj) = store.get(by_kind(kind), ns, name) else {
                 return BTreeMap::new();

@@ -32,11 +32,19 @@
 //! deployments
 //!     .create(&PostParams::default(), &pool_deployment("fixtures", "fixture", 3, public_key_pem))
 //!     .await?;
-//! // Wait for 3 Ready pods with a deadline, e.g. by polling
-//! // `cluster.ready_pods("fixtures", "skipper/deployment=fixture")` inside `tokio::time::timeout`.
+//! let pods = cluster
+//!     .wait_ready_pods("fixtures", "skipper/deployment=fixture", 3, std::time::Duration::from_secs(20))
+//!     .await?;
+//! let ip = pods[0]["status"]["podIP"].as_str(); // the fixture listens on <ip>:8888
 //! cluster.shutdown().await; // also happens on drop: every pod process is stopped
 //! # Ok(()) }
 //! ```
+//!
+//! kube 5's `Patch::Json` takes json-patch 4's `Patch` (the crate's own
+//! `json-patch` dependency is 5): build it with
+//! `serde_json::from_value(json!([...]))` and let inference pick the type.
+//! kube's client retries `429`, `503` and `504` by itself, so inject other statuses to see
+//! failures.
 //!
 //! Faults: [`Cluster::kill_pod_process`], [`Cluster::drop_watches`],
 //! [`Cluster::compact`] (forces `410 Gone` on the next re-watch),
@@ -51,9 +59,12 @@
 //! validation beyond names, selectors and required containers, no
 //! server-side apply or `dryRun`, rollouts replace all pods at once, a
 //! crashed container is not restarted (the pod stays Running and unready),
-//! only the first container of a pod runs, and a simulator killed with
-//! SIGKILL leaves its pod processes behind (a normal exit, panic or Ctrl-C
-//! stops them).
+//! only the first container of a pod runs, and there is no cluster DNS and
+//! no Service virtual IP (reach pods by IP or through EndpointSlices). A
+//! normal exit, a panic (drop) or
+//! Ctrl-C stops every pod process; after a SIGKILL of the simulator only
+//! `skipper fixture` pods notice (`SKIPPER_EXIT_WITH_PARENT`) and exit,
+//! other programs are left running.
 
 /// Deployment, ReplicaSet, garbage-collection and EndpointSlice loops.
 pub mod controllers;
@@ -133,7 +144,7 @@ impl Default for Config {
             metrics_interval: Duration::from_secs(1),
             bookmark_interval: Duration::from_secs(5),
             max_watch_timeout: Duration::from_secs(1800),
-            event_history: 10_000,
+            event_history: 4096,
             resync_interval: Duration::from_secs(1),
         }
     }
@@ -155,6 +166,18 @@ pub enum ClusterError {
     Client(String),
     #[error("setting up the cluster: {0}")]
     Setup(#[from] ApiError),
+}
+
+/// [`Cluster::wait_ready_pods`] ran out of time.
+#[derive(Debug, thiserror::Error)]
+#[error("only {ready} of {wanted} pods matching {selector:?} became Ready in time")]
+pub struct WaitTimeout {
+    /// How many Ready pods were awaited.
+    pub wanted: usize,
+    /// How many were Ready at the deadline.
+    pub ready: usize,
+    /// The label selector.
+    pub selector: String,
 }
 
 /// A running simulated cluster. Dropping it stops every pod process.
@@ -193,11 +216,6 @@ impl Cluster {
                 )
             }
         };
-        let pod_root = work_dir.join("pods");
-        std::fs::create_dir_all(&pod_root).map_err(|source| ClusterError::WorkDir {
-            path: pod_root.clone(),
-            source,
-        })?;
         let listener = tokio::net::TcpListener::bind(config.listen)
             .await
             .map_err(|source| ClusterError::Bind {
@@ -207,13 +225,6 @@ impl Cluster {
         let addr = listener.local_addr().map_err(|source| ClusterError::Bind {
             addr: config.listen,
             source,
-        })?;
-        let kubeconfig = work_dir.join("kubeconfig");
-        std::fs::write(&kubeconfig, kubeconfig_text(&format!("http://{addr}"))).map_err(|source| {
-            ClusterError::Kubeconfig {
-                path: kubeconfig.clone(),
-                source,
-            }
         })?;
         let store = Arc::new(Store::new(config.event_history));
         let mut namespaces = vec!["default".to_owned(), "kube-system".to_owned()];
@@ -240,6 +251,21 @@ impl Cluster {
         }
         if nodes.is_empty() {
             nodes.push("sim-node-0".into());
+        }
+        let pod_root = work_dir.join("pods");
+        std::fs::create_dir_all(&pod_root).map_err(|source| ClusterError::WorkDir {
+            path: pod_root.clone(),
+            source,
+        })?;
+        let kubeconfig = work_dir.join("kubeconfig");
+        if let Err(source) = std::fs::write(&kubeconfig, kubeconfig_text(&format!("http://{addr}"))) {
+            if owns_work_dir {
+                let _ = std::fs::remove_dir_all(&work_dir);
+            }
+            return Err(ClusterError::Kubeconfig {
+                path: kubeconfig,
+                source,
+            });
         }
         let kubelet = Arc::new(Kubelet::new(KubeletSettings {
             skipper_exe: config.skipper_exe.clone(),
@@ -436,6 +462,41 @@ impl Cluster {
             .collect()
     }
 
+    /// Waits (on store notifications, at most `timeout`) until at least `n`
+    /// pods of `ns` matching `selector` are Ready, and returns them.
+    ///
+    /// # Errors
+    /// [`WaitTimeout`] with the number that were Ready when time ran out.
+    pub async fn wait_ready_pods(
+        &self,
+        ns: &str,
+        selector: &str,
+        n: usize,
+        timeout: Duration,
+    ) -> Result<Vec<Value>, WaitTimeout> {
+        let mut rx = self.shared.store.subscribe();
+        let wait = async {
+            loop {
+                rx.borrow_and_update();
+                let pods = self.ready_pods(ns, selector);
+                if pods.len() >= n {
+                    return pods;
+                }
+                if rx.changed().await.is_err() {
+                    // The store lives as long as `self`; keep the deadline in charge.
+                    std::future::pending::<()>().await;
+                }
+            }
+        };
+        tokio::time::timeout(timeout, wait)
+            .await
+            .map_err(|_| WaitTimeout {
+                wanted: n,
+                ready: self.ready_pods(ns, selector).len(),
+                selector: selector.to_owned(),
+            })
+    }
+
     fn stop_now(&self) {
         let mut stopped = self
             .stopped
@@ -467,7 +528,13 @@ impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop_now();
         if self.owns_work_dir {
-            let _ = std::fs::remove_dir_all(&self.work_dir);
+            // A pod task that has not seen the cancellation yet may still add a
+            // file while the tree is removed; a few passes get everything.
+            for _ in 0..5 {
+                if std::fs::remove_dir_all(&self.work_dir).is_ok() || !self.work_dir.exists() {
+                    break;
+                }
+            }
         }
     }
 }
@@ -599,6 +666,10 @@ pub async fn main(args: DevArgs) -> Result<ExitCode, DevError> {
         return Err(NotAvailable("dev").into());
     };
     crate::telemetry::init(&args.telemetry);
+    // Signal handlers first: a Ctrl-C right after the kubeconfig appears
+    // must still stop the pods and remove the work directory.
+    let shutdown = crate::shutdown::Shutdown::new();
+    shutdown.trigger_on_signals().map_err(DevError::Signals)?;
     let cluster = Cluster::start(Config {
         listen: args.listen,
         zones: args.zones.clone(),
@@ -618,8 +689,6 @@ pub async fn main(args: DevArgs) -> Result<ExitCode, DevError> {
         cluster.base_url(),
         args.kubeconfig.display()
     );
-    let shutdown = crate::shutdown::Shutdown::new();
-    shutdown.trigger_on_signals().map_err(DevError::Signals)?;
     shutdown.cancelled().await;
     cluster.shutdown().await;
     Ok(ExitCode::SUCCESS)

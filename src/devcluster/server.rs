@@ -1,5 +1,5 @@
 //! The HTTP face of the simulator: discovery, REST and watch for every
-//! resource in [`super::resources::RESOURCES`], Table output for kubectl,
+//! resource in [`crate::devcluster::resources::RESOURCES`], Table output for kubectl,
 //! pod logs, pod metrics, and the fault-injection endpoints under `/_sim/`.
 
 use std::collections::HashMap;
@@ -360,9 +360,24 @@ fn serve(
                 res,
                 name: name.clone(),
             })?;
-            let dir = shared.kubelet.pod_dir(&ns_str, &name, uid_of(&pod));
-            let text = std::fs::read_to_string(dir.join("log")).unwrap_or_default();
-            Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], text).into_response())
+            let path = shared.kubelet.pod_dir(&ns_str, &name, uid_of(&pod)).join("log");
+            let text = std::fs::read(&path).unwrap_or_default();
+            if q.get("follow").is_none_or(|f| f != "true") {
+                return Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], text).into_response());
+            }
+            Ok((
+                StatusCode::OK,
+                [(header::CONTENT_TYPE, "text/plain")],
+                Body::from_stream(follow_log(
+                    shared.clone(),
+                    ns_str,
+                    name,
+                    uid_of(&pod).to_owned(),
+                    path,
+                    text,
+                )),
+            )
+                .into_response())
         }
         (Method::POST, None, None) => {
             let ns = if res.namespaced {
@@ -448,6 +463,53 @@ fn serve(
         }
         _ => Err(ApiError::MethodNotAllowed),
     }
+}
+
+/// `logs -f`: what the log holds, then whatever is appended (checked every
+/// 200ms) until the pod is gone, the cluster stops or the client leaves.
+fn follow_log(
+    shared: Arc<Shared>,
+    ns: String,
+    name: String,
+    uid: String,
+    path: std::path::PathBuf,
+    first: Vec<u8>,
+) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> {
+    let offset = first.len();
+    let state = (Some(first), offset);
+    futures::stream::unfold(state, move |(first, mut offset)| {
+        let (shared, ns, name, uid, path) = (
+            shared.clone(),
+            ns.clone(),
+            name.clone(),
+            uid.clone(),
+            path.clone(),
+        );
+        async move {
+            if let Some(chunk) = first {
+                return Some((Ok(Bytes::from(chunk)), (None, offset)));
+            }
+            loop {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(200)) => {}
+                    () = shared.root.cancelled() => return None,
+                }
+                let data = std::fs::read(&path).unwrap_or_default();
+                if data.len() > offset {
+                    let chunk = Bytes::copy_from_slice(&data[offset..]);
+                    offset = data.len();
+                    return Some((Ok(chunk), (None, offset)));
+                }
+                let alive = shared
+                    .store
+                    .get(by_kind("Pod"), &ns, &name)
+                    .is_some_and(|p| uid_of(&p) == uid);
+                if !alive {
+                    return None;
+                }
+            }
+        }
+    })
 }
 
 fn table_str(s: Option<&str>) -> String {
@@ -727,20 +789,28 @@ fn list(
         shared.store.list(res, ns)
     };
     let mut items = filter(items, q)?;
+    // A continue token carries the resourceVersion of the first page, so a
+    // paged list reports one resourceVersion and a watch from it misses nothing.
+    let mut rv = rv;
     if let Some(token) = q.get("continue").filter(|c| !c.is_empty()) {
-        let after = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD
             .decode(token)
             .ok()
             .and_then(|b| String::from_utf8(b).ok())
+            .and_then(|t| {
+                let (first_rv, after) = t.split_once('|')?;
+                Some((first_rv.parse::<u64>().ok()?, after.to_owned()))
+            })
             .ok_or_else(|| ApiError::BadRequest("continue key is not valid".into()))?;
-        items.retain(|o| format!("{}/{}", namespace_of(o), name_of(o)) > after);
+        rv = decoded.0;
+        items.retain(|o| format!("{}/{}", namespace_of(o), name_of(o)) > decoded.1);
     }
     let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
     let cont = if limit > 0 && items.len() > limit {
         items.truncate(limit);
         items.last().map(|o| {
             base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!(
-                "{}/{}",
+                "{rv}|{}/{}",
                 namespace_of(o),
                 name_of(o)
             ))

@@ -46,6 +46,11 @@ use entry::HeaderCache;
 use metrics::{DeploymentLabel, DurationLabels, Metrics};
 use proxy::{Proxy, Settings};
 
+/// How often closed and expired idle instance connections are dropped.
+const POOL_SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+/// Pause after a failed `accept`.
+const ACCEPT_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+
 /// Why the router could not start or run.
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
@@ -164,6 +169,17 @@ pub async fn serve(
         shutdown.tracker().clone(),
         hard_stop.clone(),
     );
+    let sweeper = pool.clone();
+    let sweep_stop = shutdown.token().clone();
+    shutdown.spawn("instance-pool-sweep", async move {
+        let mut every = tokio::time::interval(POOL_SWEEP_INTERVAL);
+        loop {
+            tokio::select! {
+                () = sweep_stop.cancelled() => return,
+                _ = every.tick() => sweeper.sweep(),
+            }
+        }
+    });
     let state = Arc::new(State {
         cache: HeaderCache::default(),
         activity,
@@ -181,8 +197,12 @@ pub async fn serve(
             r = listener.accept() => match r {
                 Ok(pair) => pair,
                 Err(e) => {
+                    // Typically out of file descriptors: pause instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
-                    continue;
+                    tokio::select! {
+                        () = token.cancelled() => break,
+                        () = tokio::time::sleep(ACCEPT_ERROR_PAUSE) => continue,
+                    }
                 }
             },
         };
@@ -194,7 +214,9 @@ pub async fn serve(
             let state = state.clone();
             async move { Ok::<_, Infallible>(handle(&state, remote, req).await) }
         });
+        // The timer enables hyper's header read timeout (slow clients).
         let conn = http1::Builder::new()
+            .timer(hyper_util::rt::TokioTimer::new())
             .serve_connection(TokioIo::new(stream), svc)
             .with_upgrades();
         let drain = token.clone();
@@ -274,7 +296,7 @@ async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Re
         Ok(p) => p,
         Err(e) => {
             if entry::is_health_check(req.method(), req.uri().path()) {
-                return health(state);
+                return health(state.shutdown.is_cancelled());
             }
             return proxy::Error::from(e).into_response();
         }
@@ -303,8 +325,9 @@ async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Re
     resp
 }
 
-fn health(state: &State) -> Response<Body> {
-    let status = if state.shutdown.is_cancelled() {
+/// `GET /healthz`: 200, or 503 once shutdown has begun.
+fn health(shutting_down: bool) -> Response<Body> {
+    let status = if shutting_down {
         StatusCode::SERVICE_UNAVAILABLE
     } else {
         StatusCode::OK
@@ -312,4 +335,15 @@ fn health(state: &State) -> Response<Body> {
     let mut r = Response::new(Body::empty());
     *r.status_mut() = status;
     r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn health_turns_503_when_shutting_down() {
+        assert_eq!(health(false).status(), StatusCode::OK);
+        assert_eq!(health(true).status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
 }

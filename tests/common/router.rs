@@ -329,6 +329,14 @@ pub async fn start_upstream() -> Upstream {
     let app = axum::Router::new()
         .route("/hello", any(|| async { "hello world" }))
         .route(
+            "/peer",
+            any(
+                |axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>| async move {
+                    peer.to_string()
+                },
+            ),
+        )
+        .route(
             "/sink",
             any(|body: Body| async move {
                 let mut stream = body.into_data_stream();
@@ -415,7 +423,9 @@ pub async fn start_upstream() -> Upstream {
         )
         .fallback(echo);
     tokio::spawn(async move {
-        axum::serve(listener, app).await.unwrap();
+        axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+            .await
+            .unwrap();
     });
     up
 }

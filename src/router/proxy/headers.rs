@@ -47,6 +47,22 @@ pub fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
     }
 }
 
+/// Drops hop-by-hop headers (and those `Connection` lists) from an
+/// instance's response before it is passed back. Not for `101` responses,
+/// whose `Connection` and `Upgrade` belong to the protocol switch.
+pub fn strip_response(headers: &mut HeaderMap) {
+    let listed: Vec<HeaderName> = headers
+        .get_all(header::CONNECTION)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .collect();
+    for name in listed.iter().chain(HOP_BY_HOP.iter()) {
+        headers.remove(name);
+    }
+}
+
 /// Rewrites inbound request headers into the headers sent to the instance.
 /// `upgrade` re-adds `Connection: upgrade` and `Upgrade` for upgrade requests.
 pub fn rewrite(headers: &mut HeaderMap, client: Option<SocketAddr>, upgrade: Option<HeaderValue>) {
@@ -65,7 +81,7 @@ pub fn rewrite(headers: &mut HeaderMap, client: Option<SocketAddr>, upgrade: Opt
     if !headers.contains_key(&X_FORWARDED_FOR)
         && let Some(addr) = client
     {
-        headers.insert(X_FORWARDED_FOR, ip_value(addr.ip()));
+        headers.insert(X_FORWARDED_FOR, ip_value(addr.ip().to_canonical()));
     }
     if !headers.contains_key(&X_FORWARDED_HOST)
         && let Some(host) = headers.get(header::HOST).cloned()
@@ -257,6 +273,16 @@ mod tests {
                 absent: &["x-forwarded-for"],
             },
             Case {
+                name: "ipv4-mapped client address is written as ipv4",
+                inbound: &[("host", "h")],
+                client: Some("[::ffff:192.0.2.1]:80".parse().unwrap()),
+                want: &[
+                    ("x-forwarded-for", "192.0.2.1"),
+                    ("forwarded", "for=192.0.2.1;host=h;proto=http"),
+                ],
+                absent: &[],
+            },
+            Case {
                 name: "ipv6 client address",
                 inbound: &[("host", "h")],
                 client: Some("[2001:db8::7]:80".parse().unwrap()),
@@ -278,6 +304,30 @@ mod tests {
                 assert!(!h.contains_key(*k), "{}: {k} should be absent", c.name);
             }
         }
+    }
+
+    #[test]
+    fn response_hop_by_hop_headers_are_dropped() {
+        let mut h = map(&[
+            ("connection", "close, x-conn"),
+            ("x-conn", "1"),
+            ("keep-alive", "timeout=5"),
+            ("transfer-encoding", "chunked"),
+            ("content-type", "text/plain"),
+            ("set-cookie", "a=1"),
+            ("set-cookie", "b=2"),
+        ]);
+        strip_response(&mut h);
+        let mut got = pairs(&h);
+        got.sort();
+        assert_eq!(
+            got,
+            vec![
+                ("content-type".into(), "text/plain".into()),
+                ("set-cookie".into(), "a=1".into()),
+                ("set-cookie".into(), "b=2".into()),
+            ]
+        );
     }
 
     #[test]

@@ -385,6 +385,7 @@ impl Proxy {
 
 fn finish(resp: Response<UpstreamBody>, hold: Hold, ms: u64) -> Response<Body> {
     let (mut parts, inner) = resp.into_parts();
+    headers::strip_response(&mut parts.headers);
     parts
         .headers
         .insert(HEADER_GET_INSTANCE_DURATION_MS, HeaderValue::from(ms));

@@ -204,6 +204,16 @@ impl Pool {
         }
     }
 
+    /// Closes idle connections that are closed or expired and forgets
+    /// addresses without any.
+    pub fn sweep(&self) {
+        let mut idle = self.lock();
+        for list in idle.values_mut() {
+            list.retain(|i| i.since.elapsed() < IDLE_TIMEOUT && !i.sender.is_closed());
+        }
+        idle.retain(|_, list| !list.is_empty());
+    }
+
     /// Closes every idle connection.
     pub fn clear(&self) {
         self.lock().clear();
@@ -267,6 +277,16 @@ impl UpstreamBody {
     fn finish(&mut self) {
         if let Some((pool, addr, sender)) = self.back.take() {
             pool.put_back(addr, sender);
+        }
+    }
+}
+
+impl Drop for UpstreamBody {
+    fn drop(&mut self) {
+        // A body that needed no reading (HEAD, 204, 304) still frees its
+        // connection; an unfinished one takes the connection down with it.
+        if http_body::Body::is_end_stream(&self.inner) {
+            self.finish();
         }
     }
 }
