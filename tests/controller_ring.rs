@@ -292,3 +292,67 @@ async fn wrong_pod_ip_forwards_to_itself_once_and_does_not_deadlock() {
     );
     a.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_binary_exits_non_zero_on_an_empty_ring_and_zero_on_sigterm() {
+    let sim = Sim::start().await;
+    let key = sim.key.to_pem();
+    let base = |extra: &[&str]| {
+        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_skipper"));
+        cmd.arg("controller")
+            .args(["--host", "127.0.0.1", "--port", "0", "--pod-ip", "127.0.0.1"])
+            .args(["--function-namespaces", NS, "--log-format", "text"])
+            .args(extra)
+            .env_clear()
+            .env("KUBECONFIG", sim.cluster.kubeconfig_path())
+            .env("SKIPPER_PASETO_PRIVATE_KEY", &key)
+            .kill_on_drop(true);
+        cmd
+    };
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        base(&["--namespace", "other", "--hash-ring-wait-time", "300ms"]).output(),
+    )
+    .await
+    .expect("exits instead of waiting forever")
+    .unwrap();
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("hash ring is still empty"), "{stderr}");
+
+    let out = base(&["--namespace", CTL_NS, "--scale-interval", "0s"])
+        .output()
+        .await
+        .unwrap();
+    assert_ne!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--scale-interval"));
+
+    let mut child = base(&["--namespace", CTL_NS, "--single-controller-mode"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let mut lines = tokio::io::BufReader::new(stderr);
+    tokio::time::timeout(Duration::from_secs(20), async {
+        use tokio::io::AsyncBufReadExt;
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = lines.read_line(&mut line).await.unwrap();
+            assert!(n > 0, "controller exited before serving");
+            if line.contains("controller serving") {
+                return;
+            }
+        }
+    })
+    .await
+    .expect("controller serving");
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(child.id().unwrap()).unwrap());
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGTERM).unwrap();
+    let status = tokio::time::timeout(Duration::from_secs(15), child.wait())
+        .await
+        .expect("stops on SIGTERM")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}

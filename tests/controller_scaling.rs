@@ -400,3 +400,47 @@ async fn discovery_deletes_tenant_pods_without_a_valid_function() {
     assert!(ctl.core.supervisors.is_empty());
     ctl.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pod_metrics_drive_memory_scaling() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("mem", 3, &[]).await;
+    sim.wait_pool("mem", 3, Duration::from_secs(20)).await;
+    let mut ctl = Ctl::single(&sim).await;
+    // Every fixture process uses more than 1 MiB, so a 1 MiB target wants
+    // more instances than max_instances allows.
+    let mut f = function("mem", "hungry", 2);
+    f.scale.as_mut().unwrap().target_memory_usage_mib = Some(1);
+    let stop = keep_alive(&ctl, &f, Arc::new(AtomicU32::new(0)));
+    ctl.grpc
+        .get_instance(get_instance(&f, Duration::from_secs(10)))
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "memory-driven scale up to max",
+        || async { (sim.tenant_pods("hungry").await.len() == 2).then_some(()) },
+    )
+    .await;
+    let state = ctl
+        .grpc
+        .get_cluster_state(api::GetClusterStateRequest {
+            local_only: Some(true),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .cluster_state
+        .unwrap();
+    let sup = state
+        .supervisors
+        .iter()
+        .find(|s| s.function.as_ref().and_then(|f| f.tenant.as_deref()) == Some("hungry"))
+        .unwrap();
+    assert!(
+        sup.instances.iter().any(|i| i.memory_usage_mib.unwrap_or(0) > 0),
+        "instances report their memory from metrics.k8s.io"
+    );
+    stop.cancel();
+    ctl.stop().await;
+}

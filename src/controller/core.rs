@@ -134,10 +134,11 @@ impl Core {
         deadline: Instant,
     ) -> Result<Instance> {
         self.ensure_synced()?;
-        let handle = self.supervisor(&f, true).await;
+        // Every function in use has a supervisor (for oneshot functions it
+        // is the safety net that deletes orphans).
+        self.supervisor(&f, true).await;
         let ns = self.namespace(&f.namespace)?;
         if f.is_oneshot() {
-            let _ = handle;
             return self.assigner.assign(ns, &f, deadline).await;
         }
         let mut changes = ns.pods.subscribe();

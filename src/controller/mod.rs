@@ -236,9 +236,16 @@ fn start_peer_pruning(core: &Arc<Core>) {
 pub async fn main(args: Args) -> Result<ExitCode, RunError> {
     let config = Config::try_from(args)?;
     crate::telemetry::init(&config.telemetry);
-    let client = ::kube::Client::try_default()
+    let kube_config = ::kube::Config::infer()
         .await
-        .map_err(|e| RunError::KubeClient(Box::new(e)))?;
+        .map_err(|e| RunError::KubeClient(Box::new(::kube::Error::InferConfig(e))))?;
+    let client = ::kube::client::ClientBuilder::try_from(kube_config)
+        .map_err(|e| RunError::KubeClient(Box::new(e)))?
+        .with_layer(&kube::throttle::ThrottleLayer::new(
+            config.kube_qps,
+            config.kube_burst,
+        ))
+        .build();
     let addr = config.listen_addr()?;
     let listener = TcpListener::bind(addr).await.map_err(RunError::Listen)?;
     let shutdown = Shutdown::new();

@@ -6,11 +6,13 @@
 //! - [`stores`]: the watches (function pods, ReplicaSets, controller pods →
 //!   ring membership), the start-up namespace probe and pod metrics.
 //! - [`pods`]: every write the controller makes (claim, ready-at, delete).
+//! - [`throttle`]: the client-side QPS/burst limit of the Kubernetes client.
 //! - this module: pod predicates and the pod → instance conversion (§4.3).
 
 pub mod cache;
 pub mod pods;
 pub mod stores;
+pub mod throttle;
 
 use std::sync::Arc;
 use std::time::SystemTime;

@@ -1,3 +1,6 @@
+//! Table tests of the converge core: every worked example of spec §5.4 and
+//! each tick and execution rule of §5.5–5.9.
+
 use std::time::{Duration, SystemTime};
 
 use super::*;
