@@ -633,7 +633,7 @@ fn print_ready(args: &PlaygroundArgs, cluster: &Cluster, up: &Up) {
         "  ring-inspect:  skipper ring-inspect --controller {first}:{CONTROLLER_PORT} --function '{function}'"
     );
     println!(
-        "  logs:          {} (router.log; pods/<namespace>_<pod>_<uid>/log)",
+        "  logs:          {} (router.log; pods/<namespace>_<pod>/log)",
         cluster
             .kubeconfig_path()
             .parent()
