@@ -291,6 +291,9 @@ async fn kubectl_drives_a_fixture_pool_against_skipper_dev_apiserver() {
     // Deleting a pod stops its process.
     let pid = pid_of(&claimed);
     assert!(common::process_alive(pid));
+    let out = api.ok(&["delete", "pod", &pod, "--dry-run=server"]).await;
+    assert_eq!(out.trim(), format!("pod \"{pod}\" deleted (server dry run)"));
+    assert!(common::process_alive(pid), "a dry run deletes nothing");
     let out = api.ok(&["delete", "pod", &pod]).await;
     assert_eq!(out.trim(), format!("pod \"{pod}\" deleted"));
     let (ok, _, err) = api.kubectl(&["get", "pod", &pod]).await;

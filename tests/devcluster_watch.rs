@@ -115,6 +115,64 @@ async fn streaming_lists_send_initial_events_then_changes() {
 }
 
 #[tokio::test]
+async fn metadata_only_lists_and_watches_work() {
+    let cluster = common::cluster(&[NS]).await;
+    let client = cluster.client().unwrap();
+    let api: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
+    let pp = PostParams::default();
+    api.create(&pp, &cm("m1", &[("a", "b")])).await.unwrap();
+    let list = api.list_metadata(&ListParams::default()).await.unwrap();
+    assert_eq!(list.items[0].metadata.name.as_deref(), Some("m1"));
+    let one = api.get_metadata("m1").await.unwrap();
+    assert_eq!(one.metadata.labels.unwrap()["a"], "b");
+    // On the wire: PartialObjectMetadata without the data.
+    let raw: serde_json::Value = reqwest::Client::new()
+        .get(format!(
+            "{}/api/v1/namespaces/{NS}/configmaps/m1",
+            cluster.base_url()
+        ))
+        .header(
+            "Accept",
+            "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json",
+        )
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(raw["kind"], "PartialObjectMetadata");
+    assert!(raw.get("data").is_none());
+
+    let meta: Api<kube::core::PartialObjectMeta<ConfigMap>> = Api::namespaced(client, NS);
+    let mut w = watcher(meta, watcher::Config::default()).boxed();
+    let mut init = Vec::new();
+    loop {
+        match tokio::time::timeout(Duration::from_secs(10), w.next())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap()
+        {
+            watcher::Event::InitApply(m) => init.push(m.metadata.name.unwrap()),
+            watcher::Event::InitDone => break,
+            _ => {}
+        }
+    }
+    assert_eq!(init, ["m1"]);
+    api.create(&pp, &cm("m2", &[])).await.unwrap();
+    match tokio::time::timeout(Duration::from_secs(10), w.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap()
+    {
+        watcher::Event::Apply(m) => assert_eq!(m.metadata.name.as_deref(), Some("m2")),
+        other => panic!("want Apply(m2), got {other:?}"),
+    }
+}
+
+#[tokio::test]
 async fn label_selectors_filter_and_objects_leave_when_labels_stop_matching() {
     let cluster = common::cluster(&[NS]).await;
     let api: Api<ConfigMap> = Api::namespaced(cluster.client().unwrap(), NS);
@@ -342,6 +400,37 @@ async fn errors_are_status_objects_with_real_reasons_and_codes() {
         api_error(missing_ns.create(&pp, &cm("x", &[])).await.unwrap_err()),
         (404, "NotFound".into())
     );
+}
+
+#[tokio::test]
+async fn dry_run_writes_answer_without_changing_anything() {
+    let cluster = common::cluster(&[NS]).await;
+    let api: Api<ConfigMap> = Api::namespaced(cluster.client().unwrap(), NS);
+    let dry = PostParams {
+        dry_run: true,
+        ..PostParams::default()
+    };
+    let created = api.create(&dry, &cm("d", &[])).await.unwrap();
+    assert_eq!(created.metadata.name.as_deref(), Some("d"));
+    assert!(api.get_opt("d").await.unwrap().is_none(), "nothing was created");
+    api.create(&PostParams::default(), &cm("d", &[])).await.unwrap();
+    let before = api.get("d").await.unwrap();
+    let pp = PatchParams {
+        dry_run: true,
+        ..PatchParams::default()
+    };
+    let patched = api
+        .patch("d", &pp, &Patch::Merge(serde_json::json!({"data": {"k": "dry"}})))
+        .await
+        .unwrap();
+    assert_eq!(patched.data.unwrap()["k"], "dry");
+    assert_eq!(api.get("d").await.unwrap(), before, "nothing was patched");
+    let dp = DeleteParams {
+        dry_run: true,
+        ..DeleteParams::default()
+    };
+    api.delete("d", &dp).await.unwrap();
+    assert!(api.get_opt("d").await.unwrap().is_some(), "nothing was deleted");
 }
 
 #[tokio::test]

@@ -283,6 +283,39 @@ async fn controller_down_is_503_with_retry_after_within_the_budget() {
 }
 
 #[tokio::test]
+async fn a_client_leaving_during_retries_ends_the_request() {
+    let w = world(|c| {
+        c.max_round_trip_attempts = 1000;
+        c.retry_min = Duration::from_millis(20);
+        c.retry_max = Duration::from_millis(20);
+    })
+    .await;
+    w.fake.fail("GetInstance", tonic::Code::Internal, 100_000);
+    let mut conn = tokio::net::TcpStream::connect(w.router.addr).await.unwrap();
+    let req = format!(
+        "GET /x HTTP/1.1\r\nhost: r\r\n{HEADER_FUNCTION}: {}\r\n\r\n",
+        header()
+    );
+    tokio::io::AsyncWriteExt::write_all(&mut conn, req.as_bytes())
+        .await
+        .unwrap();
+    let in_flight = |n: u32| {
+        move |s: &harness::State| {
+            s.heartbeats
+                .last()
+                .is_some_and(|h| h.heartbeats.iter().any(|b| b.in_flight_requests == Some(n)))
+        }
+    };
+    w.fake.wait_until(LIMIT, in_flight(1)).await;
+    drop(conn);
+    // 1000 attempts would take 20 s; the request ends with the client.
+    w.fake.wait_until(Duration::from_secs(5), in_flight(0)).await;
+    let calls = w.fake.calls("GetInstance");
+    assert!(calls < 1000, "{calls}");
+    w.router.stop().await;
+}
+
+#[tokio::test]
 async fn no_capacity_is_503_and_controller_errors_are_502() {
     let w = world(|c| c.max_round_trip_attempts = 2).await;
     w.fake.fail("GetInstance", tonic::Code::ResourceExhausted, 2);
@@ -303,6 +336,31 @@ async fn no_capacity_is_503_and_controller_errors_are_502() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 502);
+    w.router.stop().await;
+}
+
+#[tokio::test]
+async fn an_unusable_instance_address_is_excluded_and_retried() {
+    let w = world(|_| {}).await;
+    w.fake.with(|s| {
+        s.instances.insert(
+            0,
+            skipper::api::Instance {
+                name: Some("pod-noaddr".into()),
+                addr: Some(String::new()),
+                ..Default::default()
+            },
+        );
+    });
+    let resp = http()
+        .get(w.router.url("/x"))
+        .header(HEADER_FUNCTION, header())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    let reqs = w.fake.with(|s| s.get_instance_requests.clone());
+    assert_eq!(reqs[1].exclude_instance_names, vec!["pod-noaddr".to_owned()]);
     w.router.stop().await;
 }
 

@@ -256,10 +256,11 @@ impl Kubelet {
             .cloned()
     }
 
-    /// Directory of a pod (holds its log and `POD_DIR` files).
+    /// Directory of a pod, `<work dir>/pods/<namespace>_<name>` (holds its
+    /// `log` and whatever it writes to `POD_DIR`).
     #[must_use]
-    pub fn pod_dir(&self, ns: &str, name: &str, uid: &str) -> PathBuf {
-        self.settings.pod_root.join(format!("{ns}_{name}_{uid}"))
+    pub fn pod_dir(&self, ns: &str, name: &str) -> PathBuf {
+        self.settings.pod_root.join(format!("{ns}_{name}"))
     }
 
     async fn run_pod(
@@ -291,17 +292,13 @@ impl Kubelet {
         }
         pid_slot.store(0, Ordering::SeqCst);
         lock(&self.metrics).remove(&(ns.clone(), name.clone()));
-        // The pod (and its directory, like an emptyDir) is removed once its
-        // process is gone; a crashed pod that was not deleted keeps both.
-        let cur = store.get(by_kind("Pod"), &ns, &name);
-        let deleting = cur
-            .as_ref()
-            .is_some_and(|c| uid_of(c) == uid && is_terminating(c));
-        let deleted = cur.as_ref().is_none_or(|c| uid_of(c) != uid);
-        if deleting || deleted {
-            let _ = std::fs::remove_dir_all(self.pod_dir(&ns, &name, &uid));
-        }
-        if deleting {
+        // A deleted pod is removed from the store once its process is gone.
+        // Its directory stays (logs and token remain readable for tests) until
+        // a new pod of the same name starts or the cluster stops.
+        if let Some(cur) = store.get(by_kind("Pod"), &ns, &name)
+            && uid_of(&cur) == uid
+            && is_terminating(&cur)
+        {
             let _ = store.remove(by_kind("Pod"), &ns, &name, Some(&uid));
         }
         lock(&self.runtimes).remove(&uid);
@@ -384,12 +381,13 @@ impl Kubelet {
                 return Ok(());
             }
         };
-        // Like an emptyDir, the directory belongs to this pod incarnation (its
-        // uid): a new pod with the same name starts empty (no stale token).
-        let dir = self.pod_dir(&ns, &name, &uid);
+        // Like an emptyDir, the directory belongs to this pod incarnation: a
+        // new pod with the same name starts empty (no stale token).
+        let dir = self.pod_dir(&ns, &name);
         if stop.is_cancelled() {
             return Ok(());
         }
+        let _ = std::fs::remove_dir_all(&dir);
         // `create_dir`, not `create_dir_all`: once the cluster removed its work
         // directory, a late pod must not recreate it.
         std::fs::create_dir(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;

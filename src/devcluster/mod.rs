@@ -57,7 +57,7 @@
 //! Differences from a real cluster worth knowing: no authentication or RBAC
 //! (use [`Cluster::forbid_namespace`] for `403`), no admission or schema
 //! validation beyond names, selectors and required containers, no
-//! server-side apply or `dryRun`, rollouts replace all pods at once, a
+//! server-side apply, rollouts replace all pods at once, a
 //! crashed container is not restarted (the pod stays Running and unready),
 //! only the first container of a pod runs, and there is no cluster DNS and
 //! no Service virtual IP (reach pods by IP or through EndpointSlices). A
@@ -434,8 +434,8 @@ impl Cluster {
     /// The directory of a pod (`POD_DIR`; holds its `log`), while the pod exists.
     #[must_use]
     pub fn pod_dir(&self, ns: &str, name: &str) -> Option<PathBuf> {
-        let pod = self.shared.store.get(by_kind("Pod"), ns, name)?;
-        Some(self.shared.kubelet.pod_dir(ns, name, store::uid_of(&pod)))
+        self.shared.store.get(by_kind("Pod"), ns, name)?;
+        Some(self.shared.kubelet.pod_dir(ns, name))
     }
 
     /// Pids of every running pod process.

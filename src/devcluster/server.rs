@@ -118,6 +118,36 @@ impl Shared {
     }
 }
 
+/// How objects are rendered, from the `Accept` header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Format {
+    Json,
+    /// `meta.k8s.io/v1` Table (kubectl get).
+    Table,
+    /// `PartialObjectMetadata` (metadata-only clients).
+    Meta,
+}
+
+impl Format {
+    fn of(accept: &str) -> Self {
+        if table::wants_table(accept) {
+            Self::Table
+        } else if accept
+            .split(',')
+            .any(|p| p.contains("as=PartialObjectMetadata") && p.contains("g=meta.k8s.io"))
+        {
+            Self::Meta
+        } else {
+            Self::Json
+        }
+    }
+}
+
+/// The `PartialObjectMetadata` of an object.
+fn partial(obj: &Value) -> Value {
+    json!({"kind": "PartialObjectMetadata", "apiVersion": "meta.k8s.io/v1", "metadata": obj["metadata"]})
+}
+
 fn json_response(status: StatusCode, v: &Value) -> Response {
     (
         status,
@@ -303,7 +333,7 @@ fn serve(
         .get(header::ACCEPT)
         .and_then(|v| v.to_str().ok())
         .unwrap_or("");
-    let as_table = table::wants_table(accept);
+    let format = Format::of(accept);
     let is_write = matches!(
         *method,
         Method::POST | Method::PUT | Method::PATCH | Method::DELETE
@@ -316,6 +346,15 @@ fn serve(
             return Err(ApiError::Injected(code));
         }
     }
+    let dry_run = match q.get("dryRun").map(String::as_str) {
+        None | Some("") => false,
+        Some("All") => true,
+        Some(other) => {
+            return Err(ApiError::BadRequest(format!(
+                "Invalid dry run value {other:?}: supported values are [\"All\"]"
+            )));
+        }
+    };
     let store = &shared.store;
     let ns_str = ns.clone().unwrap_or_default();
     match (method.clone(), name, sub.as_deref()) {
@@ -325,9 +364,9 @@ fn serve(
                 if res.computed {
                     return Err(ApiError::MethodNotAllowed);
                 }
-                return Ok(watch_response(shared, res, ns, q, as_table));
+                return Ok(watch_response(shared, res, ns, q, format));
             }
-            list(shared, res, ns.as_deref(), q, as_table)
+            list(shared, res, ns.as_deref(), q, format)
         }
         (Method::GET, Some(name), None | Some("status")) => {
             let obj = if res.computed {
@@ -340,14 +379,17 @@ fn serve(
                     .get(res, &ns_str, &name)
                     .ok_or(ApiError::NotFound { res, name })?
             };
-            if as_table {
-                let rv = obj
-                    .pointer("/metadata/resourceVersion")
-                    .map(|v| table_str(v.as_str()))
-                    .unwrap_or_default();
-                return Ok(json_response(StatusCode::OK, &table::table(res, &[obj], &rv)));
+            match format {
+                Format::Table => {
+                    let rv = obj
+                        .pointer("/metadata/resourceVersion")
+                        .map(|v| table_str(v.as_str()))
+                        .unwrap_or_default();
+                    Ok(json_response(StatusCode::OK, &table::table(res, &[obj], &rv)))
+                }
+                Format::Meta => Ok(json_response(StatusCode::OK, &partial(&obj))),
+                Format::Json => Ok(json_response(StatusCode::OK, &obj)),
             }
-            Ok(json_response(StatusCode::OK, &obj))
         }
         (Method::GET, Some(name), Some("scale")) => {
             let obj = store
@@ -360,7 +402,7 @@ fn serve(
                 res,
                 name: name.clone(),
             })?;
-            let path = shared.kubelet.pod_dir(&ns_str, &name, uid_of(&pod)).join("log");
+            let path = shared.kubelet.pod_dir(&ns_str, &name).join("log");
             let text = std::fs::read(&path).unwrap_or_default();
             if q.get("follow").is_none_or(|f| f != "true") {
                 return Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], text).into_response());
@@ -387,7 +429,7 @@ fn serve(
             };
             let obj = parse_object(&body)?;
             let obj = prepare_create(res, obj)?;
-            let created = store.create(res, &ns, obj)?;
+            let created = store.create_with(res, &ns, obj, dry_run)?;
             Ok(json_response(StatusCode::CREATED, &created))
         }
         (Method::PUT, Some(name), sub) => {
@@ -396,7 +438,7 @@ fn serve(
                 Some("scale") => {
                     let replicas = new.pointer("/spec/replicas").cloned().unwrap_or(json!(0));
                     let rv = new.pointer("/metadata/resourceVersion").cloned();
-                    let o = store.update(res, &ns_str, &name, |cur| {
+                    let o = store.update_with(res, &ns_str, &name, dry_run, |cur| {
                         if let Some(rv) = rv {
                             cur["metadata"]["resourceVersion"] = rv;
                         }
@@ -405,7 +447,7 @@ fn serve(
                     })?;
                     scale_of(&o)
                 }
-                _ => store.update(res, &ns_str, &name, |cur| {
+                _ => store.update_with(res, &ns_str, &name, dry_run, |cur| {
                     *cur = merge_status(res, sub, cur, new);
                     Ok(())
                 })?,
@@ -419,7 +461,7 @@ fn serve(
                 .unwrap_or("");
             let kind = PatchKind::from_content_type(ct)?;
             let updated = if sub == Some("scale") {
-                let o = store.update(res, &ns_str, &name, |cur| {
+                let o = store.update_with(res, &ns_str, &name, dry_run, |cur| {
                     let mut scale = scale_of(cur);
                     patch::apply(&mut scale, kind, &body)?;
                     cur["spec"]["replicas"] = scale.pointer("/spec/replicas").cloned().unwrap_or(json!(0));
@@ -430,7 +472,7 @@ fn serve(
                 })?;
                 scale_of(&o)
             } else {
-                store.update(res, &ns_str, &name, |cur| {
+                store.update_with(res, &ns_str, &name, dry_run, |cur| {
                     let mut doc = cur.clone();
                     patch::apply(&mut doc, kind, &body)?;
                     *cur = merge_status(res, sub, cur, doc);
@@ -446,6 +488,9 @@ fn serve(
                 name: name.clone(),
             })?;
             check_preconditions(res, &obj, &opts)?;
+            if dry_run || opts.dry_run {
+                return Ok(json_response(StatusCode::OK, &obj));
+            }
             let out = delete_one(shared, res, &ns_str, &name, &opts)?;
             Ok(json_response(StatusCode::OK, &out))
         }
@@ -453,6 +498,9 @@ fn serve(
             let opts = delete_options(&body, q)?;
             let (items, rv) = store.list(res, ns.as_deref());
             let items = filter(items, q)?;
+            if dry_run || opts.dry_run {
+                return Ok(json_response(StatusCode::OK, &list_doc(res, items, rv, None)));
+            }
             let mut deleted = Vec::new();
             for item in &items {
                 if let Ok(o) = delete_one(shared, res, namespace_of(item), name_of(item), &opts) {
@@ -654,6 +702,8 @@ fn scale_of(obj: &Value) -> Value {
 #[derive(Debug, Default)]
 struct DeleteOpts {
     grace: Option<i64>,
+    /// `dryRun: ["All"]` in the body.
+    dry_run: bool,
     orphan: bool,
     uid: Option<String>,
     rv: Option<String>,
@@ -665,6 +715,10 @@ fn delete_options(body: &[u8], q: &HashMap<String, String>) -> Result<DeleteOpts
         let v: Value = serde_json::from_slice(body)
             .map_err(|e| ApiError::BadRequest(format!("the DeleteOptions could not be decoded: {e}")))?;
         o.grace = v.get("gracePeriodSeconds").and_then(Value::as_i64);
+        o.dry_run = v
+            .get("dryRun")
+            .and_then(Value::as_array)
+            .is_some_and(|d| d.iter().any(|x| x == "All"));
         o.orphan = v.get("propagationPolicy").and_then(Value::as_str) == Some("Orphan")
             || v.get("orphanDependents").and_then(Value::as_bool) == Some(true);
         o.uid = v
@@ -781,7 +835,7 @@ fn list(
     res: &'static ResourceDef,
     ns: Option<&str>,
     q: &HashMap<String, String>,
-    as_table: bool,
+    format: Format,
 ) -> Result<Response, ApiError> {
     let (items, rv) = if res.computed {
         (pod_metrics(shared, ns), shared.store.current_rv())
@@ -818,14 +872,22 @@ fn list(
     } else {
         None
     };
-    if as_table {
-        let mut t = table::table(res, &items, &rv.to_string());
-        if let Some(c) = cont {
-            t["metadata"]["continue"] = json!(c);
+    match format {
+        Format::Table => {
+            let mut t = table::table(res, &items, &rv.to_string());
+            if let Some(c) = cont {
+                t["metadata"]["continue"] = json!(c);
+            }
+            Ok(json_response(StatusCode::OK, &t))
         }
-        return Ok(json_response(StatusCode::OK, &t));
+        Format::Meta => {
+            let mut l = list_doc(res, items.iter().map(partial).collect(), rv, cont);
+            l["kind"] = json!("PartialObjectMetadataList");
+            l["apiVersion"] = json!("meta.k8s.io/v1");
+            Ok(json_response(StatusCode::OK, &l))
+        }
+        Format::Json => Ok(json_response(StatusCode::OK, &list_doc(res, items, rv, cont))),
     }
-    Ok(json_response(StatusCode::OK, &list_doc(res, items, rv, cont)))
 }
 
 /// `PodMetrics` of the running pods of a namespace (all namespaces when `scope` is `None`).
@@ -867,13 +929,17 @@ struct WatchState {
     bookmarks: bool,
     next_bookmark: tokio::time::Instant,
     stop: CancellationToken,
-    as_table: bool,
+    format: Format,
     done: bool,
 }
 
 impl WatchState {
     fn line(&self, kind: &str, obj: &Value) -> Bytes {
-        let obj = if self.as_table && kind != "ERROR" && kind != "BOOKMARK" {
+        let obj = if kind == "ERROR" || kind == "BOOKMARK" {
+            obj.clone()
+        } else if self.format == Format::Meta {
+            partial(obj)
+        } else if self.format == Format::Table {
             table::table(
                 self.res,
                 std::slice::from_ref(obj),
@@ -941,7 +1007,7 @@ fn watch_response(
     res: &'static ResourceDef,
     ns: Option<String>,
     q: &HashMap<String, String>,
-    as_table: bool,
+    format: Format,
 ) -> Response {
     let labels = match LabelSelector::parse(q.get("labelSelector").map_or("", String::as_str)) {
         Ok(l) => l,
@@ -973,7 +1039,7 @@ fn watch_response(
             .is_some_and(|b| b == "true" || b == "1"),
         next_bookmark: now + shared.bookmark_interval,
         stop: shared.watch_token(),
-        as_table,
+        format,
         done: false,
     };
     let rv = q.get("resourceVersion").map_or("", String::as_str);

@@ -241,7 +241,22 @@ impl Store {
     ///
     /// # Errors
     /// `AlreadyExists`, a missing namespace, or an invalid name.
-    pub fn create(&self, res: &'static ResourceDef, ns: &str, mut obj: Value) -> Result<Value, ApiError> {
+    pub fn create(&self, res: &'static ResourceDef, ns: &str, obj: Value) -> Result<Value, ApiError> {
+        self.create_with(res, ns, obj, false)
+    }
+
+    /// [`Store::create`]; with `dry_run` the object is checked and returned
+    /// as it would be stored, without storing it (no resourceVersion).
+    ///
+    /// # Errors
+    /// As [`Store::create`].
+    pub fn create_with(
+        &self,
+        res: &'static ResourceDef,
+        ns: &str,
+        mut obj: Value,
+        dry_run: bool,
+    ) -> Result<Value, ApiError> {
         if !obj.is_object() {
             return Err(ApiError::BadRequest("the object must be a JSON object".into()));
         }
@@ -288,8 +303,7 @@ impl Store {
         if inner.objects.contains_key(&k) {
             return Err(ApiError::AlreadyExists { res, name });
         }
-        inner.rv += 1;
-        let rv = inner.rv;
+        let rv = inner.rv + 1;
         meta["name"] = json!(name);
         if res.namespaced {
             meta["namespace"] = json!(ns);
@@ -307,6 +321,13 @@ impl Store {
         obj["apiVersion"] = json!(res.api_version());
         obj["kind"] = json!(res.kind);
         apply_defaults(res, &mut obj);
+        if dry_run {
+            if let Some(m) = obj["metadata"].as_object_mut() {
+                m.remove("resourceVersion");
+            }
+            return Ok(obj);
+        }
+        inner.rv = rv;
         inner.objects.insert(k, obj.clone());
         self.record(
             &mut inner,
@@ -330,6 +351,25 @@ impl Store {
     /// # Errors
     /// `NotFound`, `Conflict`, or whatever `f` returns.
     pub fn update<F>(&self, res: &'static ResourceDef, ns: &str, name: &str, f: F) -> Result<Value, ApiError>
+    where
+        F: FnOnce(&mut Value) -> Result<(), ApiError>,
+    {
+        self.update_with(res, ns, name, false, f)
+    }
+
+    /// [`Store::update`]; with `dry_run` the result is computed and returned
+    /// without storing it.
+    ///
+    /// # Errors
+    /// As [`Store::update`].
+    pub fn update_with<F>(
+        &self,
+        res: &'static ResourceDef,
+        ns: &str,
+        name: &str,
+        dry_run: bool,
+        f: F,
+    ) -> Result<Value, ApiError>
     where
         F: FnOnce(&mut Value) -> Result<(), ApiError>,
     {
@@ -397,8 +437,8 @@ impl Store {
             generation + 1
         });
         new["metadata"]["resourceVersion"] = old_rv;
-        if new == old {
-            return Ok(old);
+        if new == old || dry_run {
+            return Ok(new);
         }
         inner.rv += 1;
         let rv = inner.rv;
@@ -599,5 +639,156 @@ fn apply_defaults(res: &'static ResourceDef, obj: &mut Value) {
             obj["spec"]["type"] = json!("ClusterIP");
         }
         _ => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cm(name: &str) -> Value {
+        json!({"metadata": {"name": name}, "data": {"k": "v"}})
+    }
+
+    fn store_with_ns(history: usize) -> Store {
+        let s = Store::new(history);
+        s.create(by_kind("Namespace"), "", json!({"metadata": {"name": "ns"}}))
+            .unwrap();
+        s
+    }
+
+    fn rv(obj: &Value) -> u64 {
+        obj["metadata"]["resourceVersion"]
+            .as_str()
+            .unwrap()
+            .parse()
+            .unwrap()
+    }
+
+    #[test]
+    fn resource_versions_grow_and_unchanged_updates_keep_theirs() {
+        let s = store_with_ns(100);
+        let res = by_kind("ConfigMap");
+        let a = s.create(res, "ns", cm("a")).unwrap();
+        let b = s.create(res, "ns", cm("b")).unwrap();
+        assert!(rv(&b) > rv(&a));
+        assert_eq!(a["metadata"]["generation"], 1);
+        let same = s.update(res, "ns", "a", |_| Ok(())).unwrap();
+        assert_eq!(rv(&same), rv(&a), "a no-op update is not a change");
+        let changed = s
+            .update(res, "ns", "a", |o| {
+                o["data"]["k"] = json!("w");
+                Ok(())
+            })
+            .unwrap();
+        assert!(rv(&changed) > rv(&b));
+        assert_eq!(
+            changed["metadata"]["uid"], a["metadata"]["uid"],
+            "identity is kept"
+        );
+    }
+
+    #[test]
+    fn stale_resource_versions_conflict_and_duplicates_already_exist() {
+        let s = store_with_ns(100);
+        let res = by_kind("ConfigMap");
+        let a = s.create(res, "ns", cm("a")).unwrap();
+        s.update(res, "ns", "a", |o| {
+            o["data"]["k"] = json!("x");
+            Ok(())
+        })
+        .unwrap();
+        let err = s
+            .update(res, "ns", "a", |o| {
+                o["metadata"]["resourceVersion"] = a["metadata"]["resourceVersion"].clone();
+                Ok(())
+            })
+            .unwrap_err();
+        assert!(matches!(err, ApiError::Conflict { .. }));
+        assert!(matches!(
+            s.create(res, "ns", cm("a")),
+            Err(ApiError::AlreadyExists { .. })
+        ));
+        assert!(matches!(
+            s.create(res, "missing", cm("a")),
+            Err(ApiError::NamespaceNotFound(_))
+        ));
+        assert!(matches!(
+            s.create(res, "ns", cm("Bad_Name")),
+            Err(ApiError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn generate_name_and_spec_changes_bump_generation() {
+        let s = store_with_ns(100);
+        let res = by_kind("Deployment");
+        let d = s
+            .create(
+                res,
+                "ns",
+                json!({"metadata": {"generateName": "web-"}, "spec": {"replicas": 1}}),
+            )
+            .unwrap();
+        let name = name_of(&d).to_owned();
+        assert!(name.starts_with("web-") && name.len() == 9, "{name}");
+        let d = s
+            .update(res, "ns", &name, |o| {
+                o["spec"]["replicas"] = json!(2);
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(d["metadata"]["generation"], 2);
+        let d = s
+            .update(res, "ns", &name, |o| {
+                o["status"] = json!({"replicas": 2});
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(
+            d["metadata"]["generation"], 2,
+            "status changes keep the generation"
+        );
+    }
+
+    #[test]
+    fn history_replays_events_and_expires_with_gone() {
+        let s = store_with_ns(3);
+        let res = by_kind("ConfigMap");
+        let start = s.current_rv();
+        for n in ["a", "b"] {
+            s.create(res, "ns", cm(n)).unwrap();
+        }
+        let events = s.events_since(start).unwrap();
+        assert_eq!(events.len(), 2);
+        assert!(events.iter().all(|e| e.kind == EventType::Added));
+        s.mark_terminating(res, "ns", "a", 5).unwrap();
+        s.remove(res, "ns", "a", None).unwrap();
+        let kinds: Vec<EventType> = s
+            .events_since(start + 1)
+            .unwrap()
+            .iter()
+            .map(|e| e.kind)
+            .collect();
+        assert_eq!(kinds, [EventType::Added, EventType::Modified, EventType::Deleted]);
+        assert!(
+            matches!(s.events_since(start), Err(ApiError::Gone { .. })),
+            "history of 3 lost the first event"
+        );
+        s.compact();
+        assert!(matches!(s.events_since(start + 3), Err(ApiError::Gone { .. })));
+        assert!(s.events_since(s.current_rv()).unwrap().is_empty());
+    }
+
+    #[test]
+    fn remove_with_a_uid_only_removes_that_incarnation() {
+        let s = store_with_ns(100);
+        let res = by_kind("ConfigMap");
+        s.create(res, "ns", cm("a")).unwrap();
+        assert!(matches!(
+            s.remove(res, "ns", "a", Some("other-uid")),
+            Err(ApiError::NotFound { .. })
+        ));
+        assert!(s.get(res, "ns", "a").is_some());
     }
 }

@@ -253,10 +253,17 @@ impl Proxy {
                 tracker: self.tracker.clone(),
             });
             let Ok(addr) = addr_text.parse::<SocketAddr>() else {
-                return Err(Error::InstanceAddress {
+                // Nothing was sent: unusable like an unreachable instance.
+                tracing::debug!(attempt, instance = %name, addr = %addr_text, "instance has an unusable address");
+                if !excluded.contains(&name) {
+                    excluded.push(name.clone());
+                }
+                drop(release);
+                last = Some(Failed::Connect(Error::InstanceAddress {
                     name,
                     addr: addr_text,
-                });
+                }));
+                continue;
             };
             let conn = if upgrade.is_some() {
                 self.pool.connect_new(addr, true).await
