@@ -104,7 +104,11 @@ async fn invalid_tenant_and_unmanaged_namespace_are_rejected_at_once() {
         .get_instance(get_instance(&other, Duration::from_secs(30)))
         .await
         .unwrap_err();
-    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+    assert!(
+        err.message().contains("other"),
+        "the message names the namespace: {err:?}"
+    );
     let err = ctl
         .grpc
         .scale(api::ScaleRequest {
@@ -114,7 +118,7 @@ async fn invalid_tenant_and_unmanaged_namespace_are_rejected_at_once() {
         })
         .await
         .unwrap_err();
-    assert_eq!(err.code(), Code::FailedPrecondition);
+    assert_eq!(err.code(), Code::InvalidArgument);
     // A heartbeat for an unmanaged namespace is accepted but creates nothing.
     ctl.grpc
         .heartbeat(harness::heartbeat("10.1.1.1", &other, 3))

@@ -40,6 +40,8 @@ async fn cold_and_warm_get_instance_latency() {
     const COLD: usize = 30;
     let sim = Sim::start().await;
     sim.deploy_pool("bench", 6, &[]).await;
+    // The direct measurements consume pods of their own pool.
+    sim.deploy_pool("direct", 3, &[]).await;
     sim.wait_pool("bench", 6, Duration::from_secs(60)).await;
     let ctl = Ctl::single(&sim).await;
 
@@ -49,12 +51,12 @@ async fn cold_and_warm_get_instance_latency() {
     let mut direct = Vec::new();
     for i in 0..COLD {
         let pod = eventually(Duration::from_secs(30), "a free pool pod", || async {
-            sim.free_pods("bench").first().cloned()
+            sim.free_pods("direct").first().cloned()
         })
         .await;
         let p = sim.live_pod(&pod).await.unwrap();
         let ip = p.status.unwrap().pod_ip.unwrap();
-        let f = function("bench", &format!("direct-{i}"), 1);
+        let f = function("direct", &format!("direct-{i}"), 1);
         let token = sim
             .key
             .sign(skipper::token::Version::V2, &f.tenant, SystemTime::now())
@@ -72,7 +74,7 @@ async fn cold_and_warm_get_instance_latency() {
         // Take it out of the pool (as a claim would) and delete it.
         sim.delete_pod(NS, &pod).await;
         eventually(Duration::from_secs(10), "pod gone from the pool", || async {
-            (!sim.free_pods("bench").contains(&pod)).then_some(())
+            (!sim.free_pods("direct").contains(&pod)).then_some(())
         })
         .await;
     }

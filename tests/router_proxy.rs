@@ -318,7 +318,7 @@ async fn a_client_leaving_during_retries_ends_the_request() {
 #[tokio::test]
 async fn no_capacity_is_503_and_controller_errors_are_502() {
     let w = world(|c| c.max_round_trip_attempts = 2).await;
-    w.fake.fail("GetInstance", tonic::Code::ResourceExhausted, 2);
+    w.fake.fail("GetInstance", tonic::Code::ResourceExhausted, 1);
     let resp = http()
         .get(w.router.url("/x"))
         .header(HEADER_FUNCTION, header())
@@ -336,6 +336,34 @@ async fn no_capacity_is_503_and_controller_errors_are_502() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 502);
+    w.router.stop().await;
+}
+
+#[tokio::test]
+async fn refusals_no_retry_can_fix_are_answered_after_one_call() {
+    let w = world(|c| c.max_round_trip_attempts = 6).await;
+    for (code, status) in [
+        (tonic::Code::InvalidArgument, 400),
+        (tonic::Code::ResourceExhausted, 503),
+        (tonic::Code::DeadlineExceeded, 503),
+    ] {
+        let before = w.fake.calls("GetInstance");
+        w.fake.fail("GetInstance", code, 1);
+        let resp = http()
+            .get(w.router.url("/x"))
+            .header(HEADER_FUNCTION, header())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), status, "{code:?}");
+        assert_eq!(
+            w.fake.calls("GetInstance") - before,
+            1,
+            "{code:?}: one GetInstance call"
+        );
+        let body = resp.text().await.unwrap();
+        assert_eq!(body.lines().count(), 1, "{body}");
+    }
     w.router.stop().await;
 }
 

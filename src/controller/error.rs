@@ -3,8 +3,9 @@
 //! Codes are chosen for what a client can do about them: `UNAVAILABLE` for
 //! transient conditions (not synced, ring empty, API server or peer down, a
 //! pod that failed its assignment) — the client retry policy keys on it;
-//! `INVALID_ARGUMENT` for bad requests; `FAILED_PRECONDITION` for requests
-//! about namespaces or pods this controller does not manage;
+//! `INVALID_ARGUMENT` for bad requests, including functions in a namespace
+//! this controller does not manage; `FAILED_PRECONDITION` for releasing a pod
+//! Skipper did not assign;
 //! `RESOURCE_EXHAUSTED` when no pool pod arrived before the deadline;
 //! `INTERNAL` only for bugs.
 
@@ -61,8 +62,9 @@ impl Error {
             Self::MissingFunction
             | Self::InvalidFunction(_)
             | Self::MissingRouterIp
-            | Self::MissingInstance => Code::InvalidArgument,
-            Self::UnmanagedNamespace(_) | Self::NotAssigned { .. } => Code::FailedPrecondition,
+            | Self::MissingInstance
+            | Self::UnmanagedNamespace(_) => Code::InvalidArgument,
+            Self::NotAssigned { .. } => Code::FailedPrecondition,
             Self::NotSynced
             | Self::Ring(_)
             | Self::Kube(_)
@@ -99,7 +101,7 @@ mod tests {
         );
         assert_eq!(
             Error::UnmanagedNamespace("x".into()).code(),
-            Code::FailedPrecondition
+            Code::InvalidArgument
         );
         assert_eq!(Error::NotSynced.code(), Code::Unavailable);
         assert_eq!(

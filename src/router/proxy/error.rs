@@ -24,6 +24,10 @@ pub enum Error {
     /// The controllers found no capacity for the function in time.
     #[error("no capacity for the function: {0}")]
     NoCapacity(#[source] client::Error),
+    /// The controllers refuse the function itself (e.g. its namespace is
+    /// not managed): the client's request is wrong, not the router.
+    #[error("controller rejected the function: {0}")]
+    Rejected(#[source] client::Error),
     /// A controller refused GetInstance for another reason.
     #[error("controller failed to provide an instance: {0}")]
     GetInstance(#[source] client::Error),
@@ -67,17 +71,29 @@ impl Error {
     #[must_use]
     pub fn from_get_instance(e: client::Error) -> Self {
         match e.code() {
+            tonic::Code::InvalidArgument => Self::Rejected(e),
             tonic::Code::Unavailable => Self::ControllerUnavailable(e),
             tonic::Code::ResourceExhausted | tonic::Code::DeadlineExceeded => Self::NoCapacity(e),
             _ => Self::GetInstance(e),
         }
     }
 
+    /// Whether a GetInstance failure is the controllers' considered answer
+    /// (the function is refused, or no capacity arrived within the
+    /// controller's own wait), so asking again cannot help.
+    #[must_use]
+    pub fn is_final_get_instance(e: &client::Error) -> bool {
+        matches!(
+            e.code(),
+            tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted | tonic::Code::DeadlineExceeded
+        ) && !matches!(e, client::Error::DeadlineExceeded { .. })
+    }
+
     /// The HTTP status of this answer.
     #[must_use]
     pub fn status(&self) -> StatusCode {
         match self {
-            Self::BadHeader(_) => StatusCode::BAD_REQUEST,
+            Self::BadHeader(_) | Self::Rejected(_) => StatusCode::BAD_REQUEST,
             Self::ControllerUnavailable(_) | Self::NoCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::GetInstance(_)
             | Self::InstanceAddress { .. }

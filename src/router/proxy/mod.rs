@@ -241,6 +241,10 @@ impl Proxy {
                 }
                 Err(e) => {
                     tracing::debug!(attempt, error = %e, "failed to get instance for function");
+                    if Error::is_final_get_instance(&e) {
+                        // Another controller gives the same answer: no retry helps.
+                        return Err(Error::from_get_instance(e));
+                    }
                     last = Some(Failed::GetInstance(Box::new(e)));
                     continue;
                 }
