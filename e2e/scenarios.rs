@@ -495,7 +495,8 @@ async fn s09_watches_dropped() {
     assert_eq!(stats.failed, 0, "{errors:?}");
 }
 
-/// 10. 200 malformed or invalid function headers: all 400, no pod touched.
+/// 10. 200 malformed or invalid function headers (and functions of an
+///     unmanaged namespace): all 400, no pod touched.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s10_bad_headers() {
     let _t = Timer::start("s10 bad headers");
@@ -527,6 +528,8 @@ async fn s10_bad_headers() {
         r#"{"namespace":"default","deployment":"fix ture","tenant":"t","scale":{"max_instances":1}}"#.into(),
         r#"{"namespace":"default","deployment":"fixture","tenant":"t","scale":{"max_instances":-1}}"#.into(),
         r#"{"namespace":7,"deployment":"fixture","tenant":"t","scale":{"max_instances":1}}"#.into(),
+        // Valid, but in a namespace no controller manages.
+        r#"{"namespace":"nowhere","deployment":"fixture","tenant":"t","scale":{"max_instances":1}}"#.into(),
     ];
     let mut statuses = Vec::new();
     for i in 0..200 {
