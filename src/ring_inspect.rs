@@ -290,7 +290,7 @@ impl Report {
                 let id = s.id();
                 let _ = writeln!(
                     out,
-                    "{:w$}  {:20}  {:#010x}  {}",
+                    "{:w$}  {:<20}  {:#010x}  {}",
                     s.label(),
                     id.0,
                     id.fold32(),
