@@ -440,22 +440,7 @@ impl Store {
         if new == old || dry_run {
             return Ok(new);
         }
-        inner.rv += 1;
-        let rv = inner.rv;
-        new["metadata"]["resourceVersion"] = json!(rv.to_string());
-        inner.objects.insert(k, new.clone());
-        self.record(
-            &mut inner,
-            Event {
-                rv,
-                res,
-                namespace: ns.to_owned(),
-                kind: EventType::Modified,
-                object: new.clone(),
-                old: Some(old),
-            },
-        );
-        Ok(new)
+        Ok(self.commit_modified(&mut inner, res, ns, k, old, new))
     }
 
     /// Marks an object as terminating (`deletionTimestamp`, grace period).
@@ -481,14 +466,28 @@ impl Store {
             return Ok(old);
         }
         let mut new = old.clone();
-        inner.rv += 1;
-        let rv = inner.rv;
         new["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
         new["metadata"]["deletionGracePeriodSeconds"] = json!(grace_seconds);
+        Ok(self.commit_modified(&mut inner, res, ns, k, old, new))
+    }
+
+    /// Stores `new` in place of `old` under the next resourceVersion and
+    /// records the `MODIFIED` event; returns the stored object.
+    fn commit_modified(
+        &self,
+        inner: &mut Inner,
+        res: &'static ResourceDef,
+        ns: &str,
+        k: Key,
+        old: Value,
+        mut new: Value,
+    ) -> Value {
+        inner.rv += 1;
+        let rv = inner.rv;
         new["metadata"]["resourceVersion"] = json!(rv.to_string());
         inner.objects.insert(k, new.clone());
         self.record(
-            &mut inner,
+            inner,
             Event {
                 rv,
                 res,
@@ -498,7 +497,7 @@ impl Store {
                 old: Some(old),
             },
         );
-        Ok(new)
+        new
     }
 
     /// Removes an object for good (emits `DELETED`). When `uid` is given, only
