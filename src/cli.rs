@@ -37,8 +37,3 @@ pub enum Command {
     /// Write an Ed25519 key pair (PKCS#8 / SPKI PEM) for assignment tokens
     Keygen(crate::keygen::Args),
 }
-
-/// A subcommand that this build declares but does not provide yet.
-#[derive(Debug, thiserror::Error)]
-#[error("skipper {0}: not yet available in this build")]
-pub struct NotAvailable(pub &'static str);

@@ -38,6 +38,3 @@ pub mod router;
 pub mod shutdown;
 pub mod telemetry;
 pub mod token;
-
-/// Exit status of a subcommand that is declared but not yet available in this build.
-pub const EXIT_NOT_AVAILABLE: u8 = 2;

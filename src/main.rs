@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use skipper::cli::{Cli, Command, NotAvailable};
+use skipper::cli::{Cli, Command};
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
@@ -20,19 +20,12 @@ fn main() -> ExitCode {
             Command::Router(args) => skipper::router::main(args).await.map_err(Into::into),
             Command::RingInspect(args) => skipper::ring_inspect::main(args).await,
             Command::Fixture(args) => skipper::fixture::main(args).await.map_err(Into::into),
-            Command::Dev(args) => skipper::devcluster::main(args).await.map_err(|e| match e {
-                skipper::devcluster::DevError::NotAvailable(n) => n.into(),
-                other => other.into(),
-            }),
+            Command::Dev(args) => skipper::devcluster::main(args).await.map_err(Into::into),
             Command::Keygen(args) => skipper::keygen::main(&args).map_err(Into::into),
         }
     });
     match result {
         Ok(code) => code,
-        Err(e) if e.is::<NotAvailable>() => {
-            eprintln!("{e}");
-            ExitCode::from(skipper::EXIT_NOT_AVAILABLE)
-        }
         Err(e) => {
             eprintln!("error: {e:#}");
             ExitCode::FAILURE

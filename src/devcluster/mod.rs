@@ -98,7 +98,6 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use crate::cli::NotAvailable;
 use crate::config::parse_duration;
 use error::ApiError;
 use kubelet::{Kubelet, KubeletSettings};
@@ -654,8 +653,6 @@ pub struct ApiserverArgs {
 /// Why `skipper dev` failed.
 #[derive(Debug, thiserror::Error)]
 pub enum DevError {
-    #[error(transparent)]
-    NotAvailable(#[from] NotAvailable),
     #[error(transparent)]
     Cluster(#[from] ClusterError),
     #[error("--kubeconfig {path}: {source}")]
