@@ -47,6 +47,18 @@ fn header() -> String {
     function_header("app", "t1", false)
 }
 
+impl World {
+    /// `GET path` through the router with the standard function header.
+    async fn get(&self, path: &str) -> reqwest::Response {
+        http()
+            .get(self.router.url(path))
+            .header(HEADER_FUNCTION, header())
+            .send()
+            .await
+            .unwrap()
+    }
+}
+
 #[tokio::test]
 async fn bad_function_headers_get_400_naming_the_problem() {
     let w = world(|_| {}).await;
@@ -242,12 +254,7 @@ async fn upstream_reset_after_sending_is_502_after_one_attempt() {
     w.fake.with(|s| {
         s.instances[0].addr = Some(rude_addr.to_string());
     });
-    let resp = http()
-        .get(w.router.url("/x"))
-        .header(HEADER_FUNCTION, header())
-        .send()
-        .await
-        .unwrap();
+    let resp = w.get("/x").await;
     assert_eq!(resp.status(), 502);
     let body = resp.text().await.unwrap();
     assert!(body.contains("pod-1"), "{body}");
@@ -319,22 +326,12 @@ async fn a_client_leaving_during_retries_ends_the_request() {
 async fn no_capacity_is_503_and_controller_errors_are_502() {
     let w = world(|c| c.max_round_trip_attempts = 2).await;
     w.fake.fail("GetInstance", tonic::Code::ResourceExhausted, 1);
-    let resp = http()
-        .get(w.router.url("/x"))
-        .header(HEADER_FUNCTION, header())
-        .send()
-        .await
-        .unwrap();
+    let resp = w.get("/x").await;
     assert_eq!(resp.status(), 503);
     assert!(resp.headers().contains_key("retry-after"));
 
     w.fake.fail("GetInstance", tonic::Code::Internal, 2);
-    let resp = http()
-        .get(w.router.url("/x"))
-        .header(HEADER_FUNCTION, header())
-        .send()
-        .await
-        .unwrap();
+    let resp = w.get("/x").await;
     assert_eq!(resp.status(), 502);
     w.router.stop().await;
 }
@@ -349,12 +346,7 @@ async fn refusals_no_retry_can_fix_are_answered_after_one_call() {
     ] {
         let before = w.fake.calls("GetInstance");
         w.fake.fail("GetInstance", code, 1);
-        let resp = http()
-            .get(w.router.url("/x"))
-            .header(HEADER_FUNCTION, header())
-            .send()
-            .await
-            .unwrap();
+        let resp = w.get("/x").await;
         assert_eq!(resp.status(), status, "{code:?}");
         assert_eq!(
             w.fake.calls("GetInstance") - before,
@@ -380,12 +372,7 @@ async fn an_unusable_instance_address_is_excluded_and_retried() {
             },
         );
     });
-    let resp = http()
-        .get(w.router.url("/x"))
-        .header(HEADER_FUNCTION, header())
-        .send()
-        .await
-        .unwrap();
+    let resp = w.get("/x").await;
     assert_eq!(resp.status(), 200);
     let reqs = w.fake.with(|s| s.get_instance_requests.clone());
     assert_eq!(reqs[1].exclude_instance_names, vec!["pod-noaddr".to_owned()]);
@@ -397,12 +384,7 @@ async fn every_connect_failing_is_502() {
     let w = world(|c| c.max_round_trip_attempts = 3).await;
     w.fake
         .with(|s| s.instances[0].addr = Some(refused_addr().to_string()));
-    let resp = http()
-        .get(w.router.url("/x"))
-        .header(HEADER_FUNCTION, header())
-        .send()
-        .await
-        .unwrap();
+    let resp = w.get("/x").await;
     assert_eq!(resp.status(), 502);
     let body = resp.text().await.unwrap();
     assert!(body.contains("failed to connect to instance"), "{body}");
@@ -413,12 +395,7 @@ async fn every_connect_failing_is_502() {
 #[tokio::test]
 async fn response_header_timeout_is_504() {
     let w = world(|c| c.response_header_timeout = Some(Duration::from_millis(100))).await;
-    let resp = http()
-        .get(w.router.url("/block"))
-        .header(HEADER_FUNCTION, header())
-        .send()
-        .await
-        .unwrap();
+    let resp = w.get("/block").await;
     assert_eq!(resp.status(), 504);
     w.upstream.open();
     w.router.stop().await;
@@ -427,12 +404,7 @@ async fn response_header_timeout_is_504() {
 #[tokio::test]
 async fn request_timeout_is_504() {
     let w = world(|c| c.request_timeout = Some(Duration::from_millis(100))).await;
-    let resp = http()
-        .get(w.router.url("/block"))
-        .header(HEADER_FUNCTION, header())
-        .send()
-        .await
-        .unwrap();
+    let resp = w.get("/block").await;
     assert_eq!(resp.status(), 504);
     let body = resp.text().await.unwrap();
     assert!(body.contains("request timeout"), "{body}");
@@ -474,12 +446,7 @@ async fn oneshot_instance_is_released_after_an_upstream_failure() {
 #[tokio::test]
 async fn sse_first_event_arrives_before_the_response_ends() {
     let w = world(|_| {}).await;
-    let resp = http()
-        .get(w.router.url("/sse"))
-        .header(HEADER_FUNCTION, header())
-        .send()
-        .await
-        .unwrap();
+    let resp = w.get("/sse").await;
     assert_eq!(resp.status(), 200);
     let mut stream = resp.bytes_stream();
     let first = tokio::time::timeout(LIMIT, stream.next())
@@ -523,15 +490,7 @@ async fn instance_connections_are_kept_alive_and_reused() {
     let mut peers = Vec::new();
     for _ in 0..5 {
         // A fresh client connection each time; the router's side is pooled.
-        let peer = http()
-            .get(w.router.url("/peer"))
-            .header(HEADER_FUNCTION, header())
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
+        let peer = w.get("/peer").await.text().await.unwrap();
         peers.push(peer);
     }
     peers.dedup();
@@ -543,12 +502,7 @@ async fn instance_connections_are_kept_alive_and_reused() {
 async fn metrics_count_requests_and_durations() {
     let w = world(|_| {}).await;
     for _ in 0..5 {
-        let resp = http()
-            .get(w.router.url("/x"))
-            .header(HEADER_FUNCTION, header())
-            .send()
-            .await
-            .unwrap();
+        let resp = w.get("/x").await;
         resp.bytes().await.unwrap();
     }
     let metrics = http()
