@@ -21,14 +21,7 @@ async fn get_instance_claims_a_pool_pod_and_the_pod_verifies_the_token() {
     let mut ctl = Ctl::single(&sim).await;
 
     let f = function("pool", "tenant-a", 3);
-    let inst = ctl
-        .grpc
-        .get_instance(get_instance(&f, Duration::from_secs(10)))
-        .await
-        .unwrap()
-        .into_inner()
-        .instance
-        .unwrap();
+    let inst = ctl.instance(&f, Duration::from_secs(10)).await;
     let name = inst.name.clone().unwrap();
     assert!(inst.ready_at.is_some(), "ready in memory at once");
     assert!(inst.addr.as_deref().unwrap().ends_with(":8888"));
@@ -54,14 +47,7 @@ async fn get_instance_claims_a_pool_pod_and_the_pod_verifies_the_token() {
     .await;
 
     // A second call reuses the ready instance.
-    let again = ctl
-        .grpc
-        .get_instance(get_instance(&f, Duration::from_secs(10)))
-        .await
-        .unwrap()
-        .into_inner()
-        .instance
-        .unwrap();
+    let again = ctl.instance(&f, Duration::from_secs(10)).await;
     assert_eq!(again.name, inst.name);
     ctl.stop().await;
 }

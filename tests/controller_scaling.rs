@@ -100,14 +100,7 @@ async fn idle_function_scales_to_zero_after_the_heartbeat_timeout() {
     let mut ctl = Ctl::start(&sim, config, listener).await;
 
     let f = function("idle", "sleepy", 1);
-    let inst = ctl
-        .grpc
-        .get_instance(get_instance(&f, Duration::from_secs(10)))
-        .await
-        .unwrap()
-        .into_inner()
-        .instance
-        .unwrap();
+    let inst = ctl.instance(&f, Duration::from_secs(10)).await;
     let name = inst.name.unwrap();
     eventually(Duration::from_secs(10), "idle pod deleted", || async {
         sim.live_pod(&name).await.is_none().then_some(())
@@ -182,14 +175,7 @@ async fn template_rollout_replaces_stale_instances_one_for_one() {
     let mut ctl = Ctl::single(&sim).await;
     let f = function("roll", "rider", 2);
     let stop = keep_alive(&ctl, &f, Arc::new(AtomicU32::new(0)));
-    let inst = ctl
-        .grpc
-        .get_instance(get_instance(&f, Duration::from_secs(10)))
-        .await
-        .unwrap()
-        .into_inner()
-        .instance
-        .unwrap();
+    let inst = ctl.instance(&f, Duration::from_secs(10)).await;
     let old_rs = inst.replica_set.clone().unwrap();
     Api::<Deployment>::namespaced(sim.client.clone(), NS)
         .patch(
@@ -280,14 +266,7 @@ async fn oneshot_gets_a_pod_per_request_and_release_deletes_it() {
     f.oneshot = Some(true);
     let mut names = Vec::new();
     for _ in 0..2 {
-        let inst = ctl
-            .grpc
-            .get_instance(get_instance(&f, Duration::from_secs(10)))
-            .await
-            .unwrap()
-            .into_inner()
-            .instance
-            .unwrap();
+        let inst = ctl.instance(&f, Duration::from_secs(10)).await;
         names.push(inst);
     }
     assert_ne!(names[0].name, names[1].name, "one pod per request");

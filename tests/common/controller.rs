@@ -260,6 +260,17 @@ impl Ctl {
         Self::start(sim, sim.config("127.0.0.1"), listener).await
     }
 
+    /// `GetInstance` for `f` within `timeout`; panics when it fails.
+    pub async fn instance(&mut self, f: &Function, timeout: Duration) -> api::Instance {
+        self.grpc
+            .get_instance(get_instance(f, timeout))
+            .await
+            .unwrap()
+            .into_inner()
+            .instance
+            .unwrap()
+    }
+
     /// Stops the controller.
     pub async fn stop(self) {
         self.shutdown.trigger();
