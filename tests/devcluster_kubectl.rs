@@ -17,7 +17,6 @@ use std::time::Duration;
 
 use serde_json::Value;
 use skipper::devcluster::pool_deployment_json;
-use skipper::token::Version;
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
 const WAIT: Duration = Duration::from_secs(30);
@@ -205,14 +204,7 @@ async fn kubectl_drives_a_fixture_pool_against_skipper_dev_apiserver() {
     // Assign one pod, then label it as the controller would: the pool refills.
     let pod = pods[0]["metadata"]["name"].as_str().unwrap().to_owned();
     let ip = pods[0]["status"]["podIP"].as_str().unwrap().to_owned();
-    let resp = reqwest::Client::new()
-        .post(format!("http://{ip}:8888/__skipper/assign"))
-        .header("X-Skipper-Token", common::token(&key, Version::V2, "acme"))
-        .header("X-Skipper-Function", common::function_json("acme"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    assert_eq!(common::assign(&ip, &key, "acme").await, 200);
     let out = api.ok(&["label", "pod", &pod, "skipper/tenant=acme"]).await;
     assert_eq!(out.trim(), format!("pod/{pod} labeled"));
     let refilled = ready_pool(&api, 3).await;

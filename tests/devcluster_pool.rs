@@ -18,7 +18,6 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams, WatchEvent};
 use serde_json::{Value, json};
 use skipper::devcluster::{Cluster, pool_deployment, pool_deployment_json};
-use skipper::token::Version;
 
 const NS: &str = "fixtures";
 const WAIT: Duration = Duration::from_secs(20);
@@ -176,14 +175,7 @@ async fn exactly_one_of_two_concurrent_claims_wins_and_the_pool_refills() {
 
     // The claimed pod accepts its assignment.
     let ip = ip_of(&pods[0]);
-    let resp = reqwest::Client::new()
-        .post(format!("http://{ip}:8888/__skipper/assign"))
-        .header("X-Skipper-Token", common::token(&key, Version::V2, "acme"))
-        .header("X-Skipper-Function", common::function_json("acme"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    assert_eq!(common::assign(&ip, &key, "acme").await, 200);
     let echo: Value = reqwest::get(format!("http://{ip}:8888/hi"))
         .await
         .unwrap()
@@ -414,14 +406,7 @@ async fn readiness_follows_the_readiness_probe_after_start() {
         ready(false).await.is_some(),
         "503 from the probe path keeps the pod unready"
     );
-    let resp = reqwest::Client::new()
-        .post(format!("http://{ip}:8888/__skipper/assign"))
-        .header("X-Skipper-Token", common::token(&key, Version::V2, "t"))
-        .header("X-Skipper-Function", common::function_json("t"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    assert_eq!(common::assign(&ip, &key, "t").await, 200);
     common::eventually("ready once the probe path answers 200", WAIT, || ready(true)).await;
     // A frozen process fails the probe (1s timeout) and the pod turns unready; thawed, it recovers.
     let pid = nix::unistd::Pid::from_raw(i32::try_from(cluster.pod_pid(NS, &name).unwrap()).unwrap());
@@ -455,14 +440,7 @@ async fn a_recreated_pod_with_the_same_name_starts_with_a_fresh_pod_directory() 
             503,
             "round {round}: a new pod is unassigned"
         );
-        let resp = reqwest::Client::new()
-            .post(format!("http://{ip}:8888/__skipper/assign"))
-            .header("X-Skipper-Token", common::token(&key, Version::V2, "t"))
-            .header("X-Skipper-Function", common::function_json("t"))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
+        assert_eq!(common::assign(&ip, &key, "t").await, 200);
         let dir = cluster.pod_dir(NS, "same").unwrap();
         assert!(dir.join("token").exists());
         api.delete("same", &DeleteParams::default()).await.unwrap();
@@ -494,14 +472,7 @@ async fn logs_follow_a_running_pod_until_it_is_deleted() {
     let mut lines = api.log_stream(&name, &follow).await.unwrap().lines();
     let mut next = async || tokio::time::timeout(WAIT, lines.next()).await.unwrap();
     while !next().await.unwrap().unwrap().contains("fixture listening") {}
-    let resp = reqwest::Client::new()
-        .post(format!("http://{ip}:8888/__skipper/assign"))
-        .header("X-Skipper-Token", common::token(&key, Version::V2, "followed"))
-        .header("X-Skipper-Function", common::function_json("followed"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
+    assert_eq!(common::assign(&ip, &key, "followed").await, 200);
     while !next().await.unwrap().unwrap().contains("assigned") {}
     api.delete(&name, &DeleteParams::default()).await.unwrap();
     while next().await.is_some() {}

@@ -64,6 +64,18 @@ pub fn function_json(tenant: &str) -> String {
     format!(r#"{{"namespace":"fixtures","deployment":"fixture","tenant":"{tenant}"}}"#)
 }
 
+/// POSTs a v2 assignment for `tenant` to the fixture pod at `ip`; returns the status.
+pub async fn assign(ip: &str, key: &SigningKey, tenant: &str) -> reqwest::StatusCode {
+    reqwest::Client::new()
+        .post(format!("http://{ip}:8888/__skipper/assign"))
+        .header("X-Skipper-Token", token(key, Version::V2, tenant))
+        .header("X-Skipper-Function", function_json(tenant))
+        .send()
+        .await
+        .expect("assign request")
+        .status()
+}
+
 /// Whether a process with this pid exists (and is not a zombie).
 pub fn process_alive(pid: u32) -> bool {
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {

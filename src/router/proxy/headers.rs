@@ -51,6 +51,11 @@ pub fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
 /// instance's response before it is passed back. Not for `101` responses,
 /// whose `Connection` and `Upgrade` belong to the protocol switch.
 pub fn strip_response(headers: &mut HeaderMap) {
+    strip_hop_by_hop(headers);
+}
+
+/// Removes the hop-by-hop headers and every header `Connection` lists.
+fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -66,16 +71,7 @@ pub fn strip_response(headers: &mut HeaderMap) {
 /// Rewrites inbound request headers into the headers sent to the instance.
 /// `upgrade` re-adds `Connection: upgrade` and `Upgrade` for upgrade requests.
 pub fn rewrite(headers: &mut HeaderMap, client: Option<SocketAddr>, upgrade: Option<HeaderValue>) {
-    let listed: Vec<HeaderName> = headers
-        .get_all(header::CONNECTION)
-        .iter()
-        .filter_map(|v| v.to_str().ok())
-        .flat_map(|v| v.split(','))
-        .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
-        .collect();
-    for name in listed.iter().chain(HOP_BY_HOP.iter()) {
-        headers.remove(name);
-    }
+    strip_hop_by_hop(headers);
     headers.remove(HEADER_FUNCTION);
 
     if !headers.contains_key(&X_FORWARDED_FOR)
