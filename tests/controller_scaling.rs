@@ -239,13 +239,16 @@ async fn stuck_instance_is_cleaned_up() {
     })
     .await;
     let message = format!("terminated stuck instance {victim}");
-    assert!(
+    // The event follows the delete call's answer.
+    eventually(Duration::from_secs(5), "stuck-instance event", || async {
         ctl.core
             .events
             .snapshot()
             .iter()
             .any(|e| e.kind == EventType::StuckInstanceCleanup && e.message == message)
-    );
+            .then_some(())
+    })
+    .await;
     // The function is served by a fresh instance.
     eventually(Duration::from_secs(10), "fresh instance", || async {
         let pods = sim.tenant_pods("frozen").await;

@@ -1,6 +1,7 @@
-//! The control loops: Deployment → ReplicaSet → Pods, garbage collection of
-//! dependents, and EndpointSlices for Services. One pass reconciles every
-//! object; the cluster runs a pass after each store change.
+//! The control loops: Deployment → ReplicaSet → Pods, the scheduler,
+//! namespace termination, garbage collection of dependents, and
+//! EndpointSlices for Services. One pass reconciles every object; the
+//! cluster runs a pass after each store change.
 
 use std::collections::{BTreeMap, HashSet};
 
@@ -24,8 +25,10 @@ pub fn reconcile(store: &Store) -> Result<(), ApiError> {
             first_err = Some(e);
         }
     };
+    note(namespaces(store));
     note(deployments(store));
     note(replicasets(store));
+    note(super::scheduler::schedule(store));
     note(garbage_collect(store));
     note(endpoint_slices(store));
     first_err.map_or(Ok(()), Err)
@@ -121,6 +124,60 @@ pub fn delete_pod(store: &Store, ns: &str, name: &str, grace: Option<i64>) -> Re
     } else {
         store.mark_terminating(res, ns, name, grace)
     }
+}
+
+/// Starts deleting a namespace (as `DELETE /api/v1/namespaces/{name}` does):
+/// it turns `Terminating` and refuses new objects; [`reconcile`] deletes its
+/// objects — pods gracefully — and removes it once it is empty.
+///
+/// # Errors
+/// `NotFound`.
+pub fn terminate_namespace(store: &Store, name: &str) -> Result<Value, ApiError> {
+    let res = by_kind("Namespace");
+    store.mark_terminating(res, "", name, 0)?;
+    let marked = store.update(res, "", name, |o| {
+        o["status"]["phase"] = json!("Terminating");
+        Ok(())
+    })?;
+    namespace_content(store, name)?;
+    Ok(marked)
+}
+
+/// Deletes what a terminating namespace holds; `true` when it is empty.
+fn namespace_content(store: &Store, ns: &str) -> Result<bool, ApiError> {
+    let keys = store.keys_in_namespace(ns);
+    let mut empty = true;
+    for (group, plural, obj_name) in keys {
+        let Some(r) = super::resources::RESOURCES
+            .iter()
+            .find(|r| r.group == group && r.plural == plural && !r.computed)
+        else {
+            continue;
+        };
+        empty = false;
+        if r.kind == "Pod" {
+            let terminating = store.get(r, ns, &obj_name).is_some_and(|p| is_terminating(&p));
+            if !terminating {
+                ignore_not_found(delete_pod(store, ns, &obj_name, None))?;
+            }
+        } else {
+            ignore_not_found(store.remove(r, ns, &obj_name, None))?;
+        }
+    }
+    Ok(empty)
+}
+
+/// Empties terminating namespaces and removes those that are empty.
+fn namespaces(store: &Store) -> Result<(), ApiError> {
+    let res = by_kind("Namespace");
+    let (all, _) = store.list(res, None);
+    for ns in all.iter().filter(|n| is_terminating(n)) {
+        let name = name_of(ns);
+        if namespace_content(store, name)? {
+            ignore_not_found(store.remove(res, "", name, Some(uid_of(ns))))?;
+        }
+    }
+    Ok(())
 }
 
 fn deployments(store: &Store) -> Result<(), ApiError> {

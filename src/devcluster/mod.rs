@@ -51,33 +51,35 @@
 //! [`Cluster::fail_next_writes`], [`Cluster::set_latency`],
 //! [`Cluster::forbid_namespace`]; the same over HTTP as
 //! `POST /_sim/pods/<ns>/<name>/kill`, `/_sim/drop-watches`, `/_sim/compact`,
-//! `/_sim/fail-writes?count=N&status=S`, `/_sim/latency?ms=N`,
+//! `/_sim/fail-writes?count=N&status=S[&namespace=NS]`, `/_sim/latency?ms=N`,
 //! `/_sim/forbid?namespace=NS[&allow=true]`.
 //!
 //! Differences from a real cluster worth knowing: no authentication or RBAC
 //! (use [`Cluster::forbid_namespace`] for `403`), no admission or schema
 //! validation beyond names, selectors and required containers, no
-//! server-side apply, rollouts replace all pods at once, a
-//! crashed container is not restarted (the pod stays Running and unready),
-//! only the first container of a pod runs, and there is no cluster DNS and
-//! no Service virtual IP (reach pods by IP or through EndpointSlices). A
-//! normal exit, a panic (drop) or
-//! Ctrl-C stops every pod process; after a SIGKILL of the simulator only
-//! `skipper fixture` pods notice (`SKIPPER_EXIT_WITH_PARENT`) and exit,
-//! other programs are left running.
+//! server-side apply, rollouts replace all pods at once, and there is no
+//! cluster DNS and no Service virtual IP (reach pods by IP or through
+//! EndpointSlices). Pods run as containers do, with the differences listed
+//! in [`kubelet`] (images are ignored, pods share the host's network). A
+//! normal exit, a panic (drop), Ctrl-C or a SIGKILL of the simulator stops
+//! every pod process.
 
-/// Deployment, ReplicaSet, garbage-collection and EndpointSlice loops.
+/// Deployment, ReplicaSet, namespace, garbage-collection and EndpointSlice loops.
 pub mod controllers;
 /// API errors and their `Status` mapping.
 pub mod error;
-/// The pod runtime.
+/// The node agent: runs pods as containers.
 pub mod kubelet;
 /// JSON, merge and strategic-merge patches.
 pub mod patch;
 /// The local playground (`skipper dev`).
 pub mod playground;
+/// Resource quantities (`250m`, `64Mi`).
+pub mod quantity;
 /// Served resource kinds and discovery.
 pub mod resources;
+/// Binds pending pods to nodes.
+pub mod scheduler;
 /// Label and field selectors.
 pub mod selector;
 /// The HTTP server and fault endpoints.
@@ -100,7 +102,7 @@ use tokio_util::task::TaskTracker;
 
 use crate::config::parse_duration;
 use error::ApiError;
-use kubelet::{Kubelet, KubeletSettings};
+use kubelet::{BackoffPolicy, Capacity, Kubelet, KubeletError, NodeSpec};
 use resources::by_kind;
 use server::{Faults, Shared};
 use store::Store;
@@ -117,12 +119,18 @@ pub struct Config {
     pub work_dir: Option<PathBuf>,
     /// Namespaces created at start (besides `default` and `kube-system`).
     pub namespaces: Vec<String>,
-    /// Zones of the simulated nodes (one node per zone); pods are spread round-robin.
+    /// Zones of the simulated nodes (one node per zone).
     pub zones: Vec<String>,
-    /// How often a starting pod's readiness is probed.
-    pub probe_interval: Duration,
+    /// Capacity (and allocatable) of every node.
+    pub node_capacity: Capacity,
+    /// The kubelet's crash back-off (10 s doubling to 5 min); tests scale it down.
+    pub restart_backoff: BackoffPolicy,
     /// How often pod CPU and memory are sampled.
     pub metrics_interval: Duration,
+    /// How often pods' ConfigMap, Secret, downward API and token volumes are refreshed.
+    pub volume_resync: Duration,
+    /// `leaseDurationSeconds` of the node Leases (renewed every quarter of it).
+    pub node_lease_duration: Duration,
     /// How often watches that asked for bookmarks get one.
     pub bookmark_interval: Duration,
     /// Upper bound on a watch's `timeoutSeconds`.
@@ -141,8 +149,11 @@ impl Default for Config {
             work_dir: None,
             namespaces: Vec::new(),
             zones: vec!["zone-a".into(), "zone-b".into(), "zone-c".into()],
-            probe_interval: Duration::from_millis(50),
+            node_capacity: Capacity::default(),
+            restart_backoff: BackoffPolicy::default(),
             metrics_interval: Duration::from_secs(1),
+            volume_resync: Duration::from_secs(10),
+            node_lease_duration: Duration::from_secs(40),
             bookmark_interval: Duration::from_secs(5),
             max_watch_timeout: Duration::from_secs(1800),
             event_history: 4096,
@@ -167,6 +178,8 @@ pub enum ClusterError {
     Client(String),
     #[error("setting up the cluster: {0}")]
     Setup(#[from] ApiError),
+    #[error(transparent)]
+    Kubelet(#[from] KubeletError),
 }
 
 /// [`Cluster::wait_ready_pods`] ran out of time.
@@ -228,7 +241,12 @@ impl Cluster {
             source,
         })?;
         let store = Arc::new(Store::new(config.event_history));
-        let mut namespaces = vec!["default".to_owned(), "kube-system".to_owned()];
+        let mut namespaces = vec![
+            "default".to_owned(),
+            "kube-system".to_owned(),
+            "kube-public".to_owned(),
+            kubelet::agent::NODE_LEASE_NAMESPACE.to_owned(),
+        ];
         for ns in &config.namespaces {
             if !namespaces.contains(ns) {
                 namespaces.push(ns.clone());
@@ -237,21 +255,20 @@ impl Cluster {
         for ns in &namespaces {
             store.create(by_kind("Namespace"), "", json!({"metadata": {"name": ns}}))?;
         }
-        let mut nodes = Vec::new();
-        for (i, zone) in config.zones.iter().enumerate() {
-            let name = format!("sim-node-{i}");
-            store.create(
-                by_kind("Node"),
-                "",
-                json!({"metadata": {"name": name, "labels": {
-                    "topology.kubernetes.io/zone": zone, "kubernetes.io/hostname": name}},
-                    "status": {"conditions": [{"type": "Ready", "status": "True"}],
-                               "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}}),
-            )?;
-            nodes.push(name);
-        }
+        let mut nodes: Vec<NodeSpec> = config
+            .zones
+            .iter()
+            .enumerate()
+            .map(|(i, zone)| NodeSpec {
+                name: format!("sim-node-{i}"),
+                zone: zone.clone(),
+            })
+            .collect();
         if nodes.is_empty() {
-            nodes.push("sim-node-0".into());
+            nodes.push(NodeSpec {
+                name: "sim-node-0".into(),
+                zone: "zone-a".into(),
+            });
         }
         let pod_root = work_dir.join("pods");
         std::fs::create_dir_all(&pod_root).map_err(|source| ClusterError::WorkDir {
@@ -268,13 +285,17 @@ impl Cluster {
                 source,
             });
         }
-        let kubelet = Arc::new(Kubelet::new(KubeletSettings {
+        let kubelet = Arc::new(Kubelet::new(kubelet::Settings {
             skipper_exe: config.skipper_exe.clone(),
             pod_root,
-            kubeconfig: kubeconfig.clone(),
-            probe_interval: config.probe_interval,
-            metrics_interval: config.metrics_interval,
             nodes,
+            capacity: config.node_capacity.clone(),
+            api_server: addr,
+            backoff: config.restart_backoff,
+            metrics_interval: config.metrics_interval,
+            lease_duration: config.node_lease_duration,
+            node_status_interval: Duration::from_secs(60),
+            volume_resync: config.volume_resync,
         }));
         let root = CancellationToken::new();
         let shared = Arc::new(Shared {
@@ -299,15 +320,16 @@ impl Cluster {
                 tracing::warn!(error = %e, "simulated API server stopped");
             }
         });
-        let (token, tasks) = (root.clone(), tracker.clone());
+        let token = root.clone();
         let resync = config.resync_interval;
+        let loop_store = store.clone();
         tracker.spawn(async move {
+            let store = loop_store;
             let mut rx = store.subscribe();
             loop {
                 if let Err(e) = controllers::reconcile(&store) {
                     tracing::debug!(error = %e, "reconcile pass");
                 }
-                kubelet.sync(&store, &tasks, &token);
                 tokio::select! {
                     _ = rx.changed() => {}
                     () = tokio::time::sleep(resync) => {}
@@ -315,8 +337,7 @@ impl Cluster {
                 }
             }
         });
-        tracing::info!(address = %addr, "simulated Kubernetes API server listening");
-        Ok(Self {
+        let cluster = Self {
             shared,
             addr,
             tracker,
@@ -325,7 +346,11 @@ impl Cluster {
             owns_work_dir,
             kubeconfig,
             stopped: Mutex::new(false),
-        })
+        };
+        let client = cluster.client()?;
+        kubelet.start(client, &cluster.tracker, &cluster.root).await?;
+        tracing::info!(address = %addr, "simulated Kubernetes API server listening");
+        Ok(cluster)
     }
 
     /// The API server address.
@@ -352,7 +377,7 @@ impl Cluster {
         kube::Client::try_from(kube::Config::new(url)).map_err(|e| ClusterError::Client(e.to_string()))
     }
 
-    /// The kubeconfig the cluster wrote into its work directory (pods get it as `KUBECONFIG`).
+    /// The kubeconfig the cluster wrote into its work directory.
     #[must_use]
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
@@ -386,13 +411,21 @@ impl Cluster {
         }
     }
 
-    /// SIGKILLs a pod's process group, as a crash would: the pod turns unready
-    /// (`Failed` under `restartPolicy: Never`) and nothing restarts it.
+    /// SIGKILLs the main process of a pod's (first running) container, as a
+    /// crash would: every process of that container dies, the container
+    /// turns unready and restarts under the pod's `restartPolicy` (with the
+    /// crash back-off); under `restartPolicy: Never` the pod ends `Failed`.
     ///
     /// # Errors
-    /// `NotFound` when the pod has no running process.
+    /// `NotFound` when no container of the pod runs.
     pub fn kill_pod_process(&self, ns: &str, name: &str) -> Result<u32, ApiError> {
-        self.shared.kubelet.kill_process(ns, name)
+        self.shared
+            .kubelet
+            .kill_process(ns, name)
+            .ok_or_else(|| ApiError::NotFound {
+                res: by_kind("Pod"),
+                name: name.to_owned(),
+            })
     }
 
     /// Ends every open watch (clients resume from their last resourceVersion).
@@ -405,9 +438,16 @@ impl Cluster {
         self.shared.store.compact();
     }
 
-    /// The next `n` API writes fail with `status` (a `Status` body with the matching reason).
+    /// The next `n` API writes fail with `status` (a `Status` body with the
+    /// matching reason). The node agent writes too (leases, pod status):
+    /// [`Cluster::fail_next_writes_in`] confines the failures to a namespace.
     pub fn fail_next_writes(&self, n: u32, status: StatusCode) {
-        self.shared.faults.fail_next_writes(n, status);
+        self.shared.faults.fail_next_writes(n, status, None);
+    }
+
+    /// The next `n` API writes in namespace `ns` fail with `status`.
+    pub fn fail_next_writes_in(&self, ns: &str, n: u32, status: StatusCode) {
+        self.shared.faults.fail_next_writes(n, status, Some(ns));
     }
 
     /// Answers every request in namespace `ns` with `403 Forbidden` (as a
@@ -426,20 +466,22 @@ impl Cluster {
         self.shared.faults.set_latency(d);
     }
 
-    /// The pid of a pod's process while it runs.
+    /// The host pid of the main process of a pod's (first running) container.
     #[must_use]
     pub fn pod_pid(&self, ns: &str, name: &str) -> Option<u32> {
         self.shared.kubelet.pid_of(ns, name)
     }
 
-    /// The directory of a pod (`POD_DIR`; holds its `log`), while the pod exists.
+    /// The directory of a pod on its node, while the pod exists: its volumes
+    /// (`volumes/<name>`), container logs (`logs/<container>/<restart>.log`)
+    /// and each container's private `/tmp` (`containers/<container>/tmp`).
     #[must_use]
     pub fn pod_dir(&self, ns: &str, name: &str) -> Option<PathBuf> {
         self.shared.store.get(by_kind("Pod"), ns, name)?;
         Some(self.shared.kubelet.pod_dir(ns, name))
     }
 
-    /// Pids of every running pod process.
+    /// Host pids of the main processes of every running container.
     #[must_use]
     pub fn pod_pids(&self) -> Vec<u32> {
         self.shared.kubelet.pids()
@@ -540,11 +582,13 @@ impl Drop for Cluster {
     }
 }
 
-/// The standard fixture pool Deployment (spec §3.4): label and selector
+/// The standard fixture pool Deployment (spec §3.4), as
+/// `manifests/example-pool.yaml` writes it: label and selector
 /// `skipper/deployment: <name>` plus `skipper/tenant DoesNotExist`, template
 /// annotation `skipper/port: http`, container port `http: 8888`, command
-/// `skipper fixture`, `SKIPPER_PUBLIC_KEY`, readiness probe `/healthz`, and
-/// the token file inside the pod's own directory.
+/// `skipper fixture` listening on the pod IP, `SKIPPER_PUBLIC_KEY`,
+/// readiness probe `/healthz`, and an `emptyDir` at `/tmp` (the token file
+/// survives container restarts).
 #[must_use]
 pub fn pool_deployment_json(namespace: &str, name: &str, replicas: i32, public_key_pem: &str) -> Value {
     json!({
@@ -569,12 +613,14 @@ pub fn pool_deployment_json(namespace: &str, name: &str, replicas: i32, public_k
                         "ports": [{"name": "http", "containerPort": 8888}],
                         "env": [
                             {"name": "SKIPPER_PUBLIC_KEY", "value": public_key_pem},
-                            {"name": "SKIPPER_FIXTURE_TOKEN_PATH", "value": "$(POD_DIR)/token"},
+                            {"name": "SKIPPER_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                         ],
                         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
                                            "periodSeconds": 1, "failureThreshold": 1},
                         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+                        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
                     }],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
                 },
             },
         },

@@ -13,10 +13,11 @@
 //! directory). SIGINT or SIGTERM stops the router, then every pod, and exits 0.
 //!
 //! The manifests are used as shipped, with these adjustments made in code:
-//! namespace, name and replicas of each pool; the pool's token file inside the
-//! pod's own directory (the simulator has no volumes); `--command` replacing
-//! the fixture; and controller environment (function namespaces, intervals,
-//! text logs, metrics bound to the pod IP).
+//! namespace, name and replicas of each pool; `--command` replacing the
+//! fixture; controller environment (function namespaces, intervals, text
+//! logs); and, until the simulator serves HTTPS with ServiceAccount tokens
+//! (what in-cluster configuration needs), a kubeconfig Secret mounted into
+//! the controller pods at [`DEV_KUBECONFIG_DIR`].
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -64,6 +65,11 @@ pub const CONTROLLER_METRICS_PORT: u16 = 9090;
 pub const PASETO_SECRET: &str = "skipper-controller-paseto";
 /// The ConfigMap holding the pools' PASETO public key.
 pub const PUBLIC_KEY_CONFIG_MAP: &str = "skipper-paseto-public";
+/// The Secret holding the controllers' kubeconfig for the simulated cluster.
+pub const DEV_KUBECONFIG_SECRET: &str = "skipper-dev-kubeconfig";
+/// Where controller pods find that kubeconfig (`KUBECONFIG` names the file in it).
+pub const DEV_KUBECONFIG_DIR: &str = "/etc/skipper-dev";
+
 /// The port a pool pod serves on (`manifests/example-pool.yaml`); a
 /// `--command` program must listen on `$POD_IP:$PORT` with this port.
 pub const POOL_PORT: u16 = 8888;
@@ -271,19 +277,23 @@ fn documents(file: &'static str, yaml: &str) -> Result<Vec<Value>, PlaygroundErr
 }
 
 fn set_env(container: &mut Value, name: &str, value: &str) {
+    set_env_var(container, json!({"name": name, "value": value}));
+}
+
+fn set_env_var(container: &mut Value, var: Value) {
     if !container["env"].is_array() {
         container["env"] = json!([]);
     }
+    let name = var["name"].clone();
     if let Some(env) = container["env"].as_array_mut() {
-        env.retain(|e| e.get("name").and_then(Value::as_str) != Some(name));
-        env.push(json!({"name": name, "value": value}));
+        env.retain(|e| e["name"] != name);
+        env.push(var);
     }
 }
 
 /// The pool Deployment of `manifests/example-pool.yaml`, renamed to
-/// `pool.name` in `namespace` with `pool.replicas` pods, its token file in
-/// the pod's own directory, and `command` (run with `sh -c`) instead of the
-/// fixture when given.
+/// `pool.name` in `namespace` with `pool.replicas` pods, and `command` (run
+/// with `sh -c`, given `POD_IP` and `PORT`) instead of the fixture when given.
 ///
 /// # Errors
 /// When the manifest has no Deployment.
@@ -306,20 +316,16 @@ pub fn pool_manifest(
     d["spec"]["replicas"] = json!(pool.replicas);
     d["spec"]["selector"]["matchLabels"]["skipper/deployment"] = json!(name);
     d["spec"]["template"]["metadata"]["labels"]["skipper/deployment"] = json!(name);
-    let spec = &mut d["spec"]["template"]["spec"];
-    if let Some(obj) = spec.as_object_mut() {
-        obj.remove("volumes");
-    }
-    let container = &mut spec["containers"][0];
-    if let Some(obj) = container.as_object_mut() {
-        obj.remove("volumeMounts");
-    }
-    set_env(container, "SKIPPER_FIXTURE_TOKEN_PATH", "$(POD_DIR)/token");
+    let container = &mut d["spec"]["template"]["spec"]["containers"][0];
     if let Some(cmd) = command {
         container["command"] = json!(["sh", "-c", cmd]);
         if let Some(obj) = container.as_object_mut() {
             obj.remove("args");
         }
+        set_env_var(
+            container,
+            json!({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}),
+        );
         set_env(container, "PORT", &POOL_PORT.to_string());
         container["readinessProbe"] = json!({"tcpSocket": {"port": "http"}, "periodSeconds": 1});
     }
@@ -340,7 +346,8 @@ fn pool_rbac(namespace: &str) -> Result<Vec<Value>, PlaygroundError> {
 }
 
 /// The objects of `manifests/controller.yaml` with `replicas` controllers
-/// serving the pool namespaces, and `env` added to their container.
+/// serving the pool namespaces, `env` added to their container, and the
+/// kubeconfig Secret mounted.
 fn controller_manifests(replicas: u16, env: &[(String, String)]) -> Result<Vec<Value>, PlaygroundError> {
     let mut docs = documents("controller.yaml", CONTROLLER_YAML)?;
     for d in &mut docs {
@@ -348,7 +355,19 @@ fn controller_manifests(replicas: u16, env: &[(String, String)]) -> Result<Vec<V
             continue;
         }
         d["spec"]["replicas"] = json!(replicas);
-        let container = &mut d["spec"]["template"]["spec"]["containers"][0];
+        let spec = &mut d["spec"]["template"]["spec"];
+        let volume = json!({"name": "dev-kubeconfig", "secret": {"secretName": DEV_KUBECONFIG_SECRET}});
+        match spec["volumes"].as_array_mut() {
+            Some(v) => v.push(volume),
+            None => spec["volumes"] = json!([volume]),
+        }
+        let container = &mut spec["containers"][0];
+        let mount = json!({"name": "dev-kubeconfig", "mountPath": DEV_KUBECONFIG_DIR, "readOnly": true});
+        match container["volumeMounts"].as_array_mut() {
+            Some(m) => m.push(mount),
+            None => container["volumeMounts"] = json!([mount]),
+        }
+        set_env(container, "KUBECONFIG", &format!("{DEV_KUBECONFIG_DIR}/kubeconfig"));
         for (k, v) in env {
             set_env(container, k, v);
         }
@@ -765,6 +784,14 @@ async fn apply_manifests(args: &PlaygroundArgs, cluster: &Cluster) -> Result<(),
         )
         .await?;
     }
+    create_object(
+        &client,
+        &json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": DEV_KUBECONFIG_SECRET, "namespace": CONTROLLER_NAMESPACE},
+                "type": "Opaque",
+                "stringData": {"kubeconfig": super::kubeconfig_text(&cluster.base_url())}}),
+    )
+    .await?;
     let mut env: BTreeMap<String, String> = BTreeMap::new();
     env.insert("SKIPPER_FUNCTION_NAMESPACES".into(), POOL_NAMESPACE.into());
     env.insert(
@@ -833,13 +860,17 @@ mod tests {
         );
         let c = &d["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(c["command"], json!(["skipper", "fixture"]));
-        let token = c["env"]
-            .as_array()
+        let mut template = manifest_documents(EXAMPLE_POOL_YAML)
             .unwrap()
-            .iter()
-            .find(|e| e["name"] == "SKIPPER_FIXTURE_TOKEN_PATH")
-            .unwrap();
-        assert_eq!(token["value"], "$(POD_DIR)/token");
+            .into_iter()
+            .find(|d| d["kind"] == "Deployment")
+            .unwrap()["spec"]["template"]
+            .clone();
+        template["metadata"]["labels"]["skipper/deployment"] = json!("echo");
+        assert_eq!(
+            d["spec"]["template"], template,
+            "the pod template is the manifest's, relabelled only"
+        );
     }
 
     #[test]
@@ -852,6 +883,13 @@ mod tests {
         let c = &d["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(c["command"], json!(["sh", "-c", "exec my-server"]));
         assert!(c.get("args").is_none());
+        assert!(
+            c["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["name"] == "POD_IP" && e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP")
+        );
         assert_eq!(c["readinessProbe"]["tcpSocket"]["port"], "http");
     }
 
