@@ -66,6 +66,9 @@
 //! `skipper fixture` pods notice (`SKIPPER_EXIT_WITH_PARENT`) and exit,
 //! other programs are left running.
 
+/// A real Kubernetes control plane (etcd, kube-apiserver,
+/// kube-controller-manager, kube-scheduler) as local processes.
+pub mod control_plane;
 /// Deployment, ReplicaSet, garbage-collection and EndpointSlice loops.
 pub mod controllers;
 /// API errors and their `Status` mapping.
@@ -76,6 +79,8 @@ pub mod kubelet;
 pub mod patch;
 /// The local playground (`skipper dev`).
 pub mod playground;
+/// Key material: CA, certificates, ServiceAccount signing key.
+pub mod pki;
 /// Served resource kinds and discovery.
 pub mod resources;
 /// Label and field selectors.
