@@ -77,6 +77,8 @@ pub mod error;
 pub mod kubelet;
 /// JSON, merge and strategic-merge patches.
 pub mod patch;
+/// CA, certificates and the ServiceAccount token key.
+pub mod pki;
 /// The local playground (`skipper dev`).
 pub mod playground;
 /// Key material: CA, certificates, ServiceAccount signing key.
