@@ -81,8 +81,6 @@ pub mod patch;
 pub mod pki;
 /// The local playground (`skipper dev`).
 pub mod playground;
-/// Key material: CA, certificates, ServiceAccount signing key.
-pub mod pki;
 /// Served resource kinds and discovery.
 pub mod resources;
 /// Label and field selectors.
