@@ -113,8 +113,10 @@ async fn rbac(b: &Backend) {
     let alice = b.client_as("alice", &[]).await;
     let cms: Api<ConfigMap> = Api::namespaced(alice.clone(), NS);
     // RBAC takes effect within the authorizer's cache refresh.
-    backend::eventually("alice may list configmaps", WAIT, || async { cms.list(&ListParams::default()).await.ok() })
-        .await;
+    backend::eventually("alice may list configmaps", WAIT, || async {
+        cms.list(&ListParams::default()).await.ok()
+    })
+    .await;
     assert_eq!(
         status(cms.get("nothere").await),
         json!({"status": "Failure", "code": 404, "reason": "NotFound",
@@ -123,7 +125,10 @@ async fn rbac(b: &Backend) {
         "allowed to get, so not found"
     );
     assert_eq!(
-        status(cms.create(&PostParams::default(), &from(json!({"metadata": {"name": "x"}}))).await),
+        status(
+            cms.create(&PostParams::default(), &from(json!({"metadata": {"name": "x"}})))
+                .await
+        ),
         json!({"status": "Failure", "code": 403, "reason": "Forbidden",
                "message": "configmaps is forbidden: User \"alice\" cannot create resource \"configmaps\" in API group \"\" in the namespace \"conf\"",
                "details": {"kind": "configmaps"}})
@@ -147,11 +152,17 @@ async fn rbac(b: &Backend) {
     );
 
     if backend::kubectl_available() {
-        let no = b.kubectl(&["-n", NS, "--as", "alice", "auth", "can-i", "create", "configmaps"]).await;
+        let no = b
+            .kubectl(&["-n", NS, "--as", "alice", "auth", "can-i", "create", "configmaps"])
+            .await;
         assert_eq!((no.ok, no.stdout.trim()), (false, "no"), "{no:?}");
-        let yes = b.kubectl(&["-n", NS, "--as", "alice", "auth", "can-i", "list", "configmaps"]).await;
+        let yes = b
+            .kubectl(&["-n", NS, "--as", "alice", "auth", "can-i", "list", "configmaps"])
+            .await;
         assert_eq!((yes.ok, yes.stdout.trim()), (true, "yes"), "{yes:?}");
-        let denied = b.kubectl(&["-n", NS, "--as", "alice", "get", "deployment", "web"]).await;
+        let denied = b
+            .kubectl(&["-n", NS, "--as", "alice", "get", "deployment", "web"])
+            .await;
         assert!(!denied.ok);
         assert_eq!(
             denied.stderr.trim(),
@@ -173,8 +184,18 @@ async fn validation(b: &Backend) {
     let admin = b.client().await;
     let deployments: Api<Deployment> = Api::namespaced(admin.clone(), NS);
     let mut bad = deployment("bad", 1, &json!({}));
-    bad.spec.as_mut().unwrap().template.spec.as_mut().unwrap().containers[0].ports.as_mut().unwrap()[0].container_port =
-        70000;
+    bad.spec
+        .as_mut()
+        .unwrap()
+        .template
+        .spec
+        .as_mut()
+        .unwrap()
+        .containers[0]
+        .ports
+        .as_mut()
+        .unwrap()[0]
+        .container_port = 70000;
     assert_eq!(
         status(deployments.create(&PostParams::default(), &bad).await),
         json!({"status": "Failure", "code": 422, "reason": "Invalid",
@@ -186,8 +207,17 @@ async fn validation(b: &Backend) {
     );
 
     let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), NS);
-    let err = status(cms.create(&PostParams::default(), &from(json!({"metadata": {"name": "Bad_Name"}}))).await);
-    assert_eq!((err["code"].as_u64(), err["reason"].as_str()), (Some(422), Some("Invalid")));
+    let err = status(
+        cms.create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": "Bad_Name"}})),
+        )
+        .await,
+    );
+    assert_eq!(
+        (err["code"].as_u64(), err["reason"].as_str()),
+        (Some(422), Some("Invalid"))
+    );
     assert!(
         err["message"].as_str().unwrap().starts_with(
             "ConfigMap \"Bad_Name\" is invalid: metadata.name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.', and must start and end with an alphanumeric character"
@@ -195,10 +225,16 @@ async fn validation(b: &Backend) {
         "{err}"
     );
     let err = status(
-        cms.create(&PostParams::default(), &from(json!({"metadata": {"name": "lbl", "labels": {"bad key!": "v"}}})))
-            .await,
+        cms.create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": "lbl", "labels": {"bad key!": "v"}}})),
+        )
+        .await,
     );
-    assert_eq!((err["code"].as_u64(), err["reason"].as_str()), (Some(422), Some("Invalid")));
+    assert_eq!(
+        (err["code"].as_u64(), err["reason"].as_str()),
+        (Some(422), Some("Invalid"))
+    );
     assert!(
         err["message"]
             .as_str()
@@ -208,7 +244,10 @@ async fn validation(b: &Backend) {
     );
 
     // Immutable fields stay as they are.
-    deployments.create(&PostParams::default(), &deployment("good", 0, &json!({}))).await.unwrap();
+    deployments
+        .create(&PostParams::default(), &deployment("good", 0, &json!({})))
+        .await
+        .unwrap();
     let err = status(
         deployments
             .patch(
@@ -241,13 +280,23 @@ async fn validation(b: &Backend) {
             .unwrap()
     };
     let err = status(admin.request::<Value>(post("?fieldValidation=Strict")).await);
-    assert_eq!((err["code"].as_u64(), err["reason"].as_str()), (Some(400), Some("BadRequest")));
+    assert_eq!(
+        (err["code"].as_u64(), err["reason"].as_str()),
+        (Some(400), Some("BadRequest"))
+    );
     assert_eq!(
         err["message"],
         "Deployment in version \"v1\" cannot be handled as a Deployment: strict decoding error: unknown field \"spec.template.spec.containers[0].bogus\""
     );
-    let stored = raw.create(&PostParams::default(), &from(with_unknown)).await.unwrap();
-    assert!(stored.data["spec"]["template"]["spec"]["containers"][0].get("bogus").is_none());
+    let stored = raw
+        .create(&PostParams::default(), &from(with_unknown))
+        .await
+        .unwrap();
+    assert!(
+        stored.data["spec"]["template"]["spec"]["containers"][0]
+            .get("bogus")
+            .is_none()
+    );
 }
 
 differential!(
@@ -268,7 +317,13 @@ async fn defaulting(b: &Backend) {
                          "spec": {"containers": [{"name": "c", "image": "skipper"}]}},
         },
     }));
-    let created = serde_json::to_value(deployments.create(&PostParams::default(), &minimal).await.unwrap()).unwrap();
+    let created = serde_json::to_value(
+        deployments
+            .create(&PostParams::default(), &minimal)
+            .await
+            .unwrap(),
+    )
+    .unwrap();
     let spec = &created["spec"];
     assert_eq!(
         spec["strategy"],
@@ -285,7 +340,10 @@ async fn defaulting(b: &Backend) {
     let c = &pod["containers"][0];
     assert_eq!(c["terminationMessagePath"], "/dev/termination-log");
     assert_eq!(c["terminationMessagePolicy"], "File");
-    assert_eq!(c["imagePullPolicy"], "Always", "an image without a tag is pulled always");
+    assert_eq!(
+        c["imagePullPolicy"], "Always",
+        "an image without a tag is pulled always"
+    );
     assert_eq!(c["resources"], json!({}));
     assert_eq!(created["metadata"]["generation"], 1);
 }
@@ -305,17 +363,44 @@ async fn kubectl_create(b: &Backend) {
         return;
     }
     for (args, said) in [
-        (vec!["create", "namespace", "imperative"], "namespace/imperative created"),
         (
-            vec!["-n", "imperative", "create", "configmap", "settings", "--from-literal=SKIPPER_X=1"],
+            vec!["create", "namespace", "imperative"],
+            "namespace/imperative created",
+        ),
+        (
+            vec![
+                "-n",
+                "imperative",
+                "create",
+                "configmap",
+                "settings",
+                "--from-literal=SKIPPER_X=1",
+            ],
             "configmap/settings created",
         ),
         (
-            vec!["-n", "imperative", "create", "secret", "generic", "creds", "--from-literal=token=s3cret"],
+            vec![
+                "-n",
+                "imperative",
+                "create",
+                "secret",
+                "generic",
+                "creds",
+                "--from-literal=token=s3cret",
+            ],
             "secret/creds created",
         ),
         (
-            vec!["-n", "imperative", "create", "deployment", "web", "--image=skipper", "--replicas=2", "--port=8888"],
+            vec![
+                "-n",
+                "imperative",
+                "create",
+                "deployment",
+                "web",
+                "--image=skipper",
+                "--replicas=2",
+                "--port=8888",
+            ],
             "deployment.apps/web created",
         ),
     ] {
@@ -324,20 +409,34 @@ async fn kubectl_create(b: &Backend) {
         assert_eq!(out.stdout.trim(), said);
     }
     let client = b.client().await;
-    let cm = Api::<ConfigMap>::namespaced(client.clone(), "imperative").get("settings").await.unwrap();
+    let cm = Api::<ConfigMap>::namespaced(client.clone(), "imperative")
+        .get("settings")
+        .await
+        .unwrap();
     assert_eq!(cm.data.unwrap()["SKIPPER_X"], "1");
-    let secret = Api::<Secret>::namespaced(client.clone(), "imperative").get("creds").await.unwrap();
+    let secret = Api::<Secret>::namespaced(client.clone(), "imperative")
+        .get("creds")
+        .await
+        .unwrap();
     assert_eq!(secret.type_.as_deref(), Some("Opaque"));
     assert_eq!(secret.data.unwrap()["token"].0, b"s3cret");
-    let d = Api::<Deployment>::namespaced(client.clone(), "imperative").get("web").await.unwrap();
+    let d = Api::<Deployment>::namespaced(client.clone(), "imperative")
+        .get("web")
+        .await
+        .unwrap();
     let spec = d.spec.unwrap();
     assert_eq!(spec.replicas, Some(2));
     assert_eq!(spec.selector.match_labels.unwrap()["app"], "web");
     let c = &spec.template.spec.unwrap().containers[0];
-    assert_eq!((c.name.as_str(), c.image.as_deref()), ("skipper", Some("skipper")));
+    assert_eq!(
+        (c.name.as_str(), c.image.as_deref()),
+        ("skipper", Some("skipper"))
+    );
     assert_eq!(c.ports.as_ref().unwrap()[0].container_port, 8888);
     // A second create of the same name is refused the way kubectl shows it.
-    let again = b.kubectl(&["-n", "imperative", "create", "configmap", "settings"]).await;
+    let again = b
+        .kubectl(&["-n", "imperative", "create", "configmap", "settings"])
+        .await;
     assert!(!again.ok);
     assert_eq!(
         again.stderr.trim(),
@@ -358,12 +457,34 @@ async fn field_selectors(b: &Backend) {
     let client = b.client().await;
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
     for name in ["a", "b"] {
-        cms.create(&PostParams::default(), &from(json!({"metadata": {"name": name}}))).await.unwrap();
+        cms.create(&PostParams::default(), &from(json!({"metadata": {"name": name}})))
+            .await
+            .unwrap();
     }
-    let only_a = cms.list(&ListParams::default().fields("metadata.name=a")).await.unwrap();
-    assert_eq!(only_a.items.iter().filter_map(|c| c.metadata.name.as_deref()).collect::<Vec<_>>(), ["a"]);
-    let not_a = cms.list(&ListParams::default().fields("metadata.name!=a,metadata.name!=kube-root-ca.crt")).await.unwrap();
-    assert_eq!(not_a.items.iter().filter_map(|c| c.metadata.name.as_deref()).collect::<Vec<_>>(), ["b"]);
+    let only_a = cms
+        .list(&ListParams::default().fields("metadata.name=a"))
+        .await
+        .unwrap();
+    assert_eq!(
+        only_a
+            .items
+            .iter()
+            .filter_map(|c| c.metadata.name.as_deref())
+            .collect::<Vec<_>>(),
+        ["a"]
+    );
+    let not_a = cms
+        .list(&ListParams::default().fields("metadata.name!=a,metadata.name!=kube-root-ca.crt"))
+        .await
+        .unwrap();
+    assert_eq!(
+        not_a
+            .items
+            .iter()
+            .filter_map(|c| c.metadata.name.as_deref())
+            .collect::<Vec<_>>(),
+        ["b"]
+    );
     assert_eq!(
         status(cms.list(&ListParams::default().fields("spec.foo=bar")).await),
         json!({"status": "Failure", "code": 400, "reason": "BadRequest",
@@ -374,7 +495,9 @@ async fn field_selectors(b: &Backend) {
         status(pods.list(&ListParams::default().fields("spec.foo=bar")).await),
         json!({"status": "Failure", "code": 400, "reason": "BadRequest", "message": "field label not supported: spec.foo"})
     );
-    pods.list(&ListParams::default().fields("spec.nodeName=nowhere,status.phase=Running")).await.unwrap();
+    pods.list(&ListParams::default().fields("spec.nodeName=nowhere,status.phase=Running"))
+        .await
+        .unwrap();
 }
 
 // === List and watch ===
@@ -384,25 +507,58 @@ differential!(list_and_watch_resource_versions, list_watch, namespaces = [NS]);
 async fn list_watch(b: &Backend) {
     use futures::{StreamExt as _, TryStreamExt as _};
     let cms: Api<ConfigMap> = Api::namespaced(b.client().await, NS);
-    let first = cms.create(&PostParams::default(), &from(json!({"metadata": {"name": "first", "labels": {"t": "lw"}}}))).await.unwrap();
+    let first = cms
+        .create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": "first", "labels": {"t": "lw"}}})),
+        )
+        .await
+        .unwrap();
     let mine = ListParams::default().labels("t=lw");
     let list = cms.list(&mine).await.unwrap();
     let list_rv = list.metadata.resource_version.clone().unwrap();
-    let rv = |c: &ConfigMap| c.metadata.resource_version.clone().unwrap().parse::<u64>().unwrap();
+    let rv = |c: &ConfigMap| {
+        c.metadata
+            .resource_version
+            .clone()
+            .unwrap()
+            .parse::<u64>()
+            .unwrap()
+    };
     assert!(list_rv.parse::<u64>().unwrap() >= rv(&first));
 
     // A watch from the list's version sees only what happened after it.
-    let mut events = cms.watch(&WatchParams::default().labels("t=lw").timeout(30), &list_rv).await.unwrap().boxed();
-    let second = cms.create(&PostParams::default(), &from(json!({"metadata": {"name": "second", "labels": {"t": "lw"}}}))).await.unwrap();
+    let mut events = cms
+        .watch(&WatchParams::default().labels("t=lw").timeout(30), &list_rv)
+        .await
+        .unwrap()
+        .boxed();
+    let second = cms
+        .create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": "second", "labels": {"t": "lw"}}})),
+        )
+        .await
+        .unwrap();
     assert!(rv(&second) > rv(&first), "resourceVersions grow");
-    match tokio::time::timeout(WAIT, events.try_next()).await.unwrap().unwrap() {
+    match tokio::time::timeout(WAIT, events.try_next())
+        .await
+        .unwrap()
+        .unwrap()
+    {
         Some(WatchEvent::Added(c)) => assert_eq!(c.metadata.name.as_deref(), Some("second")),
         other => panic!("expected ADDED second, got {other:?}"),
     }
 
     // An update with a stale resourceVersion conflicts.
     let mut stale = first.clone();
-    cms.patch("first", &PatchParams::default(), &Patch::Merge(json!({"data": {"k": "v"}}))).await.unwrap();
+    cms.patch(
+        "first",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "v"}})),
+    )
+    .await
+    .unwrap();
     stale.data = Some([("k".to_owned(), "w".to_owned())].into());
     assert_eq!(
         status(cms.replace("first", &PostParams::default(), &stale).await),
@@ -412,15 +568,21 @@ async fn list_watch(b: &Backend) {
     );
 
     // Paging: a limit gives a continue token and the rest on the next page.
-    cms.create(&PostParams::default(), &from(json!({"metadata": {"name": "third", "labels": {"t": "lw"}}})))
-        .await
-        .unwrap();
+    cms.create(
+        &PostParams::default(),
+        &from(json!({"metadata": {"name": "third", "labels": {"t": "lw"}}})),
+    )
+    .await
+    .unwrap();
     let page = cms.list(&mine.clone().limit(1)).await.unwrap();
     assert_eq!(page.items.len(), 1);
     let token = page.metadata.continue_.clone().unwrap();
     // A list with a label selector does not count what remains.
     assert_eq!(page.metadata.remaining_item_count, None);
-    let rest = cms.list(&mine.clone().limit(5).continue_token(&token)).await.unwrap();
+    let rest = cms
+        .list(&mine.clone().limit(5).continue_token(&token))
+        .await
+        .unwrap();
     assert_eq!(rest.items.len(), 2);
     assert!(rest.metadata.continue_.as_deref().unwrap_or("").is_empty());
 }
@@ -437,14 +599,23 @@ differential!(
 async fn events(b: &Backend) {
     let client = b.client().await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
-    deployments.create(&PostParams::default(), &deployment("evented", 1, &json!({}))).await.unwrap();
+    deployments
+        .create(&PostParams::default(), &deployment("evented", 1, &json!({})))
+        .await
+        .unwrap();
     let events: Api<Event> = Api::namespaced(client.clone(), NS);
-    let (scaled, created) = backend::eventually("ScalingReplicaSet and SuccessfulCreate events", WAIT, || async {
-        let list = events.list(&ListParams::default()).await.ok()?;
-        let find = |reason: &str| list.items.iter().find(|e| e.reason.as_deref() == Some(reason)).cloned();
-        Some((find("ScalingReplicaSet")?, find("SuccessfulCreate")?))
-    })
-    .await;
+    let (scaled, created) =
+        backend::eventually("ScalingReplicaSet and SuccessfulCreate events", WAIT, || async {
+            let list = events.list(&ListParams::default()).await.ok()?;
+            let find = |reason: &str| {
+                list.items
+                    .iter()
+                    .find(|e| e.reason.as_deref() == Some(reason))
+                    .cloned()
+            };
+            Some((find("ScalingReplicaSet")?, find("SuccessfulCreate")?))
+        })
+        .await;
     let rs = Api::<ReplicaSet>::namespaced(client, NS)
         .list(&ListParams::default().labels("app=evented"))
         .await
@@ -455,14 +626,22 @@ async fn events(b: &Backend) {
     assert_eq!(scaled.involved_object.kind.as_deref(), Some("Deployment"));
     assert_eq!(scaled.involved_object.name.as_deref(), Some("evented"));
     assert_eq!(scaled.type_.as_deref(), Some("Normal"));
-    assert_eq!(scaled.message.as_deref(), Some(format!("Scaled up replica set {rs_name} from 0 to 1").as_str()));
-    assert_eq!(scaled.source.and_then(|s| s.component).as_deref(), Some("deployment-controller"));
+    assert_eq!(
+        scaled.message.as_deref(),
+        Some(format!("Scaled up replica set {rs_name} from 0 to 1").as_str())
+    );
+    assert_eq!(
+        scaled.source.and_then(|s| s.component).as_deref(),
+        Some("deployment-controller")
+    );
     assert_eq!(created.involved_object.kind.as_deref(), Some("ReplicaSet"));
     assert_eq!(created.involved_object.name.as_deref(), Some(rs_name.as_str()));
     assert!(created.message.unwrap().starts_with("Created pod: evented-"));
     // kubectl shows them.
     if backend::kubectl_available() {
-        let out = b.kubectl(&["-n", NS, "get", "events", "-o", "jsonpath={.items[*].reason}"]).await;
+        let out = b
+            .kubectl(&["-n", NS, "get", "events", "-o", "jsonpath={.items[*].reason}"])
+            .await;
         assert!(out.stdout.contains("ScalingReplicaSet"), "{out:?}");
     }
 }
@@ -489,17 +668,34 @@ async fn finalizers(b: &Backend) {
     assert!(held.metadata.deletion_timestamp.is_some());
     let still = cms.get("held").await.unwrap();
     assert!(still.metadata.deletion_timestamp.is_some());
-    assert_eq!(still.metadata.finalizers.as_deref(), Some(&["example.com/hold".to_owned()][..]));
+    assert_eq!(
+        still.metadata.finalizers.as_deref(),
+        Some(&["example.com/hold".to_owned()][..])
+    );
     // Adding a finalizer to an object being deleted is refused.
     let err = status(
-        cms.patch("held", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold", "example.com/more"]}})))
-            .await,
+        cms.patch(
+            "held",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"finalizers": ["example.com/hold", "example.com/more"]}})),
+        )
+        .await,
     );
     assert_eq!(err["code"], 422, "{err}");
-    assert!(err["message"].as_str().unwrap().contains("no new finalizers can be added if the object is being deleted"), "{err}");
-    cms.patch("held", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
-        .await
-        .unwrap();
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .contains("no new finalizers can be added if the object is being deleted"),
+        "{err}"
+    );
+    cms.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
     backend::eventually("the configmap to be gone", WAIT, || async {
         matches!(cms.get_opt("held").await, Ok(None)).then_some(())
     })
@@ -522,20 +718,34 @@ async fn cascading_deletion(b: &Backend) {
         let replicasets = replicasets.clone();
         let pods = pods.clone();
         async move {
-            let rs = replicasets.list(&ListParams::default().labels(&format!("app={name}"))).await.unwrap().items;
-            let p = pods.list(&ListParams::default().labels(&format!("app={name}"))).await.unwrap().items;
+            let rs = replicasets
+                .list(&ListParams::default().labels(&format!("app={name}")))
+                .await
+                .unwrap()
+                .items;
+            let p = pods
+                .list(&ListParams::default().labels(&format!("app={name}")))
+                .await
+                .unwrap()
+                .items;
             (rs, p)
         }
     };
 
     // Orphan: the ReplicaSet stays, without its owner reference.
-    deployments.create(&PostParams::default(), &deployment("orphaned", 1, &json!({}))).await.unwrap();
+    deployments
+        .create(&PostParams::default(), &deployment("orphaned", 1, &json!({})))
+        .await
+        .unwrap();
     backend::eventually("orphaned's replicaset and pod", WAIT, || async {
         let (rs, p) = owned("orphaned").await;
         (rs.len() == 1 && p.len() == 1).then_some(())
     })
     .await;
-    deployments.delete("orphaned", &DeleteParams::orphan()).await.unwrap();
+    deployments
+        .delete("orphaned", &DeleteParams::orphan())
+        .await
+        .unwrap();
     backend::eventually("the deployment gone, its replicaset orphaned", WAIT, || async {
         if deployments.get_opt("orphaned").await.unwrap().is_some() {
             return None;
@@ -546,31 +756,49 @@ async fn cascading_deletion(b: &Backend) {
     .await;
 
     // Foreground: the deployment waits, marked, until what it owns is gone.
-    deployments.create(&PostParams::default(), &deployment("foreground", 1, &json!({}))).await.unwrap();
+    deployments
+        .create(&PostParams::default(), &deployment("foreground", 1, &json!({})))
+        .await
+        .unwrap();
     backend::eventually("foreground's replicaset and pod", WAIT, || async {
         let (rs, p) = owned("foreground").await;
         (rs.len() == 1 && p.len() == 1).then_some(())
     })
     .await;
-    let answer = deployments.delete("foreground", &DeleteParams::foreground()).await.unwrap();
-    let marked = answer.left().expect("foreground deletion answers with the object");
+    let answer = deployments
+        .delete("foreground", &DeleteParams::foreground())
+        .await
+        .unwrap();
+    let marked = answer
+        .left()
+        .expect("foreground deletion answers with the object");
     assert!(marked.metadata.deletion_timestamp.is_some());
-    assert_eq!(marked.metadata.finalizers.as_deref(), Some(&["foregroundDeletion".to_owned()][..]));
+    assert_eq!(
+        marked.metadata.finalizers.as_deref(),
+        Some(&["foregroundDeletion".to_owned()][..])
+    );
     backend::eventually("foreground and everything it owned gone", WAIT, || async {
         let (rs, p) = owned("foreground").await;
-        (deployments.get_opt("foreground").await.unwrap().is_none() && rs.is_empty() && p.is_empty()).then_some(())
+        (deployments.get_opt("foreground").await.unwrap().is_none() && rs.is_empty() && p.is_empty())
+            .then_some(())
     })
     .await;
 
     // Background (the default): the deployment goes at once, the garbage
     // collector removes the rest.
-    deployments.create(&PostParams::default(), &deployment("background", 1, &json!({}))).await.unwrap();
+    deployments
+        .create(&PostParams::default(), &deployment("background", 1, &json!({})))
+        .await
+        .unwrap();
     backend::eventually("background's replicaset and pod", WAIT, || async {
         let (rs, p) = owned("background").await;
         (rs.len() == 1 && p.len() == 1).then_some(())
     })
     .await;
-    deployments.delete("background", &DeleteParams::background()).await.unwrap();
+    deployments
+        .delete("background", &DeleteParams::background())
+        .await
+        .unwrap();
     backend::eventually("background's replicaset and pods collected", WAIT, || async {
         let (rs, p) = owned("background").await;
         (rs.is_empty() && p.is_empty()).then_some(())
@@ -597,11 +825,20 @@ async fn namespace_termination(b: &Backend) {
     .await
     .unwrap();
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces.delete("doomed", &DeleteParams::default()).await.unwrap();
+    namespaces
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
     let ns = namespaces.get("doomed").await.unwrap();
     assert_eq!(ns.status.and_then(|s| s.phase).as_deref(), Some("Terminating"));
     assert_eq!(
-        status(cms.create(&PostParams::default(), &from(json!({"metadata": {"name": "late"}}))).await),
+        status(
+            cms.create(
+                &PostParams::default(),
+                &from(json!({"metadata": {"name": "late"}}))
+            )
+            .await
+        ),
         json!({"status": "Failure", "code": 403, "reason": "Forbidden",
                "message": "configmaps \"late\" is forbidden: unable to create new content in namespace doomed because it is being terminated",
                "details": {"name": "late", "kind": "configmaps",
@@ -619,11 +856,17 @@ async fn namespace_termination(b: &Backend) {
     .await;
     assert_eq!(
         condition.message.as_deref(),
-        Some("Some content in the namespace has finalizers remaining: example.com/hold in 1 resource instances")
+        Some(
+            "Some content in the namespace has finalizers remaining: example.com/hold in 1 resource instances"
+        )
     );
-    cms.patch("held", &PatchParams::default(), &Patch::Merge(json!({"metadata": {"finalizers": null}})))
-        .await
-        .unwrap();
+    cms.patch(
+        "held",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"metadata": {"finalizers": null}})),
+    )
+    .await
+    .unwrap();
     backend::eventually("the namespace to be gone", WAIT, || async {
         matches!(namespaces.get_opt("doomed").await, Ok(None)).then_some(())
     })
@@ -645,10 +888,18 @@ async fn rolling_update_surge(b: &Backend) {
     let client = b.client().await;
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
     let replicasets: Api<ReplicaSet> = Api::namespaced(client.clone(), NS);
-    let strategy = json!({"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}});
-    deployments.create(&PostParams::default(), &deployment("rolling", 3, &strategy)).await.unwrap();
+    let strategy =
+        json!({"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}});
+    deployments
+        .create(&PostParams::default(), &deployment("rolling", 3, &strategy))
+        .await
+        .unwrap();
     backend::eventually("the first replicaset at 3", WAIT, || async {
-        let rs = replicasets.list(&ListParams::default().labels("app=rolling")).await.ok()?.items;
+        let rs = replicasets
+            .list(&ListParams::default().labels("app=rolling"))
+            .await
+            .ok()?
+            .items;
         (rs.len() == 1 && rs[0].status.as_ref()?.replicas == 3).then_some(())
     })
     .await;
@@ -661,19 +912,31 @@ async fn rolling_update_surge(b: &Backend) {
         .await
         .unwrap();
     let (old, new) = backend::eventually("a new replicaset at 1 beside the old at 3", WAIT, || async {
-        let rs = replicasets.list(&ListParams::default().labels("app=rolling")).await.ok()?.items;
+        let rs = replicasets
+            .list(&ListParams::default().labels("app=rolling"))
+            .await
+            .ok()?
+            .items;
         if rs.len() != 2 {
             return None;
         }
         let revision = |r: &ReplicaSet| {
-            r.metadata.annotations.as_ref()?.get("deployment.kubernetes.io/revision").cloned()
+            r.metadata
+                .annotations
+                .as_ref()?
+                .get("deployment.kubernetes.io/revision")
+                .cloned()
         };
         let old = rs.iter().find(|r| revision(r).as_deref() == Some("1"))?.clone();
         let new = rs.iter().find(|r| revision(r).as_deref() == Some("2"))?.clone();
         (new.status.as_ref()?.replicas == 1).then_some((old, new))
     })
     .await;
-    assert_eq!(old.spec.unwrap().replicas, Some(3), "maxUnavailable 0 keeps every old pod");
+    assert_eq!(
+        old.spec.unwrap().replicas,
+        Some(3),
+        "maxUnavailable 0 keeps every old pod"
+    );
     assert_eq!(new.spec.unwrap().replicas, Some(1), "maxSurge 1 adds one pod");
     let d = backend::eventually("the deployment's status to count 4 pods", WAIT, || async {
         let d = deployments.get("rolling").await.ok()?;

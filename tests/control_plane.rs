@@ -17,8 +17,12 @@ use skipper::devcluster::control_plane::ControlPlane;
 
 #[tokio::test]
 async fn starts_enforces_rbac_runs_controllers_and_stops_clean() {
-    let Some(config) = backend::control_plane_config() else { return };
-    let plane = ControlPlane::start(config).await.unwrap_or_else(|e| panic!("{e}"));
+    let Some(config) = backend::control_plane_config() else {
+        return;
+    };
+    let plane = ControlPlane::start(config)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     println!("control plane started in {:?}", plane.startup());
     let admin = plane.client().await.unwrap();
 
@@ -30,7 +34,10 @@ async fn starts_enforces_rbac_runs_controllers_and_stops_clean() {
     // controllers fill a new namespace.
     let namespaces: Api<Namespace> = Api::all(admin.clone());
     namespaces
-        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "rbac"}})).unwrap())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "rbac"}})).unwrap(),
+        )
         .await
         .unwrap();
     let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), "rbac");
@@ -46,7 +53,10 @@ async fn starts_enforces_rbac_runs_controllers_and_stops_clean() {
 
     // An unprivileged user is authenticated but forbidden.
     let alice = plane.client_for("alice", &[]).await.unwrap();
-    let err = Api::<ConfigMap>::namespaced(alice, "rbac").list(&Default::default()).await.unwrap_err();
+    let err = Api::<ConfigMap>::namespaced(alice, "rbac")
+        .list(&Default::default())
+        .await
+        .unwrap_err();
     match err {
         kube::Error::Api(status) => {
             assert_eq!(status.code, 403);
@@ -70,8 +80,12 @@ async fn starts_enforces_rbac_runs_controllers_and_stops_clean() {
 
 #[tokio::test]
 async fn dropping_it_kills_every_process() {
-    let Some(config) = backend::control_plane_config() else { return };
-    let plane = ControlPlane::start(config).await.unwrap_or_else(|e| panic!("{e}"));
+    let Some(config) = backend::control_plane_config() else {
+        return;
+    };
+    let plane = ControlPlane::start(config)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
     let pids = process_ids(&plane);
     drop(plane);
     backend::eventually("every process to exit", Duration::from_secs(10), || async {

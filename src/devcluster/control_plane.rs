@@ -50,7 +50,12 @@ use tokio::time::Instant;
 use super::pki::{self, Ca, CertKey, ClusterPki, PkiError, PkiFiles};
 
 /// The binaries [`ControlPlane::start`] runs, in start order.
-pub const BINARIES: [&str; 4] = ["etcd", "kube-apiserver", "kube-controller-manager", "kube-scheduler"];
+pub const BINARIES: [&str; 4] = [
+    "etcd",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+];
 
 /// The controllers kube-controller-manager runs.
 pub const CONTROLLERS: [&str; 8] = [
@@ -253,7 +258,12 @@ fn write(path: &Path, contents: &str, secret: bool) -> Result<(), ControlPlaneEr
 }
 
 /// Starts `bin_dir/name args`, its output going to `log`.
-fn spawn(name: &'static str, bin_dir: &Path, args: &[String], log: &Path) -> Result<Component, ControlPlaneError> {
+fn spawn(
+    name: &'static str,
+    bin_dir: &Path,
+    args: &[String],
+    log: &Path,
+) -> Result<Component, ControlPlaneError> {
     let spawn_err = |source| ControlPlaneError::Spawn { name, source };
     let out = std::fs::File::create(log).map_err(spawn_err)?;
     let err = out.try_clone().map_err(spawn_err)?;
@@ -510,7 +520,10 @@ impl ControlPlane {
             path_flag("client-ca-file", &self.files.ca_cert),
             flag("service-account-issuer", SERVICE_ACCOUNT_ISSUER),
             path_flag("service-account-key-file", &self.files.service_account_pub),
-            path_flag("service-account-signing-key-file", &self.files.service_account_key),
+            path_flag(
+                "service-account-signing-key-file",
+                &self.files.service_account_key,
+            ),
             flag("authorization-mode", "Node,RBAC"),
             flag("enable-admission-plugins", "NodeRestriction"),
             flag("service-cluster-ip-range", SERVICE_CLUSTER_IP_RANGE),
@@ -526,7 +539,12 @@ impl ControlPlane {
             flag("enable-aggregator-routing", true),
         ];
         args.extend(config.apiserver_args.iter().cloned());
-        let admin = kubeconfig_text("admin", &self.server, self.pki.ca.cert_pem(), &Credential::Certificate(&self.pki.admin));
+        let admin = kubeconfig_text(
+            "admin",
+            &self.server,
+            self.pki.ca.cert_pem(),
+            &Credential::Certificate(&self.pki.admin),
+        );
         write(&self.admin_kubeconfig, &admin, true)?;
         let client = client_from_kubeconfig("the administrator", &admin).await?;
         self.start_component("kube-apiserver", config, &args, || k8s_ok(&client, "/readyz"))
@@ -534,7 +552,8 @@ impl ControlPlane {
     }
 
     async fn start_controllers(&self, config: &Config) -> Result<(), ControlPlaneError> {
-        let kcm_kubeconfig = self.kubeconfig_for("kube-controller-manager", "system:kube-controller-manager", &[])?;
+        let kcm_kubeconfig =
+            self.kubeconfig_for("kube-controller-manager", "system:kube-controller-manager", &[])?;
         let kcm_port = free_port()?;
         let kcm_args = vec![
             path_flag("kubeconfig", &kcm_kubeconfig),
@@ -545,7 +564,10 @@ impl ControlPlane {
             path_flag("cert-dir", &self.work_dir.join("pki/kube-controller-manager")),
             flag("leader-elect", false),
             flag("use-service-account-credentials", true),
-            path_flag("service-account-private-key-file", &self.files.service_account_key),
+            path_flag(
+                "service-account-private-key-file",
+                &self.files.service_account_key,
+            ),
             path_flag("root-ca-file", &self.files.ca_cert),
             flag("controllers", CONTROLLERS.join(",")),
             flag("profiling", false),
@@ -634,7 +656,12 @@ impl ControlPlane {
     /// # Errors
     /// [`ControlPlaneError::Client`].
     pub async fn client(&self) -> Result<kube::Client, ControlPlaneError> {
-        let text = kubeconfig_text("admin", &self.server, self.pki.ca.cert_pem(), &Credential::Certificate(&self.pki.admin));
+        let text = kubeconfig_text(
+            "admin",
+            &self.server,
+            self.pki.ca.cert_pem(),
+            &Credential::Certificate(&self.pki.admin),
+        );
         client_from_kubeconfig("the administrator", &text).await
     }
 
@@ -643,10 +670,20 @@ impl ControlPlane {
     ///
     /// # Errors
     /// [`ControlPlaneError::Pki`].
-    pub fn kubeconfig_for(&self, name: &str, user: &str, groups: &[&str]) -> Result<PathBuf, ControlPlaneError> {
+    pub fn kubeconfig_for(
+        &self,
+        name: &str,
+        user: &str,
+        groups: &[&str],
+    ) -> Result<PathBuf, ControlPlaneError> {
         let cert = self.pki.ca.issue_client(user, groups)?;
         let path = self.work_dir.join(format!("{name}.kubeconfig"));
-        let text = kubeconfig_text(name, &self.server, self.pki.ca.cert_pem(), &Credential::Certificate(&cert));
+        let text = kubeconfig_text(
+            name,
+            &self.server,
+            self.pki.ca.cert_pem(),
+            &Credential::Certificate(&cert),
+        );
         write(&path, &text, true)?;
         Ok(path)
     }
@@ -659,7 +696,12 @@ impl ControlPlane {
     /// [`ControlPlaneError`].
     pub async fn client_for(&self, user: &str, groups: &[&str]) -> Result<kube::Client, ControlPlaneError> {
         let cert = self.pki.ca.issue_client(user, groups)?;
-        let text = kubeconfig_text(user, &self.server, self.pki.ca.cert_pem(), &Credential::Certificate(&cert));
+        let text = kubeconfig_text(
+            user,
+            &self.server,
+            self.pki.ca.cert_pem(),
+            &Credential::Certificate(&cert),
+        );
         client_from_kubeconfig(user, &text).await
     }
 
@@ -667,7 +709,12 @@ impl ControlPlane {
     /// ServiceAccount token from the TokenRequest API).
     #[must_use]
     pub fn token_kubeconfig(&self, name: &str, token: &str) -> String {
-        kubeconfig_text(name, &self.server, self.pki.ca.cert_pem(), &Credential::Token(token))
+        kubeconfig_text(
+            name,
+            &self.server,
+            self.pki.ca.cert_pem(),
+            &Credential::Token(token),
+        )
     }
 
     /// Stops the scheduler, the controller manager, the API server and etcd,
@@ -681,13 +728,19 @@ impl ControlPlane {
         );
         for mut component in components.into_iter().rev() {
             if let Some(pid) = component.child.id().and_then(|p| i32::try_from(p).ok()) {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
             }
             if tokio::time::timeout(self.stop_timeout, component.child.wait())
                 .await
                 .is_err()
             {
-                tracing::warn!(component = component.name, "did not exit after SIGTERM; killing it");
+                tracing::warn!(
+                    component = component.name,
+                    "did not exit after SIGTERM; killing it"
+                );
                 let _ = component.child.kill().await;
             }
         }

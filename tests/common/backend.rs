@@ -14,8 +14,10 @@ use skipper::devcluster::control_plane;
 
 /// Where `make control-plane` puts the binaries (`SKIPPER_CONTROL_PLANE_DIR` overrides).
 pub fn control_plane_dir() -> PathBuf {
-    std::env::var_os("SKIPPER_CONTROL_PLANE_DIR")
-        .map_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/control-plane"), PathBuf::from)
+    std::env::var_os("SKIPPER_CONTROL_PLANE_DIR").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/control-plane"),
+        PathBuf::from,
+    )
 }
 
 /// Whether the tests were asked to run against the real control plane.
@@ -83,7 +85,7 @@ pub enum Backend {
     /// The in-process simulator.
     Sim(skipper::devcluster::Cluster),
     /// etcd, kube-apiserver, kube-controller-manager and kube-scheduler.
-    Real(control_plane::ControlPlane),
+    Real(Box<control_plane::ControlPlane>),
 }
 
 /// What kubectl answered.
@@ -120,7 +122,7 @@ impl Backend {
         let plane = control_plane::ControlPlane::start(config)
             .await
             .unwrap_or_else(|e| panic!("start the control plane: {e}"));
-        let me = Self::Real(plane);
+        let me = Self::Real(Box::new(plane));
         for ns in namespaces {
             me.create_namespace(ns).await;
         }
@@ -182,7 +184,8 @@ impl Backend {
 
     /// Creates a namespace (as the administrator).
     pub async fn create_namespace(&self, name: &str) {
-        let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> = kube::Api::all(self.client().await);
+        let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+            kube::Api::all(self.client().await);
         namespaces
             .create(
                 &kube::api::PostParams::default(),
@@ -201,14 +204,22 @@ impl Backend {
     /// [`Self::kubectl`] with `stdin` fed to it.
     pub async fn kubectl_with_stdin(&self, args: &[&str], stdin: Option<&str>) -> Kubectl {
         use tokio::io::AsyncWriteExt as _;
-        let cache = std::env::temp_dir().join(format!("skipper-kubectl-cache-{}-{:x}", std::process::id(), rand::random::<u64>()));
+        let cache = std::env::temp_dir().join(format!(
+            "skipper-kubectl-cache-{}-{:x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
         let mut child = tokio::process::Command::new("kubectl")
             .arg("--kubeconfig")
             .arg(self.kubeconfig())
             .arg("--cache-dir")
             .arg(&cache)
             .args(args)
-            .stdin(if stdin.is_some() { std::process::Stdio::piped() } else { std::process::Stdio::null() })
+            .stdin(if stdin.is_some() {
+                std::process::Stdio::piped()
+            } else {
+                std::process::Stdio::null()
+            })
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .kill_on_drop(true)
