@@ -476,3 +476,29 @@ async fn a_pool_that_refuses_every_assignment_backs_off() {
     assert!(events.iter().any(|e| e.message.contains("backs off")));
     ctl.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_oversized_heartbeat_batch_is_refused_whole() {
+    use skipper::controller::core::MAX_HEARTBEAT_ENTRIES;
+    let sim = Sim::start().await;
+    sim.deploy_pool("pool", 1, &[]).await;
+    let ctl = Ctl::single(&sim).await;
+    let one = harness::heartbeat("10.1.1.1", &function("pool", "t", 1), 0).heartbeats[0].clone();
+    let req = api::HeartbeatRequest {
+        router_ip: Some("10.1.1.1".into()),
+        heartbeats: vec![one; MAX_HEARTBEAT_ENTRIES + 1],
+        forwarded_for: vec![],
+    };
+    let err = ctl.grpc.clone().heartbeat(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("over the limit of 20000"),
+        "{}",
+        err.message()
+    );
+    assert!(
+        ctl.core.supervisors.is_empty(),
+        "nothing of a refused batch is recorded"
+    );
+    ctl.stop().await;
+}

@@ -126,7 +126,7 @@ async fn metadata_only_lists_and_watches_work() {
     let one = api.get_metadata("m1").await.unwrap();
     assert_eq!(one.metadata.labels.unwrap()["a"], "b");
     // On the wire: PartialObjectMetadata without the data.
-    let raw: serde_json::Value = reqwest::Client::new()
+    let raw: serde_json::Value = common::api_http(&cluster)
         .get(format!(
             "{}/api/v1/namespaces/{NS}/configmaps/m1",
             cluster.base_url()
@@ -497,7 +497,7 @@ async fn injected_write_failures_and_latency_apply_over_rust_and_http() {
     api.create(&pp, &cm("f", &[])).await.unwrap();
     assert!(api.get("f").await.is_ok(), "reads are not affected");
 
-    let http = reqwest::Client::new();
+    let http = common::api_http(&cluster);
     let resp = http
         .post(format!(
             "{}/_sim/fail-writes?count=1&status=409",

@@ -61,6 +61,8 @@ pub struct CertKey {
     pub cert_der: Vec<u8>,
     /// The private key (`PRIVATE KEY`, PKCS#8).
     pub key_pem: String,
+    /// The private key, PKCS#8 DER.
+    pub key_der: Vec<u8>,
 }
 
 impl std::fmt::Debug for CertKey {
@@ -153,6 +155,7 @@ impl Ca {
             cert_pem: cert.pem(),
             cert_der: cert.der().to_vec(),
             key_pem: key.serialize_pem(),
+            key_der: key.serialize_der(),
         })
     }
 
@@ -404,7 +407,7 @@ pub struct ClusterPki {
     /// The API server's serving certificate.
     pub serving: CertKey,
     /// Signs ServiceAccount tokens.
-    pub service_account: ServiceAccountKey,
+    pub service_account: std::sync::Arc<ServiceAccountKey>,
     /// `kubernetes-admin` in `system:masters`.
     pub admin: CertKey,
 }
@@ -478,7 +481,7 @@ impl ClusterPki {
         Ok(Self {
             ca,
             serving,
-            service_account: ServiceAccountKey::generate()?,
+            service_account: std::sync::Arc::new(ServiceAccountKey::generate()?),
             admin,
         })
     }

@@ -15,10 +15,12 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::auth::{Authenticator, PeerCertificate};
 use super::controllers::delete_pod;
 use super::error::ApiError;
 use super::kubelet::Kubelet;
 use super::patch::{self, PatchKind};
+use super::pki::MASTERS_GROUP;
 use super::resources::{self, ResourceDef, by_kind};
 use super::selector::{FieldSelector, LabelSelector};
 use super::store::{EventType, Store, name_of, namespace_of, uid_of};
@@ -97,6 +99,8 @@ pub struct Shared {
     pub bookmark_interval: Duration,
     /// Upper bound on `timeoutSeconds`.
     pub max_watch_timeout: Duration,
+    /// Verifies and issues credentials.
+    pub auth: Authenticator,
 }
 
 impl Shared {
@@ -227,8 +231,31 @@ fn query_map(query: Option<&str>) -> HashMap<String, String> {
 
 /// The single entry point of the HTTP server.
 pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let peer = req
+        .extensions()
+        .get::<PeerCertificate>()
+        .and_then(|p| p.0.as_ref());
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let user = match shared.auth.authenticate(&shared.store, peer, authorization) {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::debug!(error = %e, path = req.uri().path(), "unauthenticated request");
+            return ApiError::Unauthorized.into_response();
+        }
+    };
     let path = req.uri().path().to_owned();
     if let Some(rest) = path.strip_prefix("/_sim/") {
+        if !user.in_group(MASTERS_GROUP) {
+            return ApiError::ForbiddenPath {
+                user: user.name,
+                verb: req.method().as_str().to_lowercase(),
+                path,
+            }
+            .into_response();
+        }
         let q = query_map(req.uri().query());
         return sim_endpoint(&shared, req.method(), rest, &q);
     }

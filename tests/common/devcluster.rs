@@ -29,6 +29,21 @@ pub async fn cluster_with(namespaces: &[&str], tweak: impl FnOnce(&mut Config)) 
     Cluster::start(config).await.expect("start simulator")
 }
 
+/// An HTTP client that trusts the cluster's CA and presents the
+/// administrator's client certificate (for raw API and `/_sim/` requests).
+pub fn api_http(cluster: &Cluster) -> reqwest::Client {
+    let admin = cluster.admin_cert();
+    let identity = reqwest::Identity::from_pem(format!("{}{}", admin.cert_pem, admin.key_pem).as_bytes())
+        .expect("admin identity");
+    reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(cluster.ca_pem().as_bytes()).expect("CA"))
+        .identity(identity)
+        .build()
+        .expect("HTTP client")
+}
+
 /// Polls `f` every 20ms until it yields a value; panics after `timeout`.
 pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
 where
