@@ -947,3 +947,100 @@ async fn rolling_update_surge(b: &Backend) {
     assert_eq!(s.updated_replicas, Some(1));
     assert_eq!(s.ready_replicas.unwrap_or(0), 0);
 }
+
+// === ServiceAccount tokens ===
+
+differential!(
+    service_account_tokens_authenticate_under_rbac,
+    service_account_tokens,
+    namespaces = [NS],
+    sim_deviation = "the simulator does not authorize (RBAC)"
+);
+
+/// A TokenRequest token authenticates as `system:serviceaccount:<ns>:<name>`
+/// (in `system:serviceaccounts` and `system:serviceaccounts:<ns>`), and RBAC
+/// bindings to the ServiceAccount decide what it may do.
+async fn service_account_tokens(b: &Backend) {
+    let admin = b.client().await;
+    Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin.clone(), NS)
+        .create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": "robot"}})),
+        )
+        .await
+        .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(admin.clone(), NS)
+        .create(
+            &PostParams::default(),
+            &from(json!({
+                "metadata": {"name": "reader"},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}],
+            })),
+        )
+        .await
+        .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(admin.clone(), NS)
+        .create(
+            &PostParams::default(),
+            &from(json!({
+                "metadata": {"name": "robot-reads"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
+                "subjects": [{"kind": "ServiceAccount", "name": "robot", "namespace": NS}],
+            })),
+        )
+        .await
+        .unwrap();
+    let robot = b.service_account_client(NS, "robot").await;
+    let cms: Api<ConfigMap> = Api::namespaced(robot.clone(), NS);
+    backend::eventually("robot may list configmaps", WAIT, || async {
+        cms.list(&ListParams::default()).await.ok()
+    })
+    .await;
+    assert_eq!(
+        status(
+            cms.create(&PostParams::default(), &from(json!({"metadata": {"name": "x"}})))
+                .await
+        )["message"],
+        "configmaps is forbidden: User \"system:serviceaccount:conf:robot\" cannot create resource \"configmaps\" in API group \"\" in the namespace \"conf\""
+    );
+    // Who the token says it is.
+    let review: Value = robot
+        .request(
+            http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+                .header("content-type", "application/json")
+                .body(
+                    serde_json::to_vec(
+                        &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}),
+                    )
+                    .unwrap(),
+                )
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let user = &review["status"]["userInfo"];
+    assert_eq!(user["username"], "system:serviceaccount:conf:robot");
+    let groups: Vec<&str> = user["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(
+        groups,
+        [
+            "system:serviceaccounts",
+            "system:serviceaccounts:conf",
+            "system:authenticated"
+        ]
+    );
+    // A token for a ServiceAccount that does not exist is refused.
+    let ghost = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin, NS)
+        .create_token_request(
+            "ghost",
+            &PostParams::default(),
+            &from(json!({"spec": {"audiences": []}})),
+        )
+        .await;
+    assert_eq!(status(ghost)["code"], 404);
+}
