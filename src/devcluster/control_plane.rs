@@ -149,6 +149,8 @@ pub enum ControlPlaneError {
     },
     #[error("building a client for {what}: {source}")]
     Client { what: String, source: Box<kube::Error> },
+    #[error("compacting etcd: {0}")]
+    Compact(String),
     #[error("reading the kubeconfig for {what}: {source}")]
     Kubeconfig {
         what: String,
@@ -166,6 +168,7 @@ struct Component {
 /// A running control plane. Dropping it SIGKILLs every process.
 pub struct ControlPlane {
     server: String,
+    etcd: SocketAddr,
     addr: SocketAddr,
     pki: ClusterPki,
     files: PkiFiles,
@@ -346,6 +349,35 @@ async fn http_ok(addr: SocketAddr, path: &str, expect: &str) -> bool {
         .is_ok_and(|b| String::from_utf8_lossy(&b.to_bytes()).contains(expect))
 }
 
+/// `POST http://addr/path` with a JSON body; the JSON answer.
+async fn http_post_json(
+    addr: SocketAddr,
+    path: &str,
+    body: &serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let req = http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())))
+        .map_err(|e| e.to_string())?;
+    let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req))
+        .await
+        .map_err(|_| format!("{path}: no answer in 10 s"))?
+        .map_err(|e| format!("{path}: {e}"))?;
+    let status = resp.status();
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(format!("{path}: {status}: {}", String::from_utf8_lossy(&bytes)));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| format!("{path}: {e}"))
+}
+
 /// Whether `GET <client's server>/path` answers `ok`.
 async fn k8s_ok(client: &kube::Client, path: &str) -> bool {
     let Ok(req) = http::Request::get(path).body(Vec::new()) else {
@@ -417,6 +449,7 @@ impl ControlPlane {
         }
         let mut plane = Self {
             server: String::new(),
+            etcd: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
             addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
             pki: ClusterPki::generate(&config.extra_serving_names)?,
             files: PkiFiles {
@@ -477,6 +510,7 @@ impl ControlPlane {
         let etcd_client = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
         let etcd_peer = format!("http://127.0.0.1:{}", free_port()?);
         let etcd_url = format!("http://{etcd_client}");
+        self.etcd = etcd_client;
         let etcd_args = vec![
             flag("name", "default"),
             path_flag("data-dir", &self.work_dir.join("etcd")),
@@ -649,6 +683,46 @@ impl ControlPlane {
             .iter()
             .filter_map(|c| c.child.id())
             .collect()
+    }
+
+    /// Compacts etcd's history up to its current revision the way
+    /// kube-apiserver's compactor does (it records the revision under
+    /// `compact_rev_key`, which every API server watches, then compacts),
+    /// so reads at an older resourceVersion answer `410 Gone` — at once
+    /// from etcd, and from the watch cache once it has seen the new
+    /// compaction revision (it polls every 15 s). Returns the revision.
+    ///
+    /// # Errors
+    /// [`ControlPlaneError::Compact`] when etcd does not answer as expected.
+    pub async fn compact(&self) -> Result<u64, ControlPlaneError> {
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        // The revision is in the header of any range answer.
+        let range = http_post_json(
+            self.etcd,
+            "/v3/kv/range",
+            &serde_json::json!({"key": b64("compact_rev_key")}),
+        )
+        .await
+        .map_err(ControlPlaneError::Compact)?;
+        let revision = range["header"]["revision"]
+            .as_str()
+            .and_then(|r| r.parse::<u64>().ok())
+            .ok_or_else(|| ControlPlaneError::Compact(format!("no revision in {range}")))?;
+        http_post_json(
+            self.etcd,
+            "/v3/kv/put",
+            &serde_json::json!({"key": b64("compact_rev_key"), "value": b64(&revision.to_string())}),
+        )
+        .await
+        .map_err(ControlPlaneError::Compact)?;
+        http_post_json(
+            self.etcd,
+            "/v3/kv/compaction",
+            &serde_json::json!({"revision": revision.to_string(), "physical": true}),
+        )
+        .await
+        .map_err(ControlPlaneError::Compact)?;
+        Ok(revision)
     }
 
     /// A client as the administrator.

@@ -275,6 +275,17 @@ impl Backend {
         }
     }
 
+    /// Compacts the history: the simulator forgets its event history, the
+    /// real control plane compacts etcd to its current revision.
+    pub async fn compact(&self) {
+        match self {
+            Self::Sim(c) => c.compact(),
+            Self::Real(p) => {
+                p.compact().await.unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+    }
+
     /// Stops it (every process it started).
     pub async fn shutdown(self) {
         match self {
