@@ -1122,3 +1122,64 @@ async fn compacted_list(b: &Backend) {
     assert_eq!(old.data.as_ref().unwrap()["i"], "2");
     cms.list(&ListParams::default().at("0")).await.unwrap();
 }
+
+// === Node authorization ===
+
+differential!(
+    a_node_may_only_touch_itself_and_its_pods,
+    node_authorization,
+    namespaces = [NS],
+    sim_deviation = "the simulator has no Node authorizer or NodeRestriction admission"
+);
+
+/// What a kubelet (`system:node:<name>` in `system:nodes`) may do under
+/// `--authorization-mode=Node,RBAC` with NodeRestriction: its own Node and
+/// Lease, pods only through a `spec.nodeName=<itself>` field selector.
+async fn node_authorization(b: &Backend) {
+    let node = b.client_as("system:node:n1", &["system:nodes"]).await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(node.clone());
+    nodes
+        .create(&PostParams::default(), &from(json!({"metadata": {"name": "n1"}})))
+        .await
+        .unwrap();
+    let err = status(
+        nodes
+            .create(&PostParams::default(), &from(json!({"metadata": {"name": "n2"}})))
+            .await,
+    );
+    assert_eq!(
+        (err["code"].as_u64(), err["reason"].as_str()),
+        (Some(403), Some("Forbidden")),
+        "{err}"
+    );
+    assert_eq!(
+        err["message"],
+        "nodes \"n2\" is forbidden: node \"n1\" is not allowed to modify node \"n2\""
+    );
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(node.clone(), "kube-node-lease");
+    leases
+        .create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": "n1"}, "spec": {"holderIdentity": "n1"}})),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::all(node.clone());
+    pods.list(&ListParams::default().fields("spec.nodeName=n1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        status(pods.list(&ListParams::default()).await)["message"],
+        "pods is forbidden: User \"system:node:n1\" cannot list resource \"pods\" in API group \"\" at the cluster scope: node: can only list/watch pods with spec.nodeName field selector"
+    );
+    assert_eq!(
+        status(pods.list(&ListParams::default().fields("spec.nodeName=n2")).await)["code"],
+        403
+    );
+    let cms: Api<ConfigMap> = Api::namespaced(node, NS);
+    assert_eq!(
+        status(cms.list(&ListParams::default()).await)["message"],
+        "configmaps is forbidden: User \"system:node:n1\" cannot list resource \"configmaps\" in API group \"\" in the namespace \"conf\": node: No Object name found"
+    );
+}
