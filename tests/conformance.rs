@@ -1183,3 +1183,53 @@ async fn node_authorization(b: &Backend) {
         "configmaps is forbidden: User \"system:node:n1\" cannot list resource \"configmaps\" in API group \"\" in the namespace \"conf\": node: No Object name found"
     );
 }
+
+// === Endpoint addresses ===
+
+differential!(
+    endpoint_addresses_may_not_be_loopback,
+    loopback_endpoints,
+    namespaces = [NS],
+    sim_deviation = "the simulator's pods live on loopback IPs, so it accepts loopback endpoint addresses"
+);
+
+/// EndpointSlices and Endpoints refuse loopback addresses (pod status
+/// does not): a Service whose pods have loopback IPs gets no endpoints
+/// from the real EndpointSlice controller.
+async fn loopback_endpoints(b: &Backend) {
+    let client = b.client().await;
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> = Api::namespaced(client.clone(), NS);
+    let err = status(
+        slices
+            .create(
+                &PostParams::default(),
+                &from(json!({
+                    "metadata": {"name": "lo", "labels": {"kubernetes.io/service-name": "lo"}},
+                    "addressType": "IPv4",
+                    "endpoints": [{"addresses": ["127.0.5.6"], "conditions": {"ready": true}}],
+                    "ports": [{"name": "http", "port": 8888, "protocol": "TCP"}],
+                })),
+            )
+            .await,
+    );
+    assert_eq!(err["code"], 422);
+    assert_eq!(
+        err["message"],
+        "EndpointSlice.discovery.k8s.io \"lo\" is invalid: endpoints[0].addresses[0]: Invalid value: \"127.0.5.6\": may not be in the loopback range (127.0.0.0/8, ::1/128)"
+    );
+    let pods: Api<Pod> = Api::namespaced(client, NS);
+    pods.create(
+        &PostParams::default(),
+        &from(json!({"metadata": {"name": "lo"},
+                     "spec": {"nodeName": "nowhere", "containers": [{"name": "c", "image": "skipper"}]}})),
+    )
+    .await
+    .unwrap();
+    pods.patch_status(
+        "lo",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"podIP": "127.0.5.6", "podIPs": [{"ip": "127.0.5.6"}]}})),
+    )
+    .await
+    .unwrap();
+}
