@@ -78,6 +78,9 @@
 
 /// Authentication: client certificates and ServiceAccount tokens.
 pub mod auth;
+/// A real Kubernetes control plane (etcd, kube-apiserver,
+/// kube-controller-manager, kube-scheduler) as local processes.
+pub mod control_plane;
 /// Deployment, ReplicaSet, garbage-collection and EndpointSlice loops.
 pub mod controllers;
 /// API errors and their `Status` mapping.
@@ -94,6 +97,8 @@ pub mod pki;
 pub mod playground;
 /// Served resource kinds and discovery.
 pub mod resources;
+/// TokenRequest, TokenReview and the access reviews.
+pub mod reviews;
 /// Label and field selectors.
 pub mod selector;
 /// The HTTP server and fault endpoints.
@@ -135,7 +140,7 @@ pub struct Config {
     /// Holds the kubeconfig and per-pod directories; a fresh temporary
     /// directory (removed on shutdown) when `None`.
     pub work_dir: Option<PathBuf>,
-    /// Namespaces created at start (besides `default` and `kube-system`).
+    /// Namespaces created at start (besides `default`, `kube-system`, `kube-public` and `kube-node-lease`).
     pub namespaces: Vec<String>,
     /// Zones of the simulated nodes (one node per zone); pods are spread round-robin.
     pub zones: Vec<String>,
@@ -314,7 +319,10 @@ impl Cluster {
         let pki = Arc::new(ClusterPki::generate(&serving_names)?);
         let tls = https::server_config(&pki)?;
         let store = Arc::new(Store::new(config.event_history));
-        let mut namespaces = vec!["default".to_owned(), "kube-system".to_owned()];
+        let mut namespaces: Vec<String> = ["default", "kube-system", "kube-public", "kube-node-lease"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
         for ns in &config.namespaces {
             if !namespaces.contains(ns) {
                 namespaces.push(ns.clone());
@@ -391,10 +399,13 @@ impl Cluster {
         tracker.spawn(https::serve(listener, tls, app, root.clone()));
         let (token, tasks) = (root.clone(), tracker.clone());
         let resync = config.resync_interval;
+        let ctx = controllers::Context {
+            ca_pem: pki.ca.cert_pem().to_owned(),
+        };
         tracker.spawn(async move {
             let mut rx = store.subscribe();
             loop {
-                if let Err(e) = controllers::reconcile(&store) {
+                if let Err(e) = controllers::reconcile(&store, &ctx) {
                     tracing::debug!(error = %e, "reconcile pass");
                 }
                 kubelet.sync(&store, &tasks, &token);
