@@ -236,7 +236,7 @@ async fn connect_refused_is_retried_on_another_instance_with_the_body_intact() {
 }
 
 #[tokio::test]
-async fn upstream_reset_after_sending_is_502_after_one_attempt() {
+async fn upstream_reset_after_sending_a_body_is_502_after_one_attempt() {
     let w = world(|_| {}).await;
     // An instance that reads the request head and hangs up.
     let rude = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -254,7 +254,15 @@ async fn upstream_reset_after_sending_is_502_after_one_attempt() {
     w.fake.with(|s| {
         s.instances[0].addr = Some(rude_addr.to_string());
     });
-    let resp = w.get("/x").await;
+    // A request with a body is not replayed once sent (an idempotent one
+    // without a body is: see an_idempotent_request_is_retried_when_its_instance_dies_with_it).
+    let resp = http()
+        .post(w.router.url("/x"))
+        .header(HEADER_FUNCTION, header())
+        .body("payload")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 502);
     let body = resp.text().await.unwrap();
     assert!(body.contains("pod-1"), "{body}");
@@ -341,6 +349,7 @@ async fn refusals_no_retry_can_fix_are_answered_after_one_call() {
     let w = world(|c| c.max_round_trip_attempts = 6).await;
     for (code, status) in [
         (tonic::Code::InvalidArgument, 400),
+        (tonic::Code::NotFound, 404),
         (tonic::Code::ResourceExhausted, 503),
         (tonic::Code::DeadlineExceeded, 503),
     ] {
@@ -426,8 +435,9 @@ async fn oneshot_instance_is_released_after_an_upstream_failure() {
     });
     w.fake.with(|s| s.instances[0].addr = Some(rude_addr.to_string()));
     let resp = http()
-        .get(w.router.url("/x"))
+        .post(w.router.url("/x"))
         .header(HEADER_FUNCTION, function_header("app", "t1", true))
+        .body("payload")
         .send()
         .await
         .unwrap();
@@ -518,6 +528,28 @@ async fn metrics_count_requests_and_durations() {
         "{metrics}"
     );
     assert!(metrics.contains("skipper_router_request_duration_seconds_count{function_deployment=\"app\",status_class=\"2xx\"} 5"), "{metrics}");
+    // A deployment no controller served gets no series of its own.
+    w.fake.fail("GetInstance", tonic::Code::NotFound, 1);
+    let resp = http()
+        .get(w.router.url("/x"))
+        .header(HEADER_FUNCTION, function_header("made-up-deployment", "t", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let metrics = http()
+        .get(format!("http://{}/metrics", w.router.metrics_addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!metrics.contains("made-up-deployment"), "{metrics}");
+    assert!(
+        metrics.contains("skipper_router_requests_total{function_deployment=\"other\"} 1"),
+        "{metrics}"
+    );
     w.router.stop().await;
 }
 
@@ -668,4 +700,319 @@ async fn graceful_drain_finishes_a_slow_request() {
     assert_eq!(status, 200);
     assert_eq!(body, "unblocked");
     w.router.stop().await;
+}
+
+/// Sends `head` (and then `body`) on a raw connection to the router and
+/// returns the status line and body of the answer.
+async fn raw_exchange(addr: std::net::SocketAddr, head: &str, body: &[u8]) -> (u16, String) {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(body).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(LIMIT, s.read_to_end(&mut out))
+        .await
+        .expect("the router answered and closed")
+        .unwrap();
+    let text = String::from_utf8_lossy(&out).into_owned();
+    let status = text
+        .split(' ')
+        .nth(1)
+        .and_then(|c| c.parse().ok())
+        .unwrap_or_else(|| panic!("no status line in {text:?}"));
+    let body = text
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+#[tokio::test]
+async fn oversized_headers_are_431_and_bad_values_are_cut_in_the_answer() {
+    let w = world(|_| {}).await;
+    let big = format!(
+        r#"{{"namespace":"ns","deployment":"app","tenant":"t","x":"{}","scale":{{"max_instances":1}}}}"#,
+        "y".repeat(9000)
+    );
+    let resp = http()
+        .get(w.router.url("/x"))
+        .header(HEADER_FUNCTION, &big)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 431);
+    let body = resp.text().await.unwrap();
+    assert_eq!(
+        body,
+        format!("X-Skipper-Function is {} bytes; the limit is 8192\n", big.len())
+    );
+    // A request head beyond the router's buffer never reaches the handler.
+    let resp = http()
+        .get(w.router.url("/x"))
+        .header(HEADER_FUNCTION, header())
+        .header("x-padding", "p".repeat(70 * 1024))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 431);
+    // A bad value is quoted, but the answer stays one short line.
+    let long_tenant = format!(
+        r#"{{"namespace":"ns","deployment":"app","tenant":"{}!","scale":{{"max_instances":1}}}}"#,
+        "t".repeat(7000)
+    );
+    let resp = http()
+        .get(w.router.url("/x"))
+        .header(HEADER_FUNCTION, &long_tenant)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 400);
+    let body = resp.text().await.unwrap();
+    assert!(body.starts_with("invalid tenant \"ttt"), "{body}");
+    assert!(
+        body.len() <= skipper::router::proxy::MAX_BODY_LINE + 1,
+        "{}",
+        body.len()
+    );
+    assert!(body.ends_with("…\n"), "{body}");
+    assert_eq!(w.fake.calls("GetInstance"), 0);
+    w.router.stop().await;
+}
+
+#[tokio::test]
+async fn a_stalled_upload_is_408_after_the_body_timeout() {
+    let w = world(|c| c.body_timeout = Some(Duration::from_millis(300))).await;
+    let head = format!(
+        "POST /sink HTTP/1.1\r\nhost: x\r\nx-skipper-function: {}\r\ncontent-length: 100\r\n\r\n",
+        header()
+    );
+    let started = tokio::time::Instant::now();
+    // 10 of the announced 100 bytes, then nothing (the socket stays open).
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut s = tokio::net::TcpStream::connect(w.router.addr).await.unwrap();
+    s.write_all(head.as_bytes()).await.unwrap();
+    s.write_all(&[b'a'; 10]).await.unwrap();
+    let mut buf = vec![0u8; 4096];
+    let n = tokio::time::timeout(LIMIT, s.read(&mut buf))
+        .await
+        .expect("an answer within the limit")
+        .unwrap();
+    let text = String::from_utf8_lossy(&buf[..n]);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(
+        text.contains("the client sent no request body data for 300ms"),
+        "{text}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(300));
+    // The in-flight count is released with the request.
+    let metrics = http()
+        .get(format!("http://{}/metrics", w.router.metrics_addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(
+        metrics.contains("skipper_router_requests_in_flight{function_deployment=\"other\"} 0"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("status_class=\"4xx\"} 1"), "{metrics}");
+    w.router.stop().await;
+}
+
+#[tokio::test]
+async fn malformed_chunked_framing_from_the_client_is_400() {
+    let w = world(|_| {}).await;
+    let head = format!(
+        "POST /sink HTTP/1.1\r\nhost: x\r\nx-skipper-function: {}\r\ntransfer-encoding: chunked\r\nconnection: close\r\n\r\n",
+        header()
+    );
+    let (status, body) = raw_exchange(w.router.addr, &head, b"5\r\nhello\r\nzz\r\nnot a chunk\r\n").await;
+    assert_eq!(status, 400, "{body}");
+    assert!(
+        body.contains("failed to read the request body from the client"),
+        "{body}"
+    );
+    w.router.stop().await;
+}
+
+/// An instance transport that looks alive until `closed` is set, then reads
+/// EOF (without waking anyone, like a FIN the connection has not yet read).
+struct ClosesWhenTold {
+    closed: std::sync::Arc<std::sync::atomic::AtomicBool>,
+}
+
+impl tokio::io::AsyncRead for ClosesWhenTold {
+    fn poll_read(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        _buf: &mut tokio::io::ReadBuf<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        if self.closed.load(std::sync::atomic::Ordering::SeqCst) {
+            std::task::Poll::Ready(Ok(()))
+        } else {
+            std::task::Poll::Pending
+        }
+    }
+}
+
+impl tokio::io::AsyncWrite for ClosesWhenTold {
+    fn poll_write(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+        buf: &[u8],
+    ) -> std::task::Poll<std::io::Result<usize>> {
+        std::task::Poll::Ready(Ok(buf.len()))
+    }
+    fn poll_flush(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+    fn poll_shutdown(
+        self: std::pin::Pin<&mut Self>,
+        _cx: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<std::io::Result<()>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+}
+
+#[tokio::test]
+async fn a_pooled_connection_to_a_dead_instance_is_excluded_and_retried() {
+    use skipper::router::proxy::{Proxy, Settings, upstream::Pool};
+    let fake = FakeController::new();
+    let stop = CancellationToken::new();
+    let ctrl = fake.serve(stop.clone()).await;
+    let upstream = start_upstream().await;
+    // pod-dead: its pooled connection closes under the request and nothing
+    // listens on its address any more.
+    let dead = refused_addr();
+    fake.add_instance("pod-dead", dead);
+    fake.add_instance("pod-2", upstream.addr);
+    let closed = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    fake.with(|s| s.get_instance_flags.push(closed.clone()));
+
+    let tracker = tokio_util::task::TaskTracker::new();
+    let pool = Pool::new(Duration::from_millis(500), tracker.clone(), stop.clone());
+    pool.adopt(
+        dead,
+        ClosesWhenTold {
+            closed: closed.clone(),
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(pool.idle_count(dead), 1);
+    let client = skipper::client::Client::new(skipper::client::Endpoints::fixed(
+        &[ctrl],
+        skipper::client::ChannelSettings::default(),
+    ));
+    let proxy = Proxy::new(
+        client,
+        pool,
+        Settings {
+            max_attempts: 6,
+            retry_min: Duration::from_millis(5),
+            retry_max: Duration::from_millis(20),
+            response_header_timeout: None,
+            get_instance_timeout: Duration::from_secs(2),
+            body_timeout: None,
+        },
+        tracker,
+        stop.clone(),
+    );
+    let activity = skipper::router::activity::Activity::new(skipper::router::metrics::Metrics::register(
+        &mut prometheus_client::registry::Registry::default(),
+    ));
+    let parsed = std::sync::Arc::new(skipper::router::entry::parse(&header()).unwrap());
+    let guard = activity.begin(&parsed).await;
+    let req = http::Request::get("/hello")
+        .header("host", "x")
+        .body(http_body_util::BodyExt::map_err(
+            http_body_util::Empty::<bytes::Bytes>::new(),
+            |e| match e {},
+        ))
+        .unwrap();
+    let resp = proxy
+        .forward(&parsed, req, "127.0.0.1:9".parse().unwrap(), guard)
+        .await
+        .expect("the request is retried on another instance");
+    assert_eq!(resp.status(), 200);
+    let reqs = fake.with(|s| s.get_instance_requests.clone());
+    assert_eq!(reqs.len(), 2, "{reqs:?}");
+    assert_eq!(reqs[1].exclude_instance_names, vec!["pod-dead".to_owned()]);
+    stop.cancel();
+}
+
+/// An instance that reads each request head and closes the connection
+/// without answering (a pod that dies with the request in flight); counts
+/// the heads it read.
+async fn dies_with_the_request() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use tokio::io::AsyncReadExt as _;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    (addr, heads)
+}
+
+#[tokio::test]
+async fn an_idempotent_request_is_retried_when_its_instance_dies_with_it() {
+    let fake = FakeController::new();
+    let stop = CancellationToken::new();
+    let ctrl = fake.serve(stop.clone()).await;
+    let (dying, heads) = dies_with_the_request().await;
+    let upstream = start_upstream().await;
+    fake.add_instance("pod-dies", dying);
+    fake.add_instance("pod-2", upstream.addr);
+    let router = start_router(test_config(vec![ctrl])).await;
+
+    // A GET without a body goes to the next instance.
+    let resp = http()
+        .get(router.url("/hello"))
+        .header(HEADER_FUNCTION, header())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.text().await.unwrap(), "hello world");
+    assert_eq!(
+        heads.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "pod-dies had the request"
+    );
+    let reqs = fake.with(|s| s.get_instance_requests.clone());
+    assert_eq!(reqs.len(), 2, "{reqs:?}");
+    assert_eq!(reqs[1].exclude_instance_names, vec!["pod-dies".to_owned()]);
+
+    // A POST is not replayed: the instance may have acted on it.
+    let resp = http()
+        .post(router.url("/hello"))
+        .header(HEADER_FUNCTION, header())
+        .body("payload")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 502);
+    assert_eq!(heads.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(fake.with(|s| s.get_instance_requests.len()), 3);
+    stop.cancel();
 }

@@ -65,6 +65,8 @@ pub const CONTROLLER_METRICS_PORT: u16 = 9090;
 pub const PASETO_SECRET: &str = "skipper-controller-paseto";
 /// The ConfigMap holding the pools' PASETO public key.
 pub const PUBLIC_KEY_CONFIG_MAP: &str = "skipper-paseto-public";
+/// The controllers' ServiceAccount (as in `manifests/controller.yaml`).
+pub const CONTROLLER_SERVICE_ACCOUNT: &str = "skipper-controller";
 /// The Secret holding the controllers' kubeconfig for the simulated cluster.
 pub const DEV_KUBECONFIG_SECRET: &str = "skipper-dev-kubeconfig";
 /// Where controller pods find that kubeconfig (`KUBECONFIG` names the file in it).
@@ -367,7 +369,11 @@ fn controller_manifests(replicas: u16, env: &[(String, String)]) -> Result<Vec<V
             Some(m) => m.push(mount),
             None => container["volumeMounts"] = json!([mount]),
         }
-        set_env(container, "KUBECONFIG", &format!("{DEV_KUBECONFIG_DIR}/kubeconfig"));
+        set_env(
+            container,
+            "KUBECONFIG",
+            &format!("{DEV_KUBECONFIG_DIR}/kubeconfig"),
+        );
         for (k, v) in env {
             set_env(container, k, v);
         }
@@ -652,7 +658,7 @@ fn print_ready(args: &PlaygroundArgs, cluster: &Cluster, up: &Up) {
         "  ring-inspect:  skipper ring-inspect --controller {first}:{CONTROLLER_PORT} --function '{function}'"
     );
     println!(
-        "  logs:          {} (router.log; pods/<namespace>_<pod>/log)",
+        "  logs:          {} (router.log; pods/<namespace>_<pod>/logs/<container>/<restart>.log)",
         cluster
             .kubeconfig_path()
             .parent()
@@ -784,14 +790,6 @@ async fn apply_manifests(args: &PlaygroundArgs, cluster: &Cluster) -> Result<(),
         )
         .await?;
     }
-    create_object(
-        &client,
-        &json!({"apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": DEV_KUBECONFIG_SECRET, "namespace": CONTROLLER_NAMESPACE},
-                "type": "Opaque",
-                "stringData": {"kubeconfig": super::kubeconfig_text(&cluster.base_url())}}),
-    )
-    .await?;
     let mut env: BTreeMap<String, String> = BTreeMap::new();
     env.insert("SKIPPER_FUNCTION_NAMESPACES".into(), POOL_NAMESPACE.into());
     env.insert(
@@ -807,8 +805,27 @@ async fn apply_manifests(args: &PlaygroundArgs, cluster: &Cluster) -> Result<(),
         env.insert(k.clone(), v.clone());
     }
     let env: Vec<(String, String)> = env.into_iter().collect();
-    for d in controller_manifests(args.controllers, &env)? {
-        create_object(&client, &d).await?;
+    let (deployments, others): (Vec<Value>, Vec<Value>) = controller_manifests(args.controllers, &env)?
+        .into_iter()
+        .partition(|d| str_at(d, "/kind") == "Deployment");
+    for d in &others {
+        create_object(&client, d).await?;
+    }
+    // The controllers' kubeconfig: their ServiceAccount's token.
+    let kubeconfig = cluster.kubeconfig_for(&super::Credential::ServiceAccount {
+        namespace: CONTROLLER_NAMESPACE.into(),
+        name: CONTROLLER_SERVICE_ACCOUNT.into(),
+    })?;
+    create_object(
+        &client,
+        &json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": DEV_KUBECONFIG_SECRET, "namespace": CONTROLLER_NAMESPACE},
+                "type": "Opaque",
+                "stringData": {"kubeconfig": kubeconfig}}),
+    )
+    .await?;
+    for d in &deployments {
+        create_object(&client, d).await?;
     }
     Ok(())
 }

@@ -54,6 +54,14 @@ pub struct Args {
     #[arg(long, env = "SKIPPER_REQUEST_TIMEOUT", default_value = "0s", value_parser = parse_duration)]
     pub request_timeout: Duration,
 
+    /// Longest pause in a client's request body before the request fails with 408 (0s = none)
+    #[arg(long, env = "SKIPPER_BODY_TIMEOUT", default_value = "1m", value_parser = parse_duration)]
+    pub body_timeout: Duration,
+
+    /// Longest a client connection waits for the next request's headers, idle keep-alive included
+    #[arg(long, env = "SKIPPER_IDLE_TIMEOUT", default_value = "1m", value_parser = parse_duration)]
+    pub idle_timeout: Duration,
+
     /// Deadline of one GetInstance call to a controller (it may wait for a pool pod)
     #[arg(long, env = "SKIPPER_GET_INSTANCE_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub get_instance_timeout: Duration,
@@ -122,6 +130,9 @@ pub struct Config {
     pub response_header_timeout: Option<Duration>,
     /// `None` = no bound.
     pub request_timeout: Option<Duration>,
+    /// `None` = no bound.
+    pub body_timeout: Option<Duration>,
+    pub idle_timeout: Duration,
     pub get_instance_timeout: Duration,
     pub discovery: Discovery,
     /// Where `/metrics` is served, when telemetry is on.
@@ -143,6 +154,8 @@ impl Config {
             dial_timeout: Duration::from_secs(2),
             response_header_timeout: None,
             request_timeout: None,
+            body_timeout: Some(Duration::from_secs(60)),
+            idle_timeout: Duration::from_secs(60),
             get_instance_timeout: Duration::from_secs(30),
             discovery: Discovery::Static(controllers),
             metrics_addr: None,
@@ -175,6 +188,9 @@ impl Config {
         }
         if self.dial_timeout.is_zero() {
             return bad("--dial-timeout must be greater than zero".into());
+        }
+        if self.idle_timeout.is_zero() {
+            return bad("--idle-timeout must be greater than zero".into());
         }
         if self.get_instance_timeout.is_zero() {
             return bad("--get-instance-timeout must be greater than zero".into());
@@ -250,6 +266,8 @@ impl TryFrom<&Args> for Config {
             dial_timeout: a.dial_timeout,
             response_header_timeout: non_zero(a.response_header_timeout),
             request_timeout: non_zero(a.request_timeout),
+            body_timeout: non_zero(a.body_timeout),
+            idle_timeout: a.idle_timeout,
             get_instance_timeout: a.get_instance_timeout,
             discovery,
             metrics_addr,
@@ -309,6 +327,8 @@ mod tests {
         assert_eq!(c.dial_timeout, Duration::from_secs(2));
         assert_eq!(c.response_header_timeout, None);
         assert_eq!(c.request_timeout, None);
+        assert_eq!(c.body_timeout, Some(Duration::from_secs(60)));
+        assert_eq!(c.idle_timeout, Duration::from_secs(60));
         assert_eq!(
             c.discovery,
             Discovery::Dns {
@@ -369,6 +389,8 @@ mod tests {
                 "--round-trip-retry-max-timeout",
             ),
             (&["--dial-timeout", "0s"][..], "--dial-timeout"),
+            (&["--idle-timeout", "0s"][..], "--idle-timeout"),
+            (&["--body-timeout", "soon"][..], "--body-timeout"),
             (&["--controller-port", "0"][..], "--controller-port"),
             (
                 &["--controller-namespace", "skipper"][..],

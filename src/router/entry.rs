@@ -1,15 +1,26 @@
-//! Request entry: the function header, its bounded parse cache, `/healthz`
-//! and the 400 answers for bad headers (spec §6.1, §13.1).
+//! Request entry: the function header, its parse cache (bounded in bytes),
+//! `/healthz` and the 4xx answers for bad headers (spec §6.1, §13.1).
 
-use std::sync::Arc;
+use std::collections::{HashMap, VecDeque};
+use std::hash::{BuildHasher, RandomState};
+use std::sync::{Arc, Mutex};
 
 use http::{HeaderMap, Method};
 
 use crate::api;
 use crate::domain::{self, FunctionId, HEADER_FUNCTION};
 
-/// Capacity of the header cache.
-pub const CACHE_CAPACITY: usize = 4096;
+/// Bytes the header cache may hold (keys and parsed values).
+pub const CACHE_BYTES: usize = 4 * 1024 * 1024;
+/// Longest accepted `X-Skipper-Function` value: the per-line limit of common
+/// ingress proxies (nginx `large_client_header_buffers`), so a header that
+/// passes them passes the router.
+pub const MAX_FUNCTION_HEADER_BYTES: usize = 8 * 1024;
+/// Shards of the header cache (independent locks).
+const SHARDS: usize = 16;
+/// Fixed per-entry overhead counted besides the strings (map slot, queue
+/// slot, `Arc` headers, the parsed structs).
+const ENTRY_OVERHEAD: usize = 512;
 
 /// A validated function with everything the request path derives from it.
 #[derive(Debug)]
@@ -19,68 +30,186 @@ pub struct Parsed {
     pub id: FunctionId,
 }
 
+impl Parsed {
+    /// Heap and inline bytes this value occupies (approximate, never below
+    /// the real figure by more than the fixed overhead).
+    #[must_use]
+    pub fn footprint(&self) -> usize {
+        let f = &self.function;
+        let strings = f.namespace.len()
+            + f.deployment.len()
+            + f.tenant.len()
+            + f.metadata.as_ref().map_or(0, String::len);
+        // `api` holds a copy of each string.
+        2 * strings + std::mem::size_of::<Self>()
+    }
+}
+
 /// Why a request's function header is unusable. `Display` is the one-line
-/// body of the 400 answer.
+/// body of the 4xx answer.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HeaderError {
     #[error("missing X-Skipper-Function")]
     Missing,
     #[error("failed to unmarshal X-Skipper-Function header: X-Skipper-Function is not valid UTF-8")]
     NotUtf8,
+    #[error("X-Skipper-Function is {len} bytes; the limit is {MAX_FUNCTION_HEADER_BYTES}")]
+    TooLarge { len: usize },
     #[error("failed to unmarshal X-Skipper-Function header: {0}")]
     Malformed(#[source] domain::ParseError),
     #[error("{0}")]
     Invalid(#[source] domain::ValidationError),
 }
 
-/// Parsed, validated functions keyed by the raw header value (bounded,
-/// concurrent, least recently used entries evicted). Only valid headers are
-/// cached.
+/// One cache shard: entries by raw header, and the insertion order with a
+/// second-chance bit (CLOCK) for eviction. A std mutex: every critical
+/// section is a map lookup or update, never across an await.
+#[derive(Debug, Default)]
+struct Shard {
+    map: HashMap<Arc<str>, Slot>,
+    order: VecDeque<Arc<str>>,
+    bytes: usize,
+}
+
+#[derive(Debug)]
+struct Slot {
+    parsed: Arc<Parsed>,
+    bytes: usize,
+    referenced: bool,
+}
+
+impl Shard {
+    fn evict_one(&mut self) -> bool {
+        while let Some(key) = self.order.pop_front() {
+            let Some(slot) = self.map.get_mut(&key) else {
+                continue;
+            };
+            if slot.referenced {
+                slot.referenced = false;
+                self.order.push_back(key);
+                continue;
+            }
+            let bytes = slot.bytes;
+            self.map.remove(&key);
+            self.bytes -= bytes;
+            return true;
+        }
+        false
+    }
+}
+
+/// Parsed, validated functions keyed by the raw header value. Bounded in
+/// bytes: keys and parsed values together stay within the budget (entries
+/// evicted least-recently-used first, approximately). Only valid headers
+/// are cached.
 #[derive(Debug)]
 pub struct HeaderCache {
-    cache: scc::HashCache<String, Arc<Parsed>>,
+    shards: Box<[Mutex<Shard>]>,
+    hasher: RandomState,
+    shard_budget: usize,
 }
 
 impl Default for HeaderCache {
     fn default() -> Self {
-        Self::new(CACHE_CAPACITY)
+        Self::new(CACHE_BYTES)
     }
 }
 
 impl HeaderCache {
-    /// A cache holding at most `capacity` functions.
+    /// A cache holding at most `budget` bytes.
     #[must_use]
-    pub fn new(capacity: usize) -> Self {
+    pub fn new(budget: usize) -> Self {
         Self {
-            cache: scc::HashCache::with_capacity(0, capacity),
+            shards: (0..SHARDS).map(|_| Mutex::default()).collect(),
+            hasher: RandomState::new(),
+            shard_budget: budget / SHARDS,
         }
+    }
+
+    fn shard(&self, raw: &str) -> std::sync::MutexGuard<'_, Shard> {
+        // Truncation is fine: only the low bits pick the shard.
+        #[allow(clippy::cast_possible_truncation)]
+        let i = self.hasher.hash_one(raw) as usize % SHARDS;
+        // Poisoning needs a panic inside a map update, which cannot happen.
+        self.shards[i]
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The function named by the first `X-Skipper-Function` value.
     ///
     /// # Errors
-    /// [`HeaderError`] when the header is absent, malformed or invalid.
-    pub async fn function(&self, headers: &HeaderMap) -> Result<Arc<Parsed>, HeaderError> {
+    /// [`HeaderError`] when the header is absent, too large, malformed or
+    /// invalid.
+    pub fn function(&self, headers: &HeaderMap) -> Result<Arc<Parsed>, HeaderError> {
         let raw = headers.get(HEADER_FUNCTION).ok_or(HeaderError::Missing)?;
+        if raw.len() > MAX_FUNCTION_HEADER_BYTES {
+            return Err(HeaderError::TooLarge { len: raw.len() });
+        }
         let raw = raw.to_str().map_err(|_| HeaderError::NotUtf8)?;
-        if let Some(hit) = self.cache.read_async(raw, |_, v| v.clone()).await {
-            return Ok(hit);
+        if let Some(slot) = self.shard(raw).map.get_mut(raw) {
+            slot.referenced = true;
+            return Ok(slot.parsed.clone());
         }
         let parsed = Arc::new(parse(raw)?);
-        let _ = self.cache.put_async(raw.to_owned(), parsed.clone()).await;
+        self.insert(raw, parsed.clone());
         Ok(parsed)
+    }
+
+    fn insert(&self, raw: &str, parsed: Arc<Parsed>) {
+        let bytes = raw.len() + parsed.footprint() + ENTRY_OVERHEAD;
+        if bytes > self.shard_budget {
+            return;
+        }
+        let mut shard = self.shard(raw);
+        if shard.map.contains_key(raw) {
+            return;
+        }
+        while shard.bytes + bytes > self.shard_budget {
+            if !shard.evict_one() {
+                break;
+            }
+        }
+        let key: Arc<str> = Arc::from(raw);
+        shard.order.push_back(key.clone());
+        shard.map.insert(
+            key,
+            Slot {
+                parsed,
+                bytes,
+                referenced: false,
+            },
+        );
+        shard.bytes += bytes;
     }
 
     /// Number of cached functions.
     #[must_use]
     pub fn len(&self) -> usize {
-        self.cache.len()
+        self.shards
+            .iter()
+            .map(|s| {
+                s.lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .map
+                    .len()
+            })
+            .sum()
+    }
+
+    /// Bytes accounted to the cached entries.
+    #[must_use]
+    pub fn bytes(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| s.lock().unwrap_or_else(std::sync::PoisonError::into_inner).bytes)
+            .sum()
     }
 
     /// Whether nothing is cached.
     #[must_use]
     pub fn is_empty(&self) -> bool {
-        self.cache.is_empty()
+        self.len() == 0
     }
 }
 
@@ -120,8 +249,8 @@ mod tests {
         h
     }
 
-    #[tokio::test]
-    async fn header_matrix() {
+    #[test]
+    fn header_matrix() {
         let cache = HeaderCache::default();
         let cases: &[(&[&str], Result<(), &str>)] = &[
             (&[], Err("missing X-Skipper-Function")),
@@ -172,7 +301,7 @@ mod tests {
             ),
         ];
         for (values, want) in cases {
-            let got = cache.function(&headers(values)).await;
+            let got = cache.function(&headers(values));
             match (want, got) {
                 (Ok(()), Ok(_)) => {}
                 (Err(prefix), Err(e)) => {
@@ -183,27 +312,52 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn only_valid_headers_are_cached_and_hits_share_the_value() {
+    #[test]
+    fn only_valid_headers_are_cached_and_hits_share_the_value() {
         let cache = HeaderCache::default();
-        let a = cache.function(&headers(&[VALID])).await.unwrap();
-        let b = cache.function(&headers(&[VALID])).await.unwrap();
+        let a = cache.function(&headers(&[VALID])).unwrap();
+        let b = cache.function(&headers(&[VALID])).unwrap();
         assert!(Arc::ptr_eq(&a, &b));
-        assert!(cache.function(&headers(&["{"])).await.is_err());
+        assert!(cache.function(&headers(&["{"])).is_err());
         assert_eq!(cache.len(), 1);
         assert_eq!(a.id, a.function.id());
     }
 
-    #[tokio::test]
-    async fn the_cache_is_bounded() {
-        let cache = HeaderCache::new(64);
-        for i in 0..1000 {
+    #[test]
+    fn the_cache_is_bounded_in_bytes_and_keeps_hot_entries() {
+        let budget = 256 * 1024;
+        let cache = HeaderCache::new(budget);
+        let hot = headers(&[VALID]);
+        cache.function(&hot).unwrap();
+        let filler = "x".repeat(6000);
+        for i in 0..2000 {
             let v = format!(
-                r#"{{"namespace":"ns","deployment":"app","tenant":"t{i}","scale":{{"max_instances":1}}}}"#
+                r#"{{"namespace":"ns","deployment":"app","tenant":"t{i}","unknown":"{filler}","scale":{{"max_instances":1}}}}"#
             );
-            cache.function(&headers(&[&v])).await.unwrap();
+            cache.function(&headers(&[&v])).unwrap();
+            cache.function(&hot).unwrap();
+            assert!(cache.bytes() <= budget, "{} > {budget}", cache.bytes());
         }
-        assert!(cache.len() <= 64 * 2, "{}", cache.len());
+        assert!(cache.len() < 2000 && !cache.is_empty());
+        let a = cache.function(&hot).unwrap();
+        let b = cache.function(&hot).unwrap();
+        assert!(Arc::ptr_eq(&a, &b), "a header in use stays cached");
+    }
+
+    #[test]
+    fn oversized_headers_are_refused_before_parsing() {
+        let cache = HeaderCache::default();
+        let big = format!(
+            r#"{{"namespace":"ns","deployment":"app","tenant":"t","x":"{}","scale":{{"max_instances":1}}}}"#,
+            "y".repeat(MAX_FUNCTION_HEADER_BYTES)
+        );
+        let err = cache.function(&headers(&[&big])).unwrap_err();
+        assert_eq!(err, HeaderError::TooLarge { len: big.len() });
+        assert_eq!(
+            err.to_string(),
+            format!("X-Skipper-Function is {} bytes; the limit is 8192", big.len())
+        );
+        assert!(cache.is_empty());
     }
 
     #[test]

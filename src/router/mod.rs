@@ -43,11 +43,13 @@ use crate::client::{ChannelSettings, Client, Endpoints};
 use crate::shutdown::Shutdown;
 use activity::Activity;
 use entry::HeaderCache;
-use metrics::{DeploymentLabel, DurationLabels, Metrics};
+use metrics::{DurationLabels, Metrics};
 use proxy::{Proxy, Settings};
 
 /// How often closed and expired idle instance connections are dropped.
 const POOL_SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
+/// Largest request line plus headers accepted from a client (larger: 431).
+pub const MAX_REQUEST_HEAD_BYTES: usize = 64 * 1024;
 /// Pause after a failed `accept`.
 const ACCEPT_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
@@ -165,6 +167,7 @@ pub async fn serve(
             retry_max: config.retry_max,
             response_header_timeout: config.response_header_timeout,
             get_instance_timeout: config.get_instance_timeout,
+            body_timeout: config.body_timeout,
         },
         shutdown.tracker().clone(),
         hard_stop.clone(),
@@ -191,6 +194,7 @@ pub async fn serve(
 
     let connections = TaskTracker::new();
     let token = shutdown.token().clone();
+    let idle_timeout = config.idle_timeout;
     loop {
         let (stream, remote) = tokio::select! {
             () = token.cancelled() => break,
@@ -214,9 +218,13 @@ pub async fn serve(
             let state = state.clone();
             async move { Ok::<_, Infallible>(handle(&state, remote, req).await) }
         });
-        // The timer enables hyper's header read timeout (slow clients).
+        // The header read timeout also bounds idle keep-alive connections
+        // (it runs from the moment a connection waits for the next request);
+        // a request head larger than the buffer is answered 431 by hyper.
         let conn = http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
+            .header_read_timeout(idle_timeout)
+            .max_header_size(MAX_REQUEST_HEAD_BYTES)
             .serve_connection(TokioIo::new(stream), svc)
             .with_upgrades();
         let drain = token.clone();
@@ -292,7 +300,7 @@ async fn start_discovery(config: &Config, endpoints: &Endpoints, shutdown: &Shut
 /// One request: health check, header, activity, proxy, metrics.
 async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Response<Body> {
     let start = Instant::now();
-    let parsed = match state.cache.function(req.headers()).await {
+    let parsed = match state.cache.function(req.headers()) {
         Ok(p) => p,
         Err(e) => {
             if entry::is_health_check(req.method(), req.uri().path()) {
@@ -301,10 +309,6 @@ async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Re
             return proxy::Error::from(e).into_response();
         }
     };
-    let label = DeploymentLabel {
-        function_deployment: parsed.function.deployment.clone(),
-    };
-    state.metrics.requests.get_or_create(&label).inc();
     let guard = state.activity.begin(&parsed).await;
     let forwarding = state.proxy.forward(&parsed, req, remote, guard);
     let result = match state.request_timeout {
@@ -313,7 +317,12 @@ async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Re
             .unwrap_or(Err(proxy::Error::RequestTimeout(t))),
         None => forwarding.await,
     };
+    if result.is_ok() {
+        state.metrics.learn(&parsed.function.deployment);
+    }
     let resp = result.unwrap_or_else(IntoResponse::into_response);
+    let label = state.metrics.deployment(&parsed.function.deployment);
+    state.metrics.requests.get_or_create(&label).inc();
     state
         .metrics
         .duration

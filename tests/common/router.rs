@@ -31,6 +31,8 @@ pub struct State {
     pub heartbeats: Vec<api::HeartbeatRequest>,
     pub releases: Vec<api::ReleaseInstanceRequest>,
     pub scales: Vec<api::ScaleRequest>,
+    /// Set (to true) whenever GetInstance is called.
+    pub get_instance_flags: Vec<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// A fake controller. Clones share state.
@@ -142,7 +144,12 @@ impl ControllerService for FakeController {
         request: Request<api::GetInstanceRequest>,
     ) -> Result<Response<api::GetInstanceResponse>, Status> {
         let req = request.into_inner();
-        self.with(|s| s.get_instance_requests.push(req.clone()));
+        self.with(|s| {
+            s.get_instance_requests.push(req.clone());
+            for f in &s.get_instance_flags {
+                f.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
         self.enter("GetInstance")?;
         self.with(|s| {
             let pick = s
@@ -342,7 +349,9 @@ pub async fn start_upstream() -> Upstream {
                 let mut stream = body.into_data_stream();
                 let mut total = 0usize;
                 while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
-                    total += chunk.unwrap().len();
+                    // A body cut short by the router ends the count.
+                    let Ok(chunk) = chunk else { break };
+                    total += chunk.len();
                 }
                 total.to_string()
             }),

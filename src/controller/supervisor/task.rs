@@ -269,17 +269,7 @@ async fn execute(
                 .inc_by(delete.len() as u64);
             let ns = core.namespace(&f.namespace)?;
             for name in delete {
-                ns.writer.delete(&name).await.map_err(|e| match e {
-                    crate::controller::kube::pods::WriteError::Api(k) => {
-                        crate::controller::error::Error::Kube(k)
-                    }
-                    crate::controller::kube::pods::WriteError::Conflict(p) => {
-                        crate::controller::error::Error::AssignFailed {
-                            pod: p,
-                            reason: "delete conflict".into(),
-                        }
-                    }
-                })?;
+                ns.writer.delete(&name).await?;
                 core.events.push(
                     f,
                     EventType::PodDeleted,

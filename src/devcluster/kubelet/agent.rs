@@ -119,11 +119,12 @@ impl Registry {
             .collect()
     }
 
-    /// SIGKILLs every container and shim at once.
+    /// SIGKILLs every container at once (its shim then reaps it and exits;
+    /// a shim whose container has not started yet is killed itself).
     pub fn kill_everything(&self) {
         for e in lock(&self.pods).values() {
             for c in &e.containers {
-                for pid in [c.main, c.shim].into_iter().flatten() {
+                if let Some(pid) = c.main.or(c.shim) {
                     super::runtime::signal(pid, nix::sys::signal::Signal::SIGKILL);
                 }
             }
@@ -201,7 +202,8 @@ impl IpAllocator {
 
 /// What every worker shares.
 pub struct Ctx {
-    pub client: kube::Client,
+    /// One client per node, each with that node's credential.
+    clients: BTreeMap<String, kube::Client>,
     pub settings: Arc<Settings>,
     pub tracker: TaskTracker,
     pub registry: Arc<Registry>,
@@ -210,6 +212,16 @@ pub struct Ctx {
 }
 
 impl Ctx {
+    /// The client of `node`.
+    ///
+    /// # Panics
+    /// Never: the agent only serves nodes it has a client for.
+    #[must_use]
+    pub fn client(&self, node: &str) -> kube::Client {
+        #[allow(clippy::expect_used)] // `context` gets a client for every node of the settings
+        self.clients.get(node).cloned().expect("a client for every node")
+    }
+
     /// Warns (once per agent) that `securityContext` is not applied.
     pub fn warn_security_context(&self, pod: &Pod) {
         let spec = pod.spec.as_ref();
@@ -220,7 +232,11 @@ impl Ctx {
                     .chain(s.init_containers.iter().flatten())
                     .any(|c| c.security_context.is_some())
         });
-        if used && !self.security_warned.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        if used
+            && !self
+                .security_warned
+                .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
             tracing::warn!(
                 pod = pod.metadata.name.as_deref().unwrap_or(""),
                 "securityContext is not applied by this node agent: containers run as its own user"
@@ -355,8 +371,8 @@ impl Agent {
     /// # Errors
     /// The API error of the node that could not be registered.
     pub async fn register_nodes(&self) -> Result<(), (String, kube::Error)> {
-        let api: Api<Node> = Api::all(self.ctx.client.clone());
         for n in &self.ctx.settings.nodes {
+            let api: Api<Node> = Api::all(self.ctx.client(&n.name));
             let node = node_object(&self.ctx.settings, &n.name, &n.zone);
             match api.create(&PostParams::default(), &node).await {
                 Ok(_) => {}
@@ -387,8 +403,8 @@ impl Agent {
     /// Renews the node's Lease every quarter of its duration and reports
     /// node status every `node_status_interval`.
     async fn heartbeat(&self, node: &str, stop: &CancellationToken) {
-        let leases: Api<Lease> = Api::namespaced(self.ctx.client.clone(), NODE_LEASE_NAMESPACE);
-        let nodes: Api<Node> = Api::all(self.ctx.client.clone());
+        let leases: Api<Lease> = Api::namespaced(self.ctx.client(node), NODE_LEASE_NAMESPACE);
+        let nodes: Api<Node> = Api::all(self.ctx.client(node));
         let duration = self.ctx.settings.lease_duration;
         let mut renew = tokio::time::interval((duration / 4).max(Duration::from_millis(100)));
         renew.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -462,7 +478,7 @@ impl Agent {
 
     /// Watches the pods bound to `node` and keeps their workers informed.
     async fn watch_pods(self: &Arc<Self>, node: &str, stop: &CancellationToken) {
-        let api: Api<Pod> = Api::all(self.ctx.client.clone());
+        let api: Api<Pod> = Api::all(self.ctx.client(node));
         let config = watcher::Config::default().fields(&format!("spec.nodeName={node}"));
         let mut stream = watcher(api, config).default_backoff().boxed();
         let mut relisted: Option<HashSet<String>> = None;
@@ -503,7 +519,9 @@ impl Agent {
     }
 
     fn dispatch(self: &Arc<Self>, node: &str, pod: Pod) {
-        let Some(uid) = pod.metadata.uid.clone() else { return };
+        let Some(uid) = pod.metadata.uid.clone() else {
+            return;
+        };
         if lock(&self.finished).contains(&uid) {
             return;
         }
@@ -524,8 +542,10 @@ impl Agent {
             drop(workers);
             if pod.metadata.deletion_timestamp.is_some() {
                 // Nothing of it runs here: delete it for good.
-                let this = self.clone();
-                self.ctx.tracker.spawn(async move { this.delete_for_good(&pod).await });
+                let (this, node) = (self.clone(), node.to_owned());
+                self.ctx
+                    .tracker
+                    .spawn(async move { this.delete_for_good(&node, &pod).await });
             }
             return;
         }
@@ -552,18 +572,20 @@ impl Agent {
     }
 
     fn removed(&self, pod: &Pod) {
-        let Some(uid) = pod.metadata.uid.as_deref() else { return };
+        let Some(uid) = pod.metadata.uid.as_deref() else {
+            return;
+        };
         if let Some(w) = lock(&self.workers).get(uid) {
             w.tx.send_replace(None);
         }
         lock(&self.finished).retain(|u| u != uid);
     }
 
-    async fn delete_for_good(&self, pod: &Pod) {
+    async fn delete_for_good(&self, node: &str, pod: &Pod) {
         let (Some(ns), Some(name)) = (pod.metadata.namespace.as_deref(), pod.metadata.name.as_deref()) else {
             return;
         };
-        let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), ns);
+        let api: Api<Pod> = Api::namespaced(self.ctx.client(node), ns);
         let params = DeleteParams {
             grace_period_seconds: Some(0),
             preconditions: Some(Preconditions {
@@ -603,11 +625,13 @@ impl Agent {
                     } else {
                         u64::try_from(used_ms * 1000 / elapsed.as_millis()).unwrap_or(u64::MAX)
                     };
-                    let entry = pods.entry((key.0.clone(), key.1.clone())).or_insert_with(|| PodUsage {
-                        containers: Vec::new(),
-                        timestamp: stamp.clone(),
-                        window: elapsed,
-                    });
+                    let entry = pods
+                        .entry((key.0.clone(), key.1.clone()))
+                        .or_insert_with(|| PodUsage {
+                            containers: Vec::new(),
+                            timestamp: stamp.clone(),
+                            window: elapsed,
+                        });
                     entry.containers.push(ContainerUsage {
                         name: key.2.clone(),
                         cpu_millis,
@@ -622,11 +646,16 @@ impl Agent {
     }
 }
 
-/// Builds the shared context.
+/// Builds the shared context (`clients` has one client per node).
 #[must_use]
-pub fn context(client: kube::Client, settings: Arc<Settings>, tracker: TaskTracker, registry: Arc<Registry>) -> Arc<Ctx> {
+pub fn context(
+    clients: BTreeMap<String, kube::Client>,
+    settings: Arc<Settings>,
+    tracker: TaskTracker,
+    registry: Arc<Registry>,
+) -> Arc<Ctx> {
     Arc::new(Ctx {
-        client,
+        clients,
         settings,
         tracker,
         registry,
@@ -655,7 +684,11 @@ mod tests {
         let r = Registry::default();
         r.add("u1", "ns", "p");
         r.set_pid("u1", "init", true, Some(10), Some(9));
-        assert_eq!(r.main_pid("ns", "p"), Some(10), "the init container while it runs");
+        assert_eq!(
+            r.main_pid("ns", "p"),
+            Some(10),
+            "the init container while it runs"
+        );
         r.set_pid("u1", "main", false, Some(20), Some(19));
         assert_eq!(r.main_pid("ns", "p"), Some(20));
         r.set_pid("u1", "init", true, None, None);

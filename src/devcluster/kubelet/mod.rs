@@ -1,7 +1,7 @@
 //! The node agent ("kubelet"): runs the pods bound to its nodes as real
-//! processes, talking to the cluster only through the Kubernetes API with
-//! a kube-rs [`kube::Client`] — the same agent serves the in-process
-//! simulator and a real control plane.
+//! processes, talking to the cluster only through the Kubernetes API with a
+//! kube-rs [`kube::Client`] per node (each with that node's credential) —
+//! the same agent serves the in-process simulator and a real control plane.
 //!
 //! It registers its Nodes (capacity and allocatable, zone and hostname
 //! labels, an `InternalIP` address, the `Ready` condition) and renews their
@@ -176,6 +176,8 @@ pub enum KubeletError {
     },
     #[error("the node agent is already started")]
     AlreadyStarted,
+    #[error("building the API client of node {node}: {reason}")]
+    Client { node: String, reason: String },
 }
 
 /// Why a container log cannot be served.
@@ -214,13 +216,14 @@ impl Kubelet {
     }
 
     /// Checks that pods can get sandboxes, registers the nodes, and starts
-    /// the agent's loops on `tracker` until `stop` fires.
+    /// the agent's loops on `tracker` until `stop` fires. `client_for` gives
+    /// the API client of each node (by name).
     ///
     /// # Errors
     /// [`KubeletError`]; [`KubeletError::SandboxUnavailable`] names what is missing.
     pub async fn start(
         &self,
-        client: kube::Client,
+        client_for: impl Fn(&str) -> Result<kube::Client, String>,
         tracker: &TaskTracker,
         stop: &CancellationToken,
     ) -> Result<(), KubeletError> {
@@ -234,7 +237,20 @@ impl Kubelet {
             path: self.settings.pod_root.clone(),
             source,
         })?;
-        let ctx = agent::context(client, self.settings.clone(), tracker.clone(), self.registry.clone());
+        let mut clients = std::collections::BTreeMap::new();
+        for n in &self.settings.nodes {
+            let client = client_for(&n.name).map_err(|reason| KubeletError::Client {
+                node: n.name.clone(),
+                reason,
+            })?;
+            clients.insert(n.name.clone(), client);
+        }
+        let ctx = agent::context(
+            clients,
+            self.settings.clone(),
+            tracker.clone(),
+            self.registry.clone(),
+        );
         let agent = agent::Agent::new(ctx, self.kill.clone());
         agent
             .register_nodes()
@@ -292,7 +308,13 @@ impl Kubelet {
     ///
     /// # Errors
     /// [`LogError`] when there is no such instance.
-    pub fn log_file(&self, ns: &str, name: &str, container: &str, previous: bool) -> Result<PathBuf, LogError> {
+    pub fn log_file(
+        &self,
+        ns: &str,
+        name: &str,
+        container: &str,
+        previous: bool,
+    ) -> Result<PathBuf, LogError> {
         let dir = self.pod_dir(ns, name).join("logs").join(container);
         let mut restarts: Vec<u32> = std::fs::read_dir(&dir)
             .into_iter()

@@ -14,7 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use jiff::Timestamp;
-use k8s_openapi::api::core::v1::{Container, ConfigMap, LifecycleHandler, Pod, PodStatus, Secret};
+use k8s_openapi::api::core::v1::{ConfigMap, Container, LifecycleHandler, Pod, PodStatus, Secret};
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use nix::sys::signal::Signal;
 use tokio::sync::{mpsc, watch};
@@ -119,9 +119,11 @@ impl Slot {
             restart_count: self.restart_count,
             ready: self.ready,
             started: self.started,
-            container_id: self.running.as_ref().map(|r| r.container_id.clone()).or_else(|| match &self.state {
-                State::Terminated(t) => t.container_id.clone(),
-                _ => None,
+            container_id: self.running.as_ref().map(|r| r.container_id.clone()).or_else(|| {
+                match &self.state {
+                    State::Terminated(t) => t.container_id.clone(),
+                    _ => None,
+                }
             }),
         }
     }
@@ -138,7 +140,15 @@ struct ContainerExec {
 
 impl probe::Exec for ContainerExec {
     async fn exec(&self, command: &[String], timeout: Duration) -> Result<i32, String> {
-        runtime::exec(&self.shim, self.pid, &self.env, self.cwd.as_deref(), command, timeout).await
+        runtime::exec(
+            &self.shim,
+            self.pid,
+            &self.env,
+            self.cwd.as_deref(),
+            command,
+            timeout,
+        )
+        .await
     }
 }
 
@@ -180,7 +190,11 @@ impl Worker {
         let dir = ctx.pod_dir(&ns, &name);
         let spec = pod.spec.clone().unwrap_or_default();
         let has_init = spec.init_containers.as_ref().is_some_and(|c| !c.is_empty());
-        let waiting = if has_init { "PodInitializing" } else { "ContainerCreating" };
+        let waiting = if has_init {
+            "PodInitializing"
+        } else {
+            "ContainerCreating"
+        };
         let init = spec
             .init_containers
             .clone()
@@ -265,7 +279,12 @@ impl Worker {
             .pod
             .metadata
             .deletion_grace_period_seconds
-            .or_else(|| self.pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+            .or_else(|| {
+                self.pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds)
+            })
             .unwrap_or(30);
         Duration::from_secs(u64::try_from(secs).unwrap_or(0))
     }
@@ -359,7 +378,7 @@ impl Worker {
             }
             let _ = std::fs::write(self.dir.join("etc-hosts"), self.hosts_file());
         }
-        let ctx_client = self.ctx.client.clone();
+        let ctx_client = self.ctx.client(&self.node);
         let facts_pod = self.pod.clone();
         let facts = PodFacts {
             pod: &facts_pod,
@@ -383,7 +402,7 @@ impl Worker {
     }
 
     async fn refresh_volumes(&mut self) {
-        let client = self.ctx.client.clone();
+        let client = self.ctx.client(&self.node);
         let pod = self.pod.clone();
         let facts = PodFacts {
             pod: &pod,
@@ -407,7 +426,14 @@ impl Worker {
         if let Some(ip) = self.ip {
             s.push_str(&format!("{ip}\t{hostname}\n"));
         }
-        for alias in self.pod.spec.as_ref().and_then(|s| s.host_aliases.as_ref()).into_iter().flatten() {
+        for alias in self
+            .pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.host_aliases.as_ref())
+            .into_iter()
+            .flatten()
+        {
             s.push_str(&format!(
                 "\n# Entries added by HostAliases.\n{}\t{}\n",
                 alias.ip,
@@ -544,7 +570,11 @@ impl Worker {
             argv,
             exe,
             env: env.clone(),
-            cwd: spec.working_dir.clone().filter(|d| !d.is_empty()).map(PathBuf::from),
+            cwd: spec
+                .working_dir
+                .clone()
+                .filter(|d| !d.is_empty())
+                .map(PathBuf::from),
             log,
         };
         let started_at = Timestamp::now();
@@ -576,9 +606,13 @@ impl Worker {
                 return self.slot(id).start_at;
             }
         };
-        self.ctx
-            .registry
-            .set_pid(&self.uid, &spec.name, id.init, Some(started.pid), Some(started.shim_pid));
+        self.ctx.registry.set_pid(
+            &self.uid,
+            &spec.name,
+            id.init,
+            Some(started.pid),
+            Some(started.shim_pid),
+        );
         let probes = CancellationToken::new();
         let has_startup = spec.startup_probe.is_some();
         let (started_tx, started_rx) = watch::channel(!has_startup);
@@ -643,7 +677,11 @@ impl Worker {
             shim: self.ctx.settings.skipper_exe.clone(),
             pid,
             env: Arc::new(env.to_vec()),
-            cwd: spec.working_dir.clone().filter(|d| !d.is_empty()).map(PathBuf::from),
+            cwd: spec
+                .working_dir
+                .clone()
+                .filter(|d| !d.is_empty())
+                .map(PathBuf::from),
         };
         let started_at = Instant::now();
         for (kind, probe) in [
@@ -692,7 +730,7 @@ impl Worker {
         let (cms, secrets) = env::referenced(spec);
         let mut sources = Sources::default();
         for name in cms {
-            let got = Api::<ConfigMap>::namespaced(self.ctx.client.clone(), &self.ns)
+            let got = Api::<ConfigMap>::namespaced(self.ctx.client(&self.node), &self.ns)
                 .get_opt(&name)
                 .await
                 .map_err(|e| format!("getting configmap {name:?}: {e}"))?;
@@ -713,22 +751,28 @@ impl Worker {
             );
         }
         for name in secrets {
-            let got = Api::<Secret>::namespaced(self.ctx.client.clone(), &self.ns)
+            let got = Api::<Secret>::namespaced(self.ctx.client(&self.node), &self.ns)
                 .get_opt(&name)
                 .await
                 .map_err(|e| format!("getting secret {name:?}: {e}"))?;
             sources.secrets.insert(
                 name,
-                got.map(|s| s.data.unwrap_or_default().into_iter().map(|(k, v)| (k, v.0)).collect()),
+                got.map(|s| {
+                    s.data
+                        .unwrap_or_default()
+                        .into_iter()
+                        .map(|(k, v)| (k, v.0))
+                        .collect()
+                }),
             );
         }
         let service = env::kubernetes_service(&self.ctx.api_host(), self.ctx.api_port());
         let mut built = env::build(&self.facts(), spec, &sources, &service).map_err(|e| e.to_string())?;
         built.entry("HOME".into()).or_insert_with(|| "/root".into());
+        built.entry("HOSTNAME".into()).or_insert_with(|| self.hostname());
         built
-            .entry("HOSTNAME".into())
-            .or_insert_with(|| self.hostname());
-        built.entry("PATH".into()).or_insert_with(|| super::sandbox::DEFAULT_PATH.into());
+            .entry("PATH".into())
+            .or_insert_with(|| super::sandbox::DEFAULT_PATH.into());
         Ok(built.into_iter().collect())
     }
 
@@ -864,7 +908,13 @@ impl Worker {
                             s.ready = true;
                         }
                     }
-                    (Kind::Readiness, ok) => s.ready = ok && s.started,
+                    (Kind::Readiness, ok) => {
+                        if !ok {
+                            tracing::info!(pod = %pod, container = %s.spec.name,
+                                message = change.message.as_deref().unwrap_or(""), "readiness probe failed");
+                        }
+                        s.ready = ok && s.started;
+                    }
                     (Kind::Liveness | Kind::Startup, false) => {
                         tracing::info!(pod = %pod, container = %s.spec.name, probe = change.kind.field(),
                             message = change.message.as_deref().unwrap_or(""), "probe failed; restarting the container");
@@ -890,7 +940,12 @@ impl Worker {
         };
         let secs = probe
             .and_then(|p| p.termination_grace_period_seconds)
-            .or_else(|| self.pod.spec.as_ref().and_then(|s| s.termination_grace_period_seconds))
+            .or_else(|| {
+                self.pod
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds)
+            })
             .unwrap_or(30);
         Duration::from_secs(u64::try_from(secs).unwrap_or(0))
     }
@@ -946,20 +1001,23 @@ impl Worker {
         let shim = self.ctx.settings.skipper_exe.clone();
         let pod = self.name.clone();
         let slot = self.slot(id);
-        let Some(running) = slot.running.as_mut() else { return };
+        let Some(running) = slot.running.as_mut() else {
+            return;
+        };
         if running.stopping {
             return;
         }
         running.stopping = true;
         let pid = running.pid;
         let exit = running.exit.clone();
-        let hook = slot
-            .spec
-            .lifecycle
-            .as_ref()
-            .and_then(|l| l.pre_stop.clone());
+        let hook = slot.spec.lifecycle.as_ref().and_then(|l| l.pre_stop.clone());
         let ports = slot.spec.ports.clone().unwrap_or_default();
-        let cwd = slot.spec.working_dir.clone().filter(|d| !d.is_empty()).map(PathBuf::from);
+        let cwd = slot
+            .spec
+            .working_dir
+            .clone()
+            .filter(|d| !d.is_empty())
+            .map(PathBuf::from);
         let name = slot.spec.name.clone();
         let env = running.env.as_ref().clone();
         self.ctx.tracker.spawn(async move {
@@ -990,10 +1048,9 @@ impl Worker {
             return;
         }
         let init_failed = self.policy() == RestartPolicy::Never
-            && self
-                .init
-                .iter()
-                .any(|s| s.role == Role::Init && matches!(&s.state, State::Terminated(t) if t.exit_code != 0));
+            && self.init.iter().any(|s| {
+                s.role == Role::Init && matches!(&s.state, State::Terminated(t) if t.exit_code != 0)
+            });
         let all_done = self.regular.iter().all(|s| s.done) && !self.regular.is_empty();
         if init_failed || all_done {
             self.terminal = true;
@@ -1022,7 +1079,9 @@ impl Worker {
         }
         // Liveness and startup probes stop; readiness goes on.
         let mut phase_sidecars = false;
-        let regular: Vec<SlotId> = (0..self.regular.len()).map(|index| SlotId { init: false, index }).collect();
+        let regular: Vec<SlotId> = (0..self.regular.len())
+            .map(|index| SlotId { init: false, index })
+            .collect();
         for id in &regular {
             self.stop(*id, grace);
         }
@@ -1077,7 +1136,7 @@ impl Worker {
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let api: Api<Pod> = Api::namespaced(self.ctx.client(&self.node), &self.ns);
         let params = DeleteParams {
             grace_period_seconds: Some(0),
             preconditions: Some(Preconditions {
@@ -1137,7 +1196,11 @@ impl Worker {
             let owned = |t: &str| {
                 matches!(
                     t,
-                    "PodReadyToStartContainers" | "Initialized" | "ContainersReady" | "Ready" | "PodScheduled"
+                    "PodReadyToStartContainers"
+                        | "Initialized"
+                        | "ContainersReady"
+                        | "Ready"
+                        | "PodScheduled"
                 )
             };
             let mut conditions: Vec<_> = status
@@ -1146,7 +1209,14 @@ impl Worker {
                 .into_iter()
                 .filter(|c| !owned(&c.type_))
                 .collect();
-            conditions.extend(written.conditions.iter().flatten().filter(|c| owned(&c.type_)).cloned());
+            conditions.extend(
+                written
+                    .conditions
+                    .iter()
+                    .flatten()
+                    .filter(|c| owned(&c.type_))
+                    .cloned(),
+            );
             status.conditions = Some(conditions);
             if matches!(written.phase.as_deref(), Some("Succeeded" | "Failed")) {
                 status.phase = written.phase.clone();
@@ -1177,12 +1247,15 @@ impl Worker {
             {"op": "test", "path": "/metadata/uid", "value": self.uid},
             {"op": "add", "path": "/status", "value": status},
         ]);
-        let api: Api<Pod> = Api::namespaced(self.ctx.client.clone(), &self.ns);
+        let api: Api<Pod> = Api::namespaced(self.ctx.client(&self.node), &self.ns);
         let patch: Patch<()> = match serde_json::from_value(patch) {
             Ok(p) => Patch::Json(p),
             Err(_) => return,
         };
-        match api.patch_status(&self.name, &PatchParams::default(), &patch).await {
+        match api
+            .patch_status(&self.name, &PatchParams::default(), &patch)
+            .await
+        {
             Ok(_) => {
                 self.written = Some(status);
                 self.dirty = false;
@@ -1271,7 +1344,9 @@ async fn run_hook(hook: &LifecycleHandler, a: &StopArgs) -> Result<(), String> {
         };
     }
     if let Some(h) = &hook.http_get {
-        let Some(ip) = a.ip else { return Err("the pod has no IP".into()) };
+        let Some(ip) = a.ip else {
+            return Err("the pod has no IP".into());
+        };
         let target = probe::Target {
             pod_ip: ip.into(),
             ports: a.ports.clone(),

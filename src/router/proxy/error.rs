@@ -5,12 +5,16 @@ use axum::body::Body;
 use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 
+use super::body::ClientBodyError;
 use super::upstream::ConnectError;
 use crate::client;
 use crate::router::entry::HeaderError;
 
 /// Seconds a client is asked to wait after a 503.
 pub const RETRY_AFTER_SECS: u32 = 1;
+/// Longest body line of an answer (bytes): client-supplied values quoted in
+/// a message are cut here.
+pub const MAX_BODY_LINE: usize = 512;
 
 /// A request the router answers itself.
 #[derive(Debug, thiserror::Error)]
@@ -28,6 +32,9 @@ pub enum Error {
     /// not managed): the client's request is wrong, not the router.
     #[error("controller rejected the function: {0}")]
     Rejected(#[source] client::Error),
+    /// The function's Deployment does not exist.
+    #[error("function not found: {0}")]
+    NotFound(#[source] client::Error),
     /// A controller refused GetInstance for another reason.
     #[error("controller failed to provide an instance: {0}")]
     GetInstance(#[source] client::Error),
@@ -40,6 +47,21 @@ pub enum Error {
         name: String,
         #[source]
         source: ConnectError,
+    },
+    /// The client paused its request body for longer than `--body-timeout`
+    /// while it was being sent to the instance.
+    #[error("the client sent no request body data for {timeout:?}")]
+    RequestBodyTimeout {
+        name: String,
+        timeout: std::time::Duration,
+    },
+    /// The client's request body was malformed (e.g. broken chunked
+    /// framing) or cut short while it was being sent to the instance.
+    #[error("{}", client_body_cause(.source))]
+    BadRequestBody {
+        name: String,
+        #[source]
+        source: hyper::Error,
     },
     /// The instance failed after the request was handed to it.
     #[error("instance {name:?} failed: {source}")]
@@ -72,6 +94,7 @@ impl Error {
     pub fn from_get_instance(e: client::Error) -> Self {
         match e.code() {
             tonic::Code::InvalidArgument => Self::Rejected(e),
+            tonic::Code::NotFound => Self::NotFound(e),
             tonic::Code::Unavailable => Self::ControllerUnavailable(e),
             tonic::Code::ResourceExhausted | tonic::Code::DeadlineExceeded => Self::NoCapacity(e),
             _ => Self::GetInstance(e),
@@ -85,15 +108,36 @@ impl Error {
     pub fn is_final_get_instance(e: &client::Error) -> bool {
         matches!(
             e.code(),
-            tonic::Code::InvalidArgument | tonic::Code::ResourceExhausted | tonic::Code::DeadlineExceeded
+            tonic::Code::InvalidArgument
+                | tonic::Code::NotFound
+                | tonic::Code::ResourceExhausted
+                | tonic::Code::DeadlineExceeded
         ) && !matches!(e, client::Error::DeadlineExceeded { .. })
+    }
+
+    /// A failed send: the client's body when that is what broke it, else
+    /// the instance.
+    #[must_use]
+    pub fn from_send(name: String, source: hyper::Error) -> Self {
+        match ClientBodyError::find(&source) {
+            Some(ClientBodyError::Stalled(timeout)) => Self::RequestBodyTimeout {
+                name,
+                timeout: *timeout,
+            },
+            Some(ClientBodyError::Read(_)) => Self::BadRequestBody { name, source },
+            None => Self::Upstream { name, source },
+        }
     }
 
     /// The HTTP status of this answer.
     #[must_use]
     pub fn status(&self) -> StatusCode {
         match self {
+            Self::BadHeader(HeaderError::TooLarge { .. }) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
             Self::BadHeader(_) | Self::Rejected(_) => StatusCode::BAD_REQUEST,
+            Self::NotFound(_) => StatusCode::NOT_FOUND,
+            Self::RequestBodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            Self::BadRequestBody { .. } => StatusCode::BAD_REQUEST,
             Self::ControllerUnavailable(_) | Self::NoCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::GetInstance(_)
             | Self::InstanceAddress { .. }
@@ -106,10 +150,31 @@ impl Error {
     }
 }
 
+/// The client-side cause inside a send error, as text.
+fn client_body_cause(e: &hyper::Error) -> String {
+    ClientBodyError::find(e).map_or_else(|| e.to_string(), ToString::to_string)
+}
+
+/// `text` on one line (CR/LF become spaces), cut at [`MAX_BODY_LINE`]
+/// bytes on a character boundary with `…` marking the cut.
+#[must_use]
+pub fn one_line(text: &str) -> String {
+    let mut line = text.replace(['\r', '\n'], " ");
+    if line.len() > MAX_BODY_LINE {
+        let mut cut = MAX_BODY_LINE - '…'.len_utf8();
+        while !line.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        line.truncate(cut);
+        line.push('…');
+    }
+    line
+}
+
 impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let status = self.status();
-        let line = self.to_string().replace(['\r', '\n'], " ");
+        let line = one_line(&self.to_string());
         if status.is_server_error() {
             tracing::warn!(status = status.as_u16(), error = %line, "request failed");
         } else {

@@ -2,16 +2,22 @@
 //!
 //! The retry loop lives in [`Proxy::forward`] and nowhere else. An attempt
 //! may be retried only while the router still owns the request: when
-//! GetInstance fails or when connecting to the instance fails. Then the
-//! instance is excluded, the loop backs off (exponential with jitter) and
-//! asks again, up to `--max-round-trip-attempts` attempts. Sending consumes
-//! the request, so once sent, errors are final and a body is never replayed
-//! half-sent.
+//! GetInstance fails, when connecting to the instance fails, or when the
+//! connection closed before the request was written (a pooled connection
+//! first gets one fresh connection to the same instance). An idempotent
+//! request without a body is also retried when the instance's connection
+//! closed or reset before a response began (the instance died with the
+//! request in flight): it is rebuilt from its head. Then the instance is
+//! excluded, the loop backs off (exponential with jitter) and asks again,
+//! up to `--max-round-trip-attempts` attempts. Writing a request with a
+//! body consumes it, so once written its errors are final and a body is
+//! never replayed half-sent.
 //!
 //! Bodies stream both ways through hyper (bounded memory, backpressure);
 //! upgrades (WebSocket) pass the 101 through and copy bytes both ways in a
 //! tracked tunnel task.
 
+pub mod body;
 mod error;
 pub mod headers;
 pub mod upstream;
@@ -27,13 +33,13 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use bytes::Bytes;
 use http::{HeaderValue, Request, Response, StatusCode, Uri, header};
 use http_body::{Frame, SizeHint};
-use hyper::body::Incoming;
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use error::{Error, RETRY_AFTER_SECS};
+pub use body::{ClientBodyError, RequestBody};
+pub use error::{Error, MAX_BODY_LINE, RETRY_AFTER_SECS};
 use upstream::{Pool, SendError, UpstreamBody};
 
 use super::activity::InFlightGuard;
@@ -53,6 +59,8 @@ pub struct Settings {
     pub retry_max: Duration,
     pub response_header_timeout: Option<Duration>,
     pub get_instance_timeout: Duration,
+    /// Bound on a pause in the client's request body (`None`: no bound).
+    pub body_timeout: Option<Duration>,
 }
 
 /// Releases a oneshot instance exactly once: when dropped, a tracked task
@@ -183,19 +191,24 @@ impl Proxy {
             .map(move |d| d.min(max))
     }
 
-    /// Forwards `req` for `parsed` to an instance, retrying while the request
-    /// is still owned (see the module docs).
+    /// Forwards `req` (its body as hyper read it from the client) for
+    /// `parsed` to an instance, retrying while the request is still owned
+    /// (see the module docs).
     ///
     /// # Errors
     /// [`Error`] when no response could be obtained; the caller turns it into
     /// the router's own answer.
-    pub async fn forward(
+    pub async fn forward<B>(
         &self,
         parsed: &Arc<Parsed>,
-        mut req: Request<Incoming>,
+        req: Request<B>,
         client_addr: SocketAddr,
         in_flight: InFlightGuard,
-    ) -> Result<Response<Body>, Error> {
+    ) -> Result<Response<Body>, Error>
+    where
+        B: http_body::Body<Data = Bytes, Error = hyper::Error> + Send + 'static,
+    {
+        let mut req = req.map(|b| RequestBody::new(b, self.settings.body_timeout));
         let upgrade = headers::upgrade_protocol(req.headers());
         let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
         headers::rewrite(req.headers_mut(), Some(client_addr), upgrade.clone());
@@ -205,13 +218,16 @@ impl Proxy {
             .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
         *req.uri_mut() = Uri::try_from(path).unwrap_or_else(|_| Uri::from_static("/"));
         let oneshot = parsed.function.is_oneshot();
+        let head =
+            (upgrade.is_none() && is_idempotent(req.method()) && http_body::Body::is_end_stream(req.body()))
+                .then(|| Head::of(&req));
 
         let mut backoff = self.backoff();
         let mut excluded: Vec<String> = Vec::new();
         let mut get_instance_time = Duration::ZERO;
         let mut last: Option<Failed> = None;
         let mut attempt = 0;
-        while attempt < self.settings.max_attempts {
+        'attempts: while attempt < self.settings.max_attempts {
             attempt += 1;
             if attempt > 1
                 && let Some(wait) = backoff.next()
@@ -256,17 +272,24 @@ impl Proxy {
                 instance: instance.clone(),
                 tracker: self.tracker.clone(),
             });
-            let Ok(addr) = addr_text.parse::<SocketAddr>() else {
-                // Nothing was sent: unusable like an unreachable instance.
-                tracing::debug!(attempt, instance = %name, addr = %addr_text, "instance has an unusable address");
+            // Nothing reaches the instance on these paths: it is excluded and
+            // the loop asks again (a oneshot claim is released on drop).
+            let mut unusable = |failure: Error, release: Option<Release>| {
+                tracing::debug!(attempt, instance = %name, error = %failure, "instance unusable; trying another");
                 if !excluded.contains(&name) {
                     excluded.push(name.clone());
                 }
                 drop(release);
-                last = Some(Failed::Connect(Error::InstanceAddress {
-                    name,
-                    addr: addr_text,
-                }));
+                last = Some(Failed::Connect(failure));
+            };
+            let Ok(addr) = addr_text.parse::<SocketAddr>() else {
+                unusable(
+                    Error::InstanceAddress {
+                        name: name.clone(),
+                        addr: addr_text,
+                    },
+                    release,
+                );
                 continue;
             };
             let conn = if upgrade.is_some() {
@@ -277,21 +300,19 @@ impl Proxy {
             let mut conn = match conn {
                 Ok(c) => c,
                 Err(source) => {
-                    tracing::debug!(attempt, instance = %name, error = %source, "failed to connect to instance");
-                    if !excluded.contains(&name) {
-                        excluded.push(name.clone());
-                    }
-                    drop(release);
-                    last = Some(Failed::Connect(Error::Connect { name, source }));
+                    unusable(
+                        Error::Connect {
+                            name: name.clone(),
+                            source,
+                        },
+                        release,
+                    );
                     continue;
                 }
             };
-            let hold = Hold { in_flight, release };
-            // The request is handed over here: from now on errors are final
-            // and every path returns.
-            let mut request = req;
             let resp = loop {
-                let sending = conn.send(request, upgrade.is_none());
+                let reused = conn.is_reused();
+                let sending = conn.send(req, upgrade.is_none());
                 let sent = match self.settings.response_header_timeout {
                     Some(t) => match tokio::time::timeout(t, sending).await {
                         Ok(r) => r,
@@ -304,19 +325,40 @@ impl Proxy {
                 match sent {
                     Ok(r) => break r,
                     Err(SendError::NotSent(back)) => {
-                        request = *back;
-                        conn = self
-                            .pool
-                            .connect_new(addr, upgrade.is_some())
-                            .await
-                            .map_err(|source| Error::Connect {
-                                name: name.clone(),
-                                source,
-                            })?;
+                        req = *back;
+                        // A pooled connection may just have aged out on the
+                        // instance's side: one fresh connection to the same
+                        // instance, else the instance is unusable.
+                        let fresh = if reused {
+                            self.pool.connect_new(addr, upgrade.is_some()).await
+                        } else {
+                            Err(upstream::ConnectError::Closed { addr })
+                        };
+                        match fresh {
+                            Ok(c) => conn = c,
+                            Err(source) => {
+                                unusable(
+                                    Error::Connect {
+                                        name: name.clone(),
+                                        source,
+                                    },
+                                    release,
+                                );
+                                continue 'attempts;
+                            }
+                        }
                     }
-                    Err(SendError::Failed(source)) => return Err(Error::Upstream { name, source }),
+                    Err(SendError::Failed(source)) => match &head {
+                        Some(head) if closed_before_response(&source) => {
+                            req = head.rebuild(self.settings.body_timeout);
+                            unusable(Error::from_send(name.clone(), source), release);
+                            continue 'attempts;
+                        }
+                        _ => return Err(Error::from_send(name, source)),
+                    },
                 }
             };
+            let hold = Hold { in_flight, release };
             let ms = u64::try_from(get_instance_time.as_millis()).unwrap_or(u64::MAX);
             return match (client_upgrade, upgrade) {
                 (Some(client_upgrade), Some(want)) if resp.status() == StatusCode::SWITCHING_PROTOCOLS => {
@@ -394,6 +436,75 @@ impl Proxy {
     }
 }
 
+/// The head of a request without a body, kept to send it again.
+struct Head {
+    method: http::Method,
+    uri: Uri,
+    version: http::Version,
+    headers: http::HeaderMap,
+}
+
+impl Head {
+    fn of<B>(req: &Request<B>) -> Self {
+        Self {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            version: req.version(),
+            headers: req.headers().clone(),
+        }
+    }
+
+    fn rebuild(&self, body_timeout: Option<Duration>) -> Request<RequestBody> {
+        let empty =
+            http_body_util::BodyExt::map_err(http_body_util::Empty::<Bytes>::new(), |never| match never {});
+        let mut req = Request::new(RequestBody::new(empty, body_timeout));
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.version_mut() = self.version;
+        *req.headers_mut() = self.headers.clone();
+        req
+    }
+}
+
+/// Methods a retry cannot turn into a second effect (RFC 9110 §9.2.2).
+fn is_idempotent(m: &http::Method) -> bool {
+    matches!(
+        *m,
+        http::Method::GET
+            | http::Method::HEAD
+            | http::Method::OPTIONS
+            | http::Method::TRACE
+            | http::Method::PUT
+            | http::Method::DELETE
+    )
+}
+
+/// Whether a send failed because the instance's end of the connection
+/// closed or reset before a response began (not because of the client's
+/// body, and not a malformed response).
+fn closed_before_response(e: &hyper::Error) -> bool {
+    if ClientBodyError::find(e).is_some() {
+        return false;
+    }
+    if e.is_incomplete_message() || e.is_closed() {
+        return true;
+    }
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            );
+        }
+        cur = err.source();
+    }
+    false
+}
+
 fn finish(resp: Response<UpstreamBody>, hold: Hold, ms: u64) -> Response<Body> {
     let (mut parts, inner) = resp.into_parts();
     headers::strip_response(&mut parts.headers);
@@ -418,6 +529,7 @@ mod tests {
             retry_max: Duration::from_millis(max_ms),
             response_header_timeout: None,
             get_instance_timeout: Duration::from_secs(1),
+            body_timeout: None,
         };
         let e = crate::client::Endpoints::new(crate::client::ChannelSettings::default());
         let p = Proxy::new(

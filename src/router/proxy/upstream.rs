@@ -14,6 +14,8 @@ use bytes::Bytes;
 use http::{Request, Response};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
+
+use super::body::RequestBody;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpSocket;
@@ -37,6 +39,8 @@ pub enum ConnectError {
     },
     #[error("connect to {addr} timed out after {timeout:?}")]
     Timeout { addr: SocketAddr, timeout: Duration },
+    #[error("connection to {addr} closed before the request was written")]
+    Closed { addr: SocketAddr },
     #[error("HTTP/1 handshake with {addr} failed: {source}")]
     Handshake {
         addr: SocketAddr,
@@ -48,17 +52,17 @@ pub enum ConnectError {
 /// Sending on a connection failed.
 #[derive(Debug, thiserror::Error)]
 pub enum SendError {
-    /// A reused connection turned out closed before the request was written;
+    /// The connection turned out closed before the request was written;
     /// the request comes back untouched.
     #[error("pooled connection was closed before the request was sent")]
-    NotSent(Box<Request<Incoming>>),
+    NotSent(Box<Request<RequestBody>>),
     /// The request was (at least partly) handed to the instance.
     #[error(transparent)]
     Failed(hyper::Error),
 }
 
 struct Idle {
-    sender: http1::SendRequest<Incoming>,
+    sender: http1::SendRequest<RequestBody>,
     since: Instant,
 }
 
@@ -83,7 +87,7 @@ impl std::fmt::Debug for Pool {
 
 /// A connection ready for one request.
 pub struct Conn {
-    sender: http1::SendRequest<Incoming>,
+    sender: http1::SendRequest<RequestBody>,
     addr: SocketAddr,
     reused: bool,
     pool: Pool,
@@ -125,7 +129,7 @@ impl Pool {
         self.connect_new(addr, false).await
     }
 
-    fn take_idle(&self, addr: SocketAddr) -> Option<http1::SendRequest<Incoming>> {
+    fn take_idle(&self, addr: SocketAddr) -> Option<http1::SendRequest<RequestBody>> {
         let mut idle = self.lock();
         let list = idle.get_mut(&addr)?;
         while let Some(i) = list.pop() {
@@ -190,7 +194,35 @@ impl Pool {
         })
     }
 
-    fn put_back(&self, addr: SocketAddr, sender: http1::SendRequest<Incoming>) {
+    /// Performs the HTTP/1 handshake over an established transport to `addr`
+    /// and keeps the connection as idle, as if a request had just finished
+    /// on it. Lets tests script what the instance end of a pooled
+    /// connection does.
+    ///
+    /// # Errors
+    /// [`ConnectError::Handshake`].
+    pub async fn adopt<T>(&self, addr: SocketAddr, io: T) -> Result<(), ConnectError>
+    where
+        T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
+    {
+        let (sender, conn) = http1::Builder::new()
+            .handshake(TokioIo::new(io))
+            .await
+            .map_err(|source| ConnectError::Handshake { addr, source })?;
+        let stop = self.stop.clone();
+        self.tracker.spawn(async move {
+            tokio::select! {
+                r = conn => if let Err(e) = r {
+                    tracing::debug!(%addr, error = %e, "instance connection ended");
+                },
+                () = stop.cancelled() => {}
+            }
+        });
+        self.put_back(addr, sender);
+        Ok(())
+    }
+
+    fn put_back(&self, addr: SocketAddr, sender: http1::SendRequest<RequestBody>) {
         if self.stop.is_cancelled() || sender.is_closed() {
             return;
         }
@@ -238,11 +270,11 @@ impl Conn {
     /// (never for upgrades).
     ///
     /// # Errors
-    /// [`SendError::NotSent`] when a reused connection was already closed,
-    /// [`SendError::Failed`] otherwise.
+    /// [`SendError::NotSent`] when the connection closed before the request
+    /// was written, [`SendError::Failed`] otherwise.
     pub async fn send(
         mut self,
-        req: Request<Incoming>,
+        req: Request<RequestBody>,
         pool_after: bool,
     ) -> Result<Response<UpstreamBody>, SendError> {
         if self.reused {
@@ -259,8 +291,8 @@ impl Conn {
                 Ok(resp.map(|inner| UpstreamBody { inner, back }))
             }
             Err(mut e) => match e.take_message() {
-                Some(req) if self.reused => Err(SendError::NotSent(Box::new(req))),
-                _ => Err(SendError::Failed(e.into_error())),
+                Some(req) => Err(SendError::NotSent(Box::new(req))),
+                None => Err(SendError::Failed(e.into_error())),
             },
         }
     }
@@ -270,7 +302,7 @@ impl Conn {
 /// has been read to the end.
 pub struct UpstreamBody {
     inner: Incoming,
-    back: Option<(Pool, SocketAddr, http1::SendRequest<Incoming>)>,
+    back: Option<(Pool, SocketAddr, http1::SendRequest<RequestBody>)>,
 }
 
 impl UpstreamBody {
