@@ -6,8 +6,8 @@
 //! restarts), a WebSocket ping → pong on any path, and once assigned echoes
 //! every other request as JSON, including the tenant it serves. Test knobs on
 //! the echo path: `?delay_ms=N`, `?status=N`, `?burn_ms=N`, `?bytes=N` and
-//! `/sse?events=N&interval_ms=M`. With `--grpc-health-port` it also serves
-//! `grpc.health.v1.Health`, reporting `--grpc-health-status` (a test knob for
+//! `/sse?events=N&interval_ms=M`. With `--fixture-grpc-health-port` it also
+//! serves `grpc.health.v1.Health`, reporting `--fixture-grpc-health-status` (a test knob for
 //! gRPC probes).
 
 use std::collections::BTreeMap;
@@ -66,12 +66,12 @@ pub struct Args {
 
     /// Also serve the gRPC health service (grpc.health.v1.Health) on this port
     #[arg(long, env = "SKIPPER_FIXTURE_GRPC_HEALTH_PORT")]
-    pub grpc_health_port: Option<u16>,
+    pub fixture_grpc_health_port: Option<u16>,
 
     /// Test knob: what the gRPC health service reports for the server (service "")
     #[arg(long, env = "SKIPPER_FIXTURE_GRPC_HEALTH_STATUS", default_value = "SERVING",
           value_parser = ["SERVING", "NOT_SERVING"])]
-    pub grpc_health_status: String,
+    pub fixture_grpc_health_status: String,
 
     /// Logging and telemetry flags.
     #[command(flatten)]
@@ -156,9 +156,12 @@ impl Settings {
             token_path: args.fixture_token_path.clone(),
             assign_delay: args.assign_delay,
             assign_status: args.assign_status,
-            grpc_health: args
-                .grpc_health_port
-                .map(|port| (SocketAddr::new(ip, port), args.grpc_health_status == "SERVING")),
+            grpc_health: args.fixture_grpc_health_port.map(|port| {
+                (
+                    SocketAddr::new(ip, port),
+                    args.fixture_grpc_health_status == "SERVING",
+                )
+            }),
         })
     }
 }

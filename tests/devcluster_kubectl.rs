@@ -409,7 +409,11 @@ async fn every_pod_process_exits_when_the_simulator_is_killed() {
     api.child.start_kill().unwrap();
     api.child.wait().await.unwrap();
     common::eventually("orphaned pod processes exit", WAIT, || {
-        let alive: Vec<u32> = tree.iter().copied().filter(|p| common::process_alive(*p)).collect();
+        let alive: Vec<u32> = tree
+            .iter()
+            .copied()
+            .filter(|p| common::process_alive(*p))
+            .collect();
         async move { alive.is_empty().then_some(()) }
     })
     .await;

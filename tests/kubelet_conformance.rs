@@ -40,8 +40,9 @@ fn sh(name: &str, script: &str) -> Value {
 }
 
 async fn create(api: &Api<Pod>, name: &str, spec: Value) {
-    let pod: Pod = serde_json::from_value(json!({"metadata": {"name": name, "labels": {"test": name}}, "spec": spec}))
-        .unwrap();
+    let pod: Pod =
+        serde_json::from_value(json!({"metadata": {"name": name, "labels": {"test": name}}, "spec": spec}))
+            .unwrap();
     api.create(&PostParams::default(), &pod).await.unwrap();
 }
 
@@ -128,7 +129,12 @@ async fn a_grpc_probe_answering_not_serving_keeps_the_pod_unready() {
     let api = pods(&cluster);
     let grpc_probe = |service: &str| json!({"grpc": {"port": 9000, "service": service}, "periodSeconds": 1, "failureThreshold": 1});
     let with_probe = |status: &str, service: &str| {
-        let mut c = fixture(&["--grpc-health-port", "9000", "--grpc-health-status", status]);
+        let mut c = fixture(&[
+            "--fixture-grpc-health-port",
+            "9000",
+            "--fixture-grpc-health-status",
+            status,
+        ]);
         c["readinessProbe"] = grpc_probe(service);
         json!({"containers": [c]})
     };
@@ -146,7 +152,10 @@ async fn a_grpc_probe_answering_not_serving_keeps_the_pod_unready() {
         assert!(!status(&p, "fixture").unwrap().ready);
         let c = condition(&p, "ContainersReady").unwrap();
         assert_eq!(c.reason.as_deref(), Some("ContainersNotReady"));
-        assert_eq!(c.message.as_deref(), Some("containers with unready status: [fixture]"));
+        assert_eq!(
+            c.message.as_deref(),
+            Some("containers with unready status: [fixture]")
+        );
     }
 }
 
@@ -169,13 +178,21 @@ async fn an_exec_probe_runs_in_the_container_and_exit_1_keeps_it_unready() {
         !std::path::Path::new("/tmp").join(&marker).exists(),
         "the container's /tmp is not the host's"
     );
-    create(&api, "control", json!({"containers": [{"name": "main", "image": "busybox",
-        "command": ["/bin/sh", "-c", "exec sleep 1000"], "readinessProbe": probe("exit 0")}]}))
+    create(
+        &api,
+        "control",
+        json!({"containers": [{"name": "main", "image": "busybox",
+        "command": ["/bin/sh", "-c", "exec sleep 1000"], "readinessProbe": probe("exit 0")}]}),
+    )
     .await;
     wait_pod(&api, "control", "Ready", is_ready).await;
     let p = api.get("failing").await.unwrap();
     assert!(running(&p, "main") && !is_ready(&p));
-    assert_eq!(status(&p, "main").unwrap().restart_count, 0, "readiness never restarts");
+    assert_eq!(
+        status(&p, "main").unwrap().restart_count,
+        0,
+        "readiness never restarts"
+    );
 }
 
 #[tokio::test]
@@ -185,7 +202,7 @@ async fn http_and_tcp_probes_use_named_ports_and_headers() {
     let mut c = fixture(&[]);
     c["readinessProbe"] = json!({"httpGet": {"path": "/healthz", "port": "http",
         "httpHeaders": [{"name": "X-Probe", "value": "1"}]}, "periodSeconds": 1});
-    c["livenessProbe"] = json!({"tcpSocket": {"port": "http"}, "periodSeconds": 1, "failureThreshold": 1});
+    c["livenessProbe"] = json!({"tcpSocket": {"port": "http"}, "periodSeconds": 1, "failureThreshold": 3});
     create(&api, "web", json!({"containers": [c]})).await;
     let p = wait_pod(&api, "web", "Ready", is_ready).await;
     // An HTTP probe of a path answering 503 (the unassigned echo path) fails.
@@ -206,13 +223,23 @@ async fn the_startup_probe_holds_the_other_probes_and_its_failure_restarts() {
     // Starts only once the test drops a file into its emptyDir.
     let mut c = sh("main", "exec sleep 1000");
     c["volumeMounts"] = json!([{"name": "gate", "mountPath": "/gate"}]);
-    c["startupProbe"] = json!({"exec": {"command": ["test", "-f", "/gate/go"]}, "periodSeconds": 1, "failureThreshold": 60});
+    c["startupProbe"] =
+        json!({"exec": {"command": ["test", "-f", "/gate/go"]}, "periodSeconds": 1, "failureThreshold": 60});
     c["readinessProbe"] = json!({"exec": {"command": ["true"]}, "periodSeconds": 1});
     c["livenessProbe"] = json!({"exec": {"command": ["true"]}, "periodSeconds": 1});
-    create(&api, "gated", json!({"containers": [c], "volumes": [{"name": "gate", "emptyDir": {}}]})).await;
+    create(
+        &api,
+        "gated",
+        json!({"containers": [c], "volumes": [{"name": "gate", "emptyDir": {}}]}),
+    )
+    .await;
     let p = wait_pod(&api, "gated", "running", |p| running(p, "main")).await;
     let s = status(&p, "main").unwrap();
-    assert_eq!((s.started, s.ready), (Some(false), false), "not started, so not ready");
+    assert_eq!(
+        (s.started, s.ready),
+        (Some(false), false),
+        "not started, so not ready"
+    );
     let gate = cluster.pod_dir(NS, "gated").unwrap().join("volumes/gate/go");
     std::fs::write(&gate, "").unwrap();
     let p = wait_pod(&api, "gated", "started and Ready", is_ready).await;
@@ -239,7 +266,12 @@ async fn a_failing_liveness_probe_restarts_the_container_with_a_growing_back_off
         status(p, "main").is_some_and(|s| s.restart_count == 1)
     })
     .await;
-    let last = status(&p, "main").unwrap().last_state.unwrap().terminated.unwrap();
+    let last = status(&p, "main")
+        .unwrap()
+        .last_state
+        .unwrap()
+        .terminated
+        .unwrap();
     assert_eq!(last.exit_code, 143, "SIGTERM ended it (its trap exits 143)");
     assert_eq!(last.reason.as_deref(), Some("Error"));
     // Then CrashLoopBackOff, each wait longer than the one before (test scale: 500ms, 1s, 2s).
@@ -265,8 +297,18 @@ async fn a_failing_liveness_probe_restarts_the_container_with_a_growing_back_off
 async fn restart_policies_decide_what_runs_again() {
     let cluster = cluster().await;
     let api = pods(&cluster);
-    create(&api, "once-ok", json!({"restartPolicy": "OnFailure", "containers": [sh("main", "exit 0")]})).await;
-    create(&api, "retry", json!({"restartPolicy": "OnFailure", "containers": [sh("main", "exit 3")]})).await;
+    create(
+        &api,
+        "once-ok",
+        json!({"restartPolicy": "OnFailure", "containers": [sh("main", "exit 0")]}),
+    )
+    .await;
+    create(
+        &api,
+        "retry",
+        json!({"restartPolicy": "OnFailure", "containers": [sh("main", "exit 3")]}),
+    )
+    .await;
     create(&api, "always", json!({"containers": [sh("main", "exit 0")]})).await;
     let p = wait_pod(&api, "once-ok", "Succeeded", |p| {
         p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Succeeded")
@@ -274,8 +316,14 @@ async fn restart_policies_decide_what_runs_again() {
     .await;
     let s = status(&p, "main").unwrap();
     assert_eq!(s.restart_count, 0);
-    assert_eq!(s.state.unwrap().terminated.unwrap().reason.as_deref(), Some("Completed"));
-    assert_eq!(condition(&p, "Ready").unwrap().reason.as_deref(), Some("PodCompleted"));
+    assert_eq!(
+        s.state.unwrap().terminated.unwrap().reason.as_deref(),
+        Some("Completed")
+    );
+    assert_eq!(
+        condition(&p, "Ready").unwrap().reason.as_deref(),
+        Some("PodCompleted")
+    );
     for name in ["retry", "always"] {
         let p = wait_pod(&api, name, "restarted twice", |p| {
             status(p, "main").is_some_and(|s| s.restart_count >= 2)
@@ -325,7 +373,12 @@ wait"#;
     // that ignores SIGTERM (PID 1 without a handler) is killed at the deadline.
     let mut c = sh("main", "sleep 1000 & wait");
     c["lifecycle"] = json!({"preStop": {"sleep": {"seconds": 1}}});
-    create(&api, "stubborn", json!({"terminationGracePeriodSeconds": 2, "containers": [c]})).await;
+    create(
+        &api,
+        "stubborn",
+        json!({"terminationGracePeriodSeconds": 2, "containers": [c]}),
+    )
+    .await;
     wait_pod(&api, "stubborn", "running", |p| running(p, "main")).await;
     let pid = cluster.pod_pid(NS, "stubborn").unwrap();
     let begin = tokio::time::Instant::now();
@@ -333,7 +386,10 @@ wait"#;
     wait_gone(&api, "stubborn").await;
     let took = begin.elapsed();
     assert!(!common::process_alive(pid));
-    assert!(took >= Duration::from_secs(2), "the preStop sleep, then at least 2 s of grace: {took:?}");
+    assert!(
+        took >= Duration::from_secs(2),
+        "the preStop sleep, then at least 2 s of grace: {took:?}"
+    );
 }
 
 #[tokio::test]
@@ -341,7 +397,9 @@ async fn two_pods_writing_the_same_tmp_file_do_not_see_each_other() {
     let cluster = cluster().await;
     let api = pods(&cluster);
     let name = format!("skipper-x-{:x}", rand::random::<u64>());
-    let script = format!("if [ -e /tmp/{name} ]; then echo SAW; fi; echo $HOSTNAME > /tmp/{name}; echo WROTE; exec sleep 1000");
+    let script = format!(
+        "if [ -e /tmp/{name} ]; then echo SAW; fi; echo $HOSTNAME > /tmp/{name}; echo WROTE; exec sleep 1000"
+    );
     create(&api, "first", json!({"containers": [sh("main", &script)]})).await;
     common::eventually("first wrote", WAIT, || {
         let api = api.clone();
@@ -358,8 +416,15 @@ async fn two_pods_writing_the_same_tmp_file_do_not_see_each_other() {
     })
     .await;
     assert!(!second.contains("SAW"), "second saw first's file: {second}");
-    assert!(!std::path::Path::new("/tmp").join(&name).exists(), "nothing on the host's /tmp");
-    let first_tmp = cluster.pod_dir(NS, "first").unwrap().join("containers/main/tmp").join(&name);
+    assert!(
+        !std::path::Path::new("/tmp").join(&name).exists(),
+        "nothing on the host's /tmp"
+    );
+    let first_tmp = cluster
+        .pod_dir(NS, "first")
+        .unwrap()
+        .join("containers/main/tmp")
+        .join(&name);
     assert_eq!(std::fs::read_to_string(first_tmp).unwrap().trim(), "first");
 }
 
@@ -420,9 +485,13 @@ async fn secret_and_config_map_volumes_hold_their_bytes_and_follow_updates() {
         async move { (v == "one").then_some(()) }
     })
     .await;
-    cms.patch("c", &PatchParams::default(), &Patch::Merge(json!({"data": {"k": "two"}})))
-        .await
-        .unwrap();
+    cms.patch(
+        "c",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"data": {"k": "two"}})),
+    )
+    .await
+    .unwrap();
     common::eventually("the update reaches the container", WAIT, || {
         let v = std::fs::read_to_string(&k).unwrap_or_default();
         async move { (v == "two").then_some(()) }
@@ -441,7 +510,7 @@ async fn downward_api_and_projected_volumes_and_sub_paths() {
     cms.create(&PostParams::default(), &cm).await.unwrap();
     let mut c = sh(
         "main",
-        "cat /info/name; cat /info/labels; cat /all/a /all/ns; cat /only-b; echo; cat /deep/new/dir/b; echo; echo READY; exec sleep 1000",
+        "for f in /info/name /info/labels /all/a /all/ns /only-b /deep/new/dir/b; do cat $f; echo; done; echo READY; exec sleep 1000",
     );
     c["volumeMounts"] = json!([
         {"name": "info", "mountPath": "/info"},
@@ -473,7 +542,11 @@ async fn downward_api_and_projected_volumes_and_sub_paths() {
         }
     })
     .await;
-    assert_eq!(text, "downward\ntest=\"downward\"\nA\nconf\nB\nB\nREADY\n", "{text}");
+    // Field files hold the bare value (no newline); label files one `k="v"` line each.
+    assert_eq!(
+        text, "downward\ntest=\"downward\"\n\nA\nconf\nB\nB\nREADY\n",
+        "{text}"
+    );
     assert!(
         !std::path::Path::new("/deep").exists(),
         "mount points are made inside the pod only"
@@ -488,7 +561,10 @@ async fn init_containers_run_in_order_before_the_others_and_their_work_is_seen()
     let mut init1 = sh("init1", "echo hello > /work/msg");
     init1["volumeMounts"] = mount.clone();
     // The second waits until the test lets it finish.
-    let mut init2 = sh("init2", "until [ -e /work/go ]; do sleep 0.1; done; echo world >> /work/msg");
+    let mut init2 = sh(
+        "init2",
+        "until [ -e /work/go ]; do sleep 0.1; done; echo world >> /work/msg",
+    );
     init2["volumeMounts"] = mount.clone();
     let mut main = sh("main", "cat /work/msg; exec sleep 1000");
     main["volumeMounts"] = mount;
@@ -504,7 +580,10 @@ async fn init_containers_run_in_order_before_the_others_and_their_work_is_seen()
     let init = condition(&p, "Initialized").unwrap();
     assert_eq!(init.status, "False");
     assert_eq!(init.reason.as_deref(), Some("ContainersNotInitialized"));
-    assert_eq!(init.message.as_deref(), Some("containers with incomplete status: [init2]"));
+    assert_eq!(
+        init.message.as_deref(),
+        Some("containers with incomplete status: [init2]")
+    );
     assert_eq!(waiting_reason(&p, "main").as_deref(), Some("PodInitializing"));
     let first = status(&p, "init1").unwrap().state.unwrap().terminated.unwrap();
     assert_eq!((first.exit_code, first.reason.as_deref()), (0, Some("Completed")));
@@ -532,8 +611,16 @@ async fn every_container_runs_and_ready_counts_them_truthfully() {
     b["readinessProbe"] = json!({"exec": {"command": ["false"]}, "periodSeconds": 1});
     let sidecar = json!({"name": "side", "image": "busybox", "restartPolicy": "Always",
                          "command": ["/bin/sh", "-c", "exec sleep 1000"]});
-    create(&api, "multi", json!({"initContainers": [sidecar], "containers": [a, b]})).await;
-    let p = wait_pod(&api, "multi", "a ready", |p| status(p, "a").is_some_and(|s| s.ready)).await;
+    create(
+        &api,
+        "multi",
+        json!({"initContainers": [sidecar], "containers": [a, b]}),
+    )
+    .await;
+    let p = wait_pod(&api, "multi", "a ready", |p| {
+        status(p, "a").is_some_and(|s| s.ready)
+    })
+    .await;
     assert!(running(&p, "b") && running(&p, "side"));
     assert!(!is_ready(&p));
     assert_eq!(
@@ -542,8 +629,12 @@ async fn every_container_runs_and_ready_counts_them_truthfully() {
     );
     assert!(cluster.pod_pids().len() >= 3, "each container is a process");
     // kubectl's READY column: 2 of 3 (the sidecar counts).
-    let table: Value = reqwest::Client::new()
-        .get(format!("{}/api/v1/namespaces/{NS}/pods/multi", cluster.base_url()))
+    let http = common::api_http(&cluster);
+    let table: Value = http
+        .get(format!(
+            "{}/api/v1/namespaces/{NS}/pods/multi",
+            cluster.base_url()
+        ))
         .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
         .send()
         .await
@@ -552,11 +643,21 @@ async fn every_container_runs_and_ready_counts_them_truthfully() {
         .await
         .unwrap();
     assert_eq!(table["rows"][0]["cells"][1], "2/3", "{table}");
-    let logs = reqwest::get(format!("{}/api/v1/namespaces/{NS}/pods/multi/log", cluster.base_url()))
+    let logs = http
+        .get(format!(
+            "{}/api/v1/namespaces/{NS}/pods/multi/log",
+            cluster.base_url()
+        ))
+        .send()
         .await
         .unwrap();
     assert_eq!(logs.status(), 400, "several containers: one must be named");
-    assert!(logs.text().await.unwrap().contains("a container name must be specified for pod multi, choose one of: [a b]"));
+    assert!(
+        logs.text()
+            .await
+            .unwrap()
+            .contains("a container name must be specified for pod multi, choose one of: [a b]")
+    );
 }
 
 #[tokio::test]
@@ -566,10 +667,15 @@ async fn pods_that_fit_nowhere_stay_pending_with_the_schedulers_reason() {
     let api = pods(&cluster);
     let pending = |p: &Pod| {
         let c = condition(p, "PodScheduled")?;
-        (c.status == "False" && c.reason.as_deref() == Some("Unschedulable")).then(|| c.message.unwrap_or_default())
+        (c.status == "False" && c.reason.as_deref() == Some("Unschedulable"))
+            .then(|| c.message.unwrap_or_default())
     };
-    create(&api, "nowhere", json!({"nodeSelector": {"topology.kubernetes.io/zone": "zone-x"},
-        "containers": [sh("main", "exec sleep 1000")]}))
+    create(
+        &api,
+        "nowhere",
+        json!({"nodeSelector": {"topology.kubernetes.io/zone": "zone-x"},
+        "containers": [sh("main", "exec sleep 1000")]}),
+    )
     .await;
     let p = wait_pod(&api, "nowhere", "unschedulable", |p| pending(p).is_some()).await;
     assert_eq!(
@@ -588,30 +694,56 @@ async fn pods_that_fit_nowhere_stay_pending_with_the_schedulers_reason() {
          preemption: 0/3 nodes are available: 3 No preemption victims found for incoming pod."
     );
     // A matching selector lands on that zone's node.
-    create(&api, "zone-b", json!({"nodeSelector": {"topology.kubernetes.io/zone": "zone-b"},
-        "containers": [sh("main", "exec sleep 1000")]}))
+    create(
+        &api,
+        "zone-b",
+        json!({"nodeSelector": {"topology.kubernetes.io/zone": "zone-b"},
+        "containers": [sh("main", "exec sleep 1000")]}),
+    )
     .await;
     let p = wait_pod(&api, "zone-b", "running", |p| running(p, "main")).await;
     let nodes: Api<Node> = Api::all(client.clone());
-    let node = nodes.get(p.spec.unwrap().node_name.as_deref().unwrap()).await.unwrap();
-    assert_eq!(node.metadata.labels.unwrap()["topology.kubernetes.io/zone"], "zone-b");
+    let node = nodes
+        .get(p.spec.unwrap().node_name.as_deref().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        node.metadata.labels.unwrap()["topology.kubernetes.io/zone"],
+        "zone-b"
+    );
     // Cordoned nodes take nothing new; uncordoned, the pod runs.
     for n in nodes.list(&ListParams::default()).await.unwrap().items {
         nodes
-            .patch(n.metadata.name.as_deref().unwrap(), &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"unschedulable": true}})))
+            .patch(
+                n.metadata.name.as_deref().unwrap(),
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+            )
             .await
             .unwrap();
     }
-    create(&api, "cordoned", json!({"containers": [sh("main", "exec sleep 1000")]})).await;
+    create(
+        &api,
+        "cordoned",
+        json!({"containers": [sh("main", "exec sleep 1000")]}),
+    )
+    .await;
     let p = wait_pod(&api, "cordoned", "unschedulable", |p| pending(p).is_some()).await;
-    assert!(pending(&p).unwrap().starts_with("0/3 nodes are available: 3 node(s) were unschedulable."));
+    assert!(
+        pending(&p)
+            .unwrap()
+            .starts_with("0/3 nodes are available: 3 node(s) were unschedulable.")
+    );
     nodes
-        .patch("sim-node-0", &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": false}})))
+        .patch(
+            "sim-node-0",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": false}})),
+        )
         .await
         .unwrap();
     let p = wait_pod(&api, "cordoned", "running", |p| running(p, "main")).await;
-    assert_eq!(p.spec.unwrap().node_name.as_deref(), Some("sim-node-0"));
+    assert_eq!(p.spec.as_ref().unwrap().node_name.as_deref(), Some("sim-node-0"));
     assert_eq!(condition(&p, "PodScheduled").unwrap().status, "True");
 }
 
@@ -621,9 +753,17 @@ async fn deleting_a_namespace_terminates_its_pods_gracefully() {
     let client = cluster.client().unwrap();
     cluster.create_namespace("doomed").unwrap();
     let api: Api<Pod> = Api::namespaced(client.clone(), "doomed");
-    let mut c = sh("main", "trap 'sleep 1; echo term >> /out/log; exit 0' TERM; echo up >> /out/log; sleep 1000 & wait");
+    let mut c = sh(
+        "main",
+        "trap 'sleep 1; echo term >> /out/log; exit 0' TERM; echo up >> /out/log; sleep 1000 & wait",
+    );
     c["volumeMounts"] = json!([{"name": "out", "mountPath": "/out"}]);
-    create(&api, "p", json!({"containers": [c], "volumes": [{"name": "out", "emptyDir": {}}]})).await;
+    create(
+        &api,
+        "p",
+        json!({"containers": [c], "volumes": [{"name": "out", "emptyDir": {}}]}),
+    )
+    .await;
     wait_pod(&api, "p", "running", |p| running(p, "main")).await;
     let log_file = cluster.pod_dir("doomed", "p").unwrap().join("volumes/out/log");
     common::eventually("up", WAIT, || {
@@ -632,22 +772,36 @@ async fn deleting_a_namespace_terminates_its_pods_gracefully() {
     })
     .await;
     let namespaces: Api<Namespace> = Api::all(client.clone());
-    namespaces.delete("doomed", &DeleteParams::default()).await.unwrap();
+    namespaces
+        .delete("doomed", &DeleteParams::default())
+        .await
+        .unwrap();
     let ns = namespaces.get("doomed").await.unwrap();
     assert_eq!(ns.status.unwrap().phase.as_deref(), Some("Terminating"));
     assert!(api.get("p").await.unwrap().metadata.deletion_timestamp.is_some());
     let err = api
-        .create(&PostParams::default(), &serde_json::from_value(json!({"metadata": {"name": "late"},
-            "spec": {"containers": [sh("main", "true")]}})).unwrap())
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({"metadata": {"name": "late"},
+            "spec": {"containers": [sh("main", "true")]}}))
+            .unwrap(),
+        )
         .await
         .unwrap_err();
-    assert!(matches!(err, kube::Error::Api(s) if s.code == 403), "a terminating namespace takes nothing new");
+    assert!(
+        matches!(err, kube::Error::Api(s) if s.code == 403),
+        "a terminating namespace takes nothing new"
+    );
     common::eventually("namespace gone", WAIT, || {
         let namespaces = namespaces.clone();
         async move { namespaces.get_opt("doomed").await.ok()?.is_none().then_some(()) }
     })
     .await;
-    assert_eq!(std::fs::read_to_string(&log_file).unwrap(), "up\nterm\n", "SIGTERM, then time to finish");
+    assert_eq!(
+        std::fs::read_to_string(&log_file).unwrap(),
+        "up\nterm\n",
+        "SIGTERM, then time to finish"
+    );
 }
 
 #[tokio::test]
@@ -660,10 +814,21 @@ async fn the_agent_registers_its_nodes_and_renews_their_leases() {
     for (i, n) in list.iter().enumerate() {
         let labels = n.metadata.labels.clone().unwrap();
         assert_eq!(labels["kubernetes.io/hostname"], format!("sim-node-{i}"));
-        assert_eq!(labels["topology.kubernetes.io/zone"], ["zone-a", "zone-b", "zone-c"][i]);
+        assert_eq!(
+            labels["topology.kubernetes.io/zone"],
+            ["zone-a", "zone-b", "zone-c"][i]
+        );
         let status = n.status.clone().unwrap();
-        let ready = status.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
-        assert_eq!((ready.status.as_str(), ready.reason.as_deref()), ("True", Some("KubeletReady")));
+        let ready = status
+            .conditions
+            .unwrap()
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
+        assert_eq!(
+            (ready.status.as_str(), ready.reason.as_deref()),
+            ("True", Some("KubeletReady"))
+        );
         assert_eq!(status.addresses.unwrap()[0].type_, "InternalIP");
         assert!(status.allocatable.unwrap().contains_key("cpu"));
     }

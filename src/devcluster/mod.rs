@@ -808,7 +808,7 @@ pub fn pool_deployment_json(namespace: &str, name: &str, replicas: i32, public_k
                             {"name": "SKIPPER_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                         ],
                         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
-                                           "periodSeconds": 1, "failureThreshold": 1},
+                                           "periodSeconds": 1, "failureThreshold": 3},
                         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
                         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
                     }],

@@ -55,9 +55,7 @@ pub fn parse_units(s: &str) -> Option<i128> {
 fn split_suffix(s: &str) -> (&str, &str) {
     let digits = s
         .char_indices()
-        .find(|(i, c)| {
-            !(c.is_ascii_digit() || *c == '.' || ((*c == '+' || *c == '-') && *i == 0))
-        })
+        .find(|(i, c)| !(c.is_ascii_digit() || *c == '.' || ((*c == '+' || *c == '-') && *i == 0)))
         .map_or(s.len(), |(i, _)| i);
     s.split_at(digits)
 }
@@ -77,7 +75,11 @@ fn parse_decimal(s: &str) -> Option<(i128, i32)> {
         return None;
     }
     let digits: String = format!("{int}{frac}");
-    let mantissa: i128 = if digits.is_empty() { 0 } else { digits.parse().ok()? };
+    let mantissa: i128 = if digits.is_empty() {
+        0
+    } else {
+        digits.parse().ok()?
+    };
     let frac_len = i32::try_from(frac.len()).ok()?;
     let m = mantissa.checked_mul(1000)?;
     Some((if negative { -m } else { m }, -frac_len))

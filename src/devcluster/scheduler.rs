@@ -103,7 +103,11 @@ fn quantity(list: Option<&Value>, key: &str, milli: bool) -> Option<i128> {
         Value::Number(n) => n.to_string(),
         _ => return None,
     };
-    if milli { parse_milli(&text) } else { parse_units(&text) }
+    if milli {
+        parse_milli(&text)
+    } else {
+        parse_units(&text)
+    }
 }
 
 fn container_request(c: &Value) -> Request {
@@ -210,7 +214,9 @@ fn affinity_matches(pod: &Value, node: &NodeView) -> bool {
         return false;
     }
     let Some(terms) = pod
-        .pointer("/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms")
+        .pointer(
+            "/spec/affinity/nodeAffinity/requiredDuringSchedulingIgnoredDuringExecution/nodeSelectorTerms",
+        )
         .and_then(Value::as_array)
     else {
         return true;
@@ -290,7 +296,9 @@ pub fn unschedulable_message(nodes: usize, rejections: &[Vec<Reason>]) -> String
     histogram.sort();
     let mut preemption = Vec::new();
     if no_victims > 0 {
-        preemption.push(format!("{no_victims} No preemption victims found for incoming pod"));
+        preemption.push(format!(
+            "{no_victims} No preemption victims found for incoming pod"
+        ));
     }
     if not_helpful > 0 {
         preemption.push(format!("{not_helpful} Preemption is not helpful for scheduling"));
@@ -497,7 +505,9 @@ pub fn schedule(store: &Store) -> Result<(), ApiError> {
                     .and_then(Value::as_array)
                     .and_then(|cs| cs.iter().find(|c| c["type"] == "PodScheduled"));
                 let unchanged = current.is_some_and(|c| {
-                    c["status"] == "False" && c["reason"] == "Unschedulable" && c["message"] == message.as_str()
+                    c["status"] == "False"
+                        && c["reason"] == "Unschedulable"
+                        && c["message"] == message.as_str()
                 });
                 if unchanged {
                     Ok(())
@@ -584,20 +594,32 @@ mod tests {
         cordoned.unschedulable = true;
         assert_eq!(filter(&plain, &request("0"), &cordoned), [Reason::Unschedulable]);
         let mut tainted = node("a", "1");
-        tainted.taints.push(("dedicated".into(), "gpu".into(), "NoSchedule".into()));
-        assert_eq!(filter(&plain, &request("0"), &tainted), [Reason::UntoleratedTaint]);
+        tainted
+            .taints
+            .push(("dedicated".into(), "gpu".into(), "NoSchedule".into()));
+        assert_eq!(
+            filter(&plain, &request("0"), &tainted),
+            [Reason::UntoleratedTaint]
+        );
         let tolerant = pod(json!({"containers": [], "tolerations": [
             {"key": "dedicated", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}]}));
         assert!(filter(&tolerant, &request("0"), &tainted).is_empty());
-        let selective = pod(json!({"containers": [], "nodeSelector": {"topology.kubernetes.io/zone": "zone-b"}}));
-        assert_eq!(filter(&selective, &request("0"), &node("a", "1")), [Reason::NodeAffinity]);
+        let selective =
+            pod(json!({"containers": [], "nodeSelector": {"topology.kubernetes.io/zone": "zone-b"}}));
+        assert_eq!(
+            filter(&selective, &request("0"), &node("a", "1")),
+            [Reason::NodeAffinity]
+        );
         assert!(filter(&selective, &request("0"), &node("b", "1")).is_empty());
         let affine = pod(json!({"containers": [], "affinity": {"nodeAffinity": {
-            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
-                {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-x"]}]},
-                {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]},
-            ]}}}}));
-        assert_eq!(filter(&affine, &request("0"), &node("a", "1")), [Reason::NodeAffinity]);
+        "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+            {"matchExpressions": [{"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-x"]}]},
+            {"matchFields": [{"key": "metadata.name", "operator": "In", "values": ["b"]}]},
+        ]}}}}));
+        assert_eq!(
+            filter(&affine, &request("0"), &node("a", "1")),
+            [Reason::NodeAffinity]
+        );
         assert!(filter(&affine, &request("0"), &node("b", "1")).is_empty());
         let mut busy = node("a", "1");
         busy.requested.cpu_milli = 900;
@@ -626,7 +648,10 @@ mod tests {
              preemption: 0/3 nodes are available: 1 Preemption is not helpful for scheduling, \
              2 No preemption victims found for incoming pod."
         );
-        assert_eq!(unschedulable_message(0, &[]), "no nodes available to schedule pods");
+        assert_eq!(
+            unschedulable_message(0, &[]),
+            "no nodes available to schedule pods"
+        );
     }
 
     #[test]

@@ -321,7 +321,9 @@ fn sim_endpoint(shared: &Shared, method: &Method, rest: &str, q: &HashMap<String
                 .and_then(|s| StatusCode::from_u16(s).ok())
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
             let namespace = q.get("namespace").filter(|n| !n.is_empty());
-            shared.faults.fail_next_writes(n, status, namespace.map(String::as_str));
+            shared
+                .faults
+                .fail_next_writes(n, status, namespace.map(String::as_str));
             Ok(json!({"count": n, "status": status.as_u16(), "namespace": namespace}))
         }
         ["forbid"] => {
@@ -877,7 +879,10 @@ fn delete_one(
     match res.kind {
         "Pod" => delete_pod(store, ns, name, opts.grace),
         "Namespace" => {
-            if matches!(name, "default" | "kube-system" | "kube-public" | "kube-node-lease") {
+            if matches!(
+                name,
+                "default" | "kube-system" | "kube-public" | "kube-node-lease"
+            ) {
                 return Err(ApiError::Terminating(name.to_owned()));
             }
             super::controllers::terminate_namespace(store, name)

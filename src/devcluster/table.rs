@@ -102,7 +102,12 @@ fn terminated_reason(t: &Value) -> String {
 /// container still at work, else by the containers' waiting or terminated
 /// reasons; restart counts with the time of the last one.
 fn pod_row(o: &Value) -> (usize, usize, String, String) {
-    let list = |p: &str| o.pointer(p).and_then(Value::as_array).cloned().unwrap_or_default();
+    let list = |p: &str| {
+        o.pointer(p)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
     let init_specs = list("/spec/initContainers");
     let sidecar = |name: &str| {
         init_specs
@@ -111,7 +116,11 @@ fn pod_row(o: &Value) -> (usize, usize, String, String) {
     };
     let init = list("/status/initContainerStatuses");
     let containers = list("/status/containerStatuses");
-    let total = list("/spec/containers").len() + init_specs.iter().filter(|c| c["restartPolicy"] == "Always").count();
+    let total = list("/spec/containers").len()
+        + init_specs
+            .iter()
+            .filter(|c| c["restartPolicy"] == "Always")
+            .count();
     let mut reason = s(o.pointer("/status/reason"));
     if reason.is_empty() {
         reason = s(o.pointer("/status/phase"));
@@ -120,7 +129,9 @@ fn pod_row(o: &Value) -> (usize, usize, String, String) {
     let mut last_restart = String::new();
     let mut note_restart = |c: &Value| {
         restarts += num(c, "/restartCount");
-        if let Some(f) = c.pointer("/lastState/terminated/finishedAt").and_then(Value::as_str)
+        if let Some(f) = c
+            .pointer("/lastState/terminated/finishedAt")
+            .and_then(Value::as_str)
             && f > last_restart.as_str()
         {
             f.clone_into(&mut last_restart);

@@ -124,22 +124,22 @@ pub fn process_alive(pid: u32) -> bool {
 /// The pid of the process listening on `ip:port` (TCP), found the way `ss -p`
 /// finds it: the socket in `/proc/net/tcp`, then the process holding it.
 pub fn listener_pid(ip: std::net::Ipv4Addr, port: u16) -> Option<u32> {
-    let want = format!(
-        "{:08X}:{port:04X}",
-        u32::from_le_bytes(ip.octets())
-    );
+    let want = format!("{:08X}:{port:04X}", u32::from_le_bytes(ip.octets()));
     let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
     let inode = table.lines().skip(1).find_map(|l| {
         let f: Vec<&str> = l.split_whitespace().collect();
         // State 0A is LISTEN.
-        (f.get(1) == Some(&want.as_str()) && f.get(3) == Some(&"0A")).then(|| f.get(9).map(|s| (*s).to_owned()))?
+        (f.get(1) == Some(&want.as_str()) && f.get(3) == Some(&"0A"))
+            .then(|| f.get(9).map(|s| (*s).to_owned()))?
     })?;
     let link = format!("socket:[{inode}]");
     for entry in std::fs::read_dir("/proc").ok()?.flatten() {
         let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
-        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else { continue };
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
         for fd in fds.flatten() {
             if std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == link) {
                 return Some(pid);
@@ -156,7 +156,9 @@ pub fn descendants(pid: u32) -> Vec<u32> {
         let Some(p) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
             continue;
         };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else { continue };
+        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
+            continue;
+        };
         let ppid = stat
             .rsplit_once(')')
             .and_then(|(_, rest)| rest.split_whitespace().nth(1))

@@ -173,7 +173,11 @@ pub fn field_value(facts: &PodFacts<'_>, path: &str, in_volume: bool) -> Result<
         "status.podIP" | "status.podIPs" => facts.pod_ip.clone(),
         other => {
             if let Some(k) = keyed(other, "metadata.labels['") {
-                meta.labels.as_ref().and_then(|m| m.get(k)).cloned().unwrap_or_default()
+                meta.labels
+                    .as_ref()
+                    .and_then(|m| m.get(k))
+                    .cloned()
+                    .unwrap_or_default()
             } else if let Some(k) = keyed(other, "metadata.annotations['") {
                 meta.annotations
                     .as_ref()
@@ -223,7 +227,11 @@ pub fn resource_value(
         .ok_or_else(|| EnvError::InvalidDivisor(divisor_text.to_owned()))?;
     let value = (value_milli + divisor_milli - 1).div_euclid(divisor_milli);
     // CPU rounds up to at least one unit, as the kubelet does.
-    let value = if name == "cpu" && value_milli > 0 { value.max(1) } else { value };
+    let value = if name == "cpu" && value_milli > 0 {
+        value.max(1)
+    } else {
+        value
+    };
     Ok(value.to_string())
 }
 
@@ -364,7 +372,10 @@ pub fn kubernetes_service(host: &str, port: u16) -> Vec<(String, String)> {
         ("KUBERNETES_SERVICE_PORT".into(), port.to_string()),
         ("KUBERNETES_SERVICE_PORT_HTTPS".into(), port.to_string()),
         ("KUBERNETES_PORT".into(), format!("tcp://{host}:{port}")),
-        (format!("KUBERNETES_PORT_{port}_TCP"), format!("tcp://{host}:{port}")),
+        (
+            format!("KUBERNETES_PORT_{port}_TCP"),
+            format!("tcp://{host}:{port}"),
+        ),
         (format!("KUBERNETES_PORT_{port}_TCP_PROTO"), "tcp".into()),
         (format!("KUBERNETES_PORT_{port}_TCP_PORT"), port.to_string()),
         (format!("KUBERNETES_PORT_{port}_TCP_ADDR"), host.into()),
@@ -446,7 +457,11 @@ mod tests {
         assert_eq!(get("OPT"), None);
         assert_eq!(get("CPU"), Some("250"));
         assert_eq!(get("MEM"), Some("64"));
-        assert_eq!(get("CPU_LIMIT"), Some("4"), "an unset limit is the node's allocatable");
+        assert_eq!(
+            get("CPU_LIMIT"),
+            Some("4"),
+            "an unset limit is the node's allocatable"
+        );
         assert_eq!(get("KUBERNETES_SERVICE_PORT"), Some("6443"));
         assert_eq!(get("KUBERNETES_PORT_6443_TCP_ADDR"), Some("127.0.0.1"));
     }

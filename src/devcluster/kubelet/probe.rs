@@ -84,7 +84,9 @@ fn secs(v: Option<i32>, default: i32, min: i32) -> Duration {
 }
 
 fn threshold(v: Option<i32>, default: u32) -> u32 {
-    v.and_then(|n| u32::try_from(n).ok()).filter(|n| *n > 0).unwrap_or(default)
+    v.and_then(|n| u32::try_from(n).ok())
+        .filter(|n| *n > 0)
+        .unwrap_or(default)
 }
 
 impl Spec {
@@ -99,7 +101,11 @@ impl Spec {
             Action::Http {
                 host: h.host.clone().filter(|s| !s.is_empty()),
                 port: h.port.clone(),
-                path: h.path.clone().filter(|s| !s.is_empty()).unwrap_or_else(|| "/".into()),
+                path: h
+                    .path
+                    .clone()
+                    .filter(|s| !s.is_empty())
+                    .unwrap_or_else(|| "/".into()),
                 scheme: h.scheme.clone().unwrap_or_else(|| "HTTP".into()),
                 headers: h
                     .http_headers
@@ -368,7 +374,9 @@ pub async fn run<E: Exec>(spec: &Spec, target: &Target, exec: &E) -> Outcome {
                 };
                 match grpc_check(addr, service, timeout).await {
                     Ok(true) => Outcome::Success,
-                    Ok(false) => Outcome::Failure("service unhealthy (responded with \"NOT_SERVING\")".into()),
+                    Ok(false) => {
+                        Outcome::Failure("service unhealthy (responded with \"NOT_SERVING\")".into())
+                    }
                     Err(e) => Outcome::Failure(e),
                 }
             }
@@ -526,7 +534,11 @@ mod tests {
         let mut l = ProbeState::new(Kind::Liveness);
         assert_eq!(l.observe(false, &s), None);
         assert_eq!(l.observe(false, &s), Some(false));
-        assert_eq!(l.observe(false, &s), None, "one failure after a reset is below the threshold");
+        assert_eq!(
+            l.observe(false, &s),
+            None,
+            "one failure after a reset is below the threshold"
+        );
         let mut st = ProbeState::new(Kind::Startup);
         assert_eq!(st.observe(true, &s), Some(true));
     }
@@ -546,8 +558,9 @@ mod tests {
                 service: String::new()
             }
         );
-        let p: Probe = serde_json::from_value(serde_json::json!({"successThreshold": 4, "exec": {"command": ["true"]}}))
-            .unwrap();
+        let p: Probe =
+            serde_json::from_value(serde_json::json!({"successThreshold": 4, "exec": {"command": ["true"]}}))
+                .unwrap();
         assert_eq!(Spec::from_api(Kind::Liveness, &p).unwrap().success_threshold, 1);
         assert_eq!(Spec::from_api(Kind::Readiness, &p).unwrap().success_threshold, 4);
         assert!(Spec::from_api(Kind::Readiness, &Probe::default()).is_err());

@@ -113,7 +113,9 @@ impl Backoff {
     /// Records that the container that finished at `finished` restarts now.
     pub fn restarted(&mut self, policy: &BackoffPolicy, finished: Instant) {
         let delay = match self.entry {
-            Some((delay, last_update)) if !policy.expired(finished, last_update) => (delay * 2).min(policy.max),
+            Some((delay, last_update)) if !policy.expired(finished, last_update) => {
+                (delay * 2).min(policy.max)
+            }
             _ => policy.initial.min(policy.max),
         };
         self.entry = Some((delay, finished));
@@ -164,7 +166,11 @@ mod tests {
             (Never, Sidecar, 0, true),
             (Never, Sidecar, 1, true),
         ] {
-            assert_eq!(restarts(policy, role, code), want, "{policy:?} {role:?} exit {code}");
+            assert_eq!(
+                restarts(policy, role, code),
+                want,
+                "{policy:?} {role:?} exit {code}"
+            );
         }
         assert_eq!(RestartPolicy::parse(None), Always);
         assert_eq!(RestartPolicy::parse(Some("OnFailure")), OnFailure);

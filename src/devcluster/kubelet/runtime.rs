@@ -13,7 +13,7 @@ use tokio::io::{AsyncBufReadExt as _, AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::sync::watch;
 use tokio_util::task::TaskTracker;
 
-use super::sandbox::{Control, EXEC_TIMEOUT_CODE, RunSpec, SUBCOMMAND};
+use super::sandbox::{Control, RunSpec, SUBCOMMAND};
 
 /// How a container instance ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -93,7 +93,10 @@ pub async fn launch(shim: &Path, spec: &RunSpec, tracker: &TaskTracker) -> Resul
                 let code = match child.wait().await {
                     Ok(status) => {
                         use std::os::unix::process::ExitStatusExt as _;
-                        status.code().or_else(|| status.signal().map(|s| 128 + s)).unwrap_or(128)
+                        status
+                            .code()
+                            .or_else(|| status.signal().map(|s| 128 + s))
+                            .unwrap_or(128)
                     }
                     Err(_) => 128,
                 };
@@ -151,8 +154,7 @@ pub async fn exec(
         return Err("the command is empty".into());
     }
     let mut cmd = tokio::process::Command::new(shim);
-    cmd.args([SUBCOMMAND, "exec", "--target", &pid.to_string()])
-        .args(["--timeout-ms", &timeout.as_millis().to_string()]);
+    cmd.args([SUBCOMMAND, "exec", "--target", &pid.to_string()]);
     if let Some(dir) = cwd {
         cmd.arg("--cwd").arg(dir);
     }
@@ -183,16 +185,18 @@ pub async fn exec(
         let (_, err) = collect.await;
         (child.wait().await, err)
     };
-    match tokio::time::timeout(timeout + Duration::from_secs(1), run).await {
+    // On timeout the helper is killed (dropped), and the command with it.
+    match tokio::time::timeout(timeout, run).await {
         Ok((Ok(status), err)) => match status.code() {
-            Some(c) if c == i32::from(EXEC_TIMEOUT_CODE) && String::from_utf8_lossy(&err).contains("timed out") => {
-                Err(format!("command {command:?} timed out"))
-            }
+            Some(c @ (126 | 127)) if !err.is_empty() => Err(format!(
+                "command {command:?} failed to run ({c}): {}",
+                String::from_utf8_lossy(&err).trim()
+            )),
             Some(c) => Ok(c),
             None => Err(format!("command {command:?} was killed")),
         },
         Ok((Err(e), _)) => Err(format!("waiting for {command:?}: {e}")),
-        Err(_) => Err(format!("command {command:?} timed out")),
+        Err(_) => Err(format!("command {command:?} timed out after {timeout:?}")),
     }
 }
 

@@ -33,7 +33,6 @@ use std::os::unix::ffi::OsStrExt as _;
 use std::os::unix::process::ExitStatusExt as _;
 use std::path::{Component, Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
-use std::time::Duration;
 
 use nix::errno::Errno;
 use nix::fcntl::OFlag;
@@ -127,6 +126,7 @@ pub fn main(args: &[OsString]) -> ExitCode {
         "run" => run(),
         "init" => init(rest),
         "exec" => exec(rest),
+        "exec-child" => exec_child(rest),
         "check" => match check_here() {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -135,7 +135,7 @@ pub fn main(args: &[OsString]) -> ExitCode {
             }
         },
         other => {
-            eprintln!("skipper {SUBCOMMAND}: unknown command {other:?} (run, init, exec, check)");
+            eprintln!("skipper {SUBCOMMAND}: unknown command {other:?} (run, init, exec, exec-child, check)");
             ExitCode::from(2)
         }
     }
@@ -178,7 +178,9 @@ fn run() -> ExitCode {
             }
         }
         Err(e) => {
-            report(&Control::Failed { message: e.to_string() });
+            report(&Control::Failed {
+                message: e.to_string(),
+            });
             ExitCode::from(128)
         }
     }
@@ -200,9 +202,12 @@ fn enter_namespaces() -> Result<(), SandboxError> {
     nix::sched::unshare(flags).map_err(sys(|| "unshare(CLONE_NEWNS|CLONE_NEWPID|CLONE_NEWUTS)".into()))?;
     if flags.contains(CloneFlags::CLONE_NEWUSER) {
         // Map the caller to root inside, so mounts are permitted.
-        std::fs::write("/proc/self/setgroups", "deny").map_err(io(|| "writing /proc/self/setgroups".into()))?;
-        std::fs::write("/proc/self/uid_map", format!("0 {uid} 1")).map_err(io(|| "writing /proc/self/uid_map".into()))?;
-        std::fs::write("/proc/self/gid_map", format!("0 {gid} 1")).map_err(io(|| "writing /proc/self/gid_map".into()))?;
+        std::fs::write("/proc/self/setgroups", "deny")
+            .map_err(io(|| "writing /proc/self/setgroups".into()))?;
+        std::fs::write("/proc/self/uid_map", format!("0 {uid} 1"))
+            .map_err(io(|| "writing /proc/self/uid_map".into()))?;
+        std::fs::write("/proc/self/gid_map", format!("0 {gid} 1"))
+            .map_err(io(|| "writing /proc/self/gid_map".into()))?;
     }
     nix::mount::mount(
         None::<&str>,
@@ -282,8 +287,9 @@ fn bind(source: &Path, target: &Path, recursive: bool) -> Result<(), SandboxErro
     if recursive {
         flags |= MsFlags::MS_REC;
     }
-    nix::mount::mount(Some(source), target, None::<&str>, flags, None::<&str>)
-        .map_err(sys(|| format!("bind-mounting {} on {}", source.display(), target.display())))
+    nix::mount::mount(Some(source), target, None::<&str>, flags, None::<&str>).map_err(sys(|| {
+        format!("bind-mounting {} on {}", source.display(), target.display())
+    }))
 }
 
 /// Fills the tmpfs at `into` with the entries of the directory `from` (an
@@ -296,11 +302,14 @@ fn mirror(from: &OwnedFd, into: &Path) -> Result<(), SandboxError> {
         let name = entry.file_name();
         let src = from_path.join(&name);
         let dst = into.join(&name);
-        let Ok(meta) = std::fs::symlink_metadata(&src) else { continue };
+        let Ok(meta) = std::fs::symlink_metadata(&src) else {
+            continue;
+        };
         let ft = meta.file_type();
         if ft.is_symlink() {
             if let Ok(target) = std::fs::read_link(&src) {
-                std::os::unix::fs::symlink(target, &dst).map_err(io(|| format!("linking {}", dst.display())))?;
+                std::os::unix::fs::symlink(target, &dst)
+                    .map_err(io(|| format!("linking {}", dst.display())))?;
             }
         } else if ft.is_dir() {
             std::fs::create_dir(&dst).map_err(io(|| format!("creating {}", dst.display())))?;
@@ -323,8 +332,12 @@ fn copy_owner_and_mode(from: &Path, to: &Path) {
 
 /// Covers `dir` with a tmpfs that mirrors it, so new entries stay private.
 fn shadow(dir: &Path) -> Result<(), SandboxError> {
-    let original = nix::fcntl::open(dir, OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
-        .map_err(sys(|| format!("opening {}", dir.display())))?;
+    let original = nix::fcntl::open(
+        dir,
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(sys(|| format!("opening {}", dir.display())))?;
     mount_tmpfs(dir, 0o755)?;
     copy_owner_and_mode(&fd_path(&original), dir);
     mirror(&original, dir)
@@ -333,8 +346,12 @@ fn shadow(dir: &Path) -> Result<(), SandboxError> {
 /// Moves the root to a tmpfs mirroring it (mounted on `stage`); the old root
 /// stays reachable at `/.oldroot` until [`drop_old_root`].
 fn new_root(stage: &Path) -> Result<(), SandboxError> {
-    let root = nix::fcntl::open("/", OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC, Mode::empty())
-        .map_err(sys(|| "opening /".into()))?;
+    let root = nix::fcntl::open(
+        "/",
+        OFlag::O_PATH | OFlag::O_DIRECTORY | OFlag::O_CLOEXEC,
+        Mode::empty(),
+    )
+    .map_err(sys(|| "opening /".into()))?;
     mount_tmpfs(stage, 0o755)?;
     mirror(&root, stage)?;
     // The stage itself may have been bound back inside the new root.
@@ -349,7 +366,8 @@ fn new_root(stage: &Path) -> Result<(), SandboxError> {
 }
 
 fn drop_old_root() -> Result<(), SandboxError> {
-    nix::mount::umount2("/.oldroot", MntFlags::MNT_DETACH).map_err(sys(|| "detaching the old root".into()))?;
+    nix::mount::umount2("/.oldroot", MntFlags::MNT_DETACH)
+        .map_err(sys(|| "detaching the old root".into()))?;
     std::fs::remove_dir("/.oldroot").map_err(io(|| "removing /.oldroot".into()))
 }
 
@@ -399,9 +417,8 @@ fn normalize(p: &Path) -> Result<PathBuf, SandboxError> {
 /// Finds `program` on `PATH` as seen inside the sandbox.
 fn resolve_program(program: &str, path_var: &str) -> Result<PathBuf, SandboxError> {
     use std::os::unix::fs::PermissionsExt as _;
-    let executable = |p: &Path| {
-        std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
-    };
+    let executable =
+        |p: &Path| std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0);
     if program.contains('/') {
         let p = PathBuf::from(program);
         return if executable(&p) {
@@ -478,7 +495,9 @@ fn start(spec: &RunSpec) -> Result<(std::process::Child, Option<std::fs::File>),
             .map_err(sys(|| format!("making {} read-only", target.display())))?;
         }
         if dir {
-            owned.trees.push(std::fs::canonicalize(target).unwrap_or_else(|_| target.clone()));
+            owned
+                .trees
+                .push(std::fs::canonicalize(target).unwrap_or_else(|_| target.clone()));
         }
     }
     if let Some(dir) = &cwd {
@@ -513,7 +532,9 @@ fn start(spec: &RunSpec) -> Result<(std::process::Child, Option<std::fs::File>),
         .stdin(Stdio::null())
         .stdout(Stdio::from(stdout))
         .stderr(Stdio::from(log));
-    let child = cmd.spawn().map_err(io(|| "starting the container process".into()))?;
+    let child = cmd
+        .spawn()
+        .map_err(io(|| "starting the container process".into()))?;
     Ok((child, exe))
 }
 
@@ -575,31 +596,29 @@ fn init(args: &[OsString]) -> ExitCode {
     ))
 }
 
-/// Exit code of `__sandbox exec` when the command ran out of time.
-pub const EXEC_TIMEOUT_CODE: u8 = 124;
-
-/// `__sandbox exec --target PID --timeout-ms N [--cwd DIR] -- ARGV...`.
+/// `__sandbox exec --target PID [--cwd DIR] -- ARGV...`: runs a command in
+/// the namespaces of the container whose main process is `PID`, and exits
+/// with its status. The command dies with this process (the caller kills it
+/// to enforce a timeout).
 fn exec(args: &[OsString]) -> ExitCode {
     let fail = |what: String| {
         eprintln!("{what}");
         ExitCode::from(126)
     };
     let mut target = None;
-    let mut timeout = Duration::from_secs(1);
     let mut cwd = PathBuf::from("/");
     let mut i = 0;
     while i < args.len() && args[i] != "--" {
         let value = args.get(i + 1).map(|v| v.to_string_lossy().into_owned());
         match (args[i].to_string_lossy().as_ref(), value) {
             ("--target", Some(v)) => target = v.parse::<u32>().ok(),
-            ("--timeout-ms", Some(v)) => timeout = Duration::from_millis(v.parse().unwrap_or(1000)),
             ("--cwd", Some(v)) => cwd = PathBuf::from(v),
             (flag, _) => return fail(format!("__sandbox exec: unknown flag {flag}")),
         }
         i += 2;
     }
     let (Some(pid), Some(argv)) = (target, args.get(i + 1..).filter(|a| !a.is_empty())) else {
-        return fail("usage: __sandbox exec --target PID --timeout-ms N [--cwd DIR] -- ARGV...".into());
+        return fail("usage: __sandbox exec --target PID [--cwd DIR] -- ARGV...".into());
     };
     if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
         return fail(format!("prctl(PR_SET_PDEATHSIG): {e}"));
@@ -610,33 +629,43 @@ fn exec(args: &[OsString]) -> ExitCode {
     if nix::unistd::chdir(&cwd).is_err() {
         let _ = nix::unistd::chdir("/");
     }
-    let mut child = match Command::new(&argv[0]).args(&argv[1..]).stdin(Stdio::null()).spawn() {
-        Ok(c) => c,
-        Err(e) => return fail(format!("exec {:?}: {e}", argv[0])),
-    };
-    let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
-    let child_pid = nix::unistd::Pid::from_raw(i32::try_from(child.id()).unwrap_or(0));
-    let timer = std::thread::spawn(move || {
-        if matches!(
-            done_rx.recv_timeout(timeout),
-            Err(std::sync::mpsc::RecvTimeoutError::Timeout)
-        ) {
-            let _ = nix::sys::signal::kill(child_pid, Signal::SIGKILL);
-            return true;
-        }
-        false
-    });
-    let status = child.wait();
-    let _ = done_tx.send(());
-    let timed_out = timer.join().unwrap_or(false);
-    if timed_out {
-        eprintln!("command timed out after {timeout:?}");
-        return ExitCode::from(EXEC_TIMEOUT_CODE);
-    }
-    match status {
+    // A child joins the PID namespace; it asks to die with this process.
+    let child = Command::new("/proc/self/exe")
+        .args([SUBCOMMAND, "exec-child", "--"])
+        .args(argv)
+        .stdin(Stdio::null())
+        .spawn();
+    match child.and_then(|mut c| c.wait()) {
         Ok(s) => exit_code(s),
-        Err(e) => fail(format!("waiting for the command: {e}")),
+        Err(e) => fail(format!("exec {:?}: {e}", argv[0])),
     }
+}
+
+/// `__sandbox exec-child -- ARGV...`: dies with its parent, then becomes ARGV
+/// (found on `PATH`).
+fn exec_child(args: &[OsString]) -> ExitCode {
+    let fail = |what: String| {
+        eprintln!("{what}");
+        ExitCode::from(127)
+    };
+    if let Err(e) = nix::sys::prctl::set_pdeathsig(Signal::SIGKILL) {
+        return fail(format!("prctl(PR_SET_PDEATHSIG): {e}"));
+    }
+    let argv: Vec<CString> = args
+        .iter()
+        .skip_while(|a| *a != "--")
+        .skip(1)
+        .filter_map(|a| CString::new(a.as_bytes()).ok())
+        .collect();
+    let Some(program) = argv.first() else {
+        return fail("usage: __sandbox exec-child -- ARGV...".into());
+    };
+    let err = nix::unistd::execvp(program, &argv).err();
+    fail(format!(
+        "exec {:?}: {}",
+        program,
+        err.map_or_else(|| "failed".to_owned(), |e| e.to_string())
+    ))
 }
 
 fn join_namespaces(pid: u32) -> Result<(), SandboxError> {
@@ -645,7 +674,8 @@ fn join_namespaces(pid: u32) -> Result<(), SandboxError> {
             .map_err(io(|| format!("opening /proc/{pid}/ns/{ns}")))
     };
     let same = |ns: &str| {
-        std::fs::read_link(format!("/proc/self/ns/{ns}")).ok() == std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).ok()
+        std::fs::read_link(format!("/proc/self/ns/{ns}")).ok()
+            == std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).ok()
     };
     if !same("user") {
         nix::sched::setns(open("user")?, CloneFlags::CLONE_NEWUSER).map_err(sys(|| "setns(user)".into()))?;
@@ -694,7 +724,10 @@ pub async fn check(exe: &Path) -> Result<(), String> {
         Ok(())
     } else {
         let text = String::from_utf8_lossy(&out.stdout);
-        Err(unavailable_message(is_root, text.lines().next().unwrap_or("unknown error")))
+        Err(unavailable_message(
+            is_root,
+            text.lines().next().unwrap_or("unknown error"),
+        ))
     }
 }
 
@@ -719,14 +752,20 @@ mod tests {
             trees: vec!["/data".into()],
         };
         assert!(owned.owns(Path::new("/run")));
-        assert!(!owned.owns(Path::new("/run/user")), "a bound-back subdirectory is the host's");
+        assert!(
+            !owned.owns(Path::new("/run/user")),
+            "a bound-back subdirectory is the host's"
+        );
         assert!(owned.owns(Path::new("/data/deep/er")));
         assert!(!owned.owns(Path::new("/etc")));
     }
 
     #[test]
     fn programs_resolve_on_path() {
-        assert_eq!(resolve_program("sh", DEFAULT_PATH).unwrap().file_name().unwrap(), "sh");
+        assert_eq!(
+            resolve_program("sh", DEFAULT_PATH).unwrap().file_name().unwrap(),
+            "sh"
+        );
         assert!(matches!(
             resolve_program("no-such-program-xyz", DEFAULT_PATH),
             Err(SandboxError::NotFound(_))
@@ -736,7 +775,10 @@ mod tests {
 
     #[test]
     fn the_unavailable_message_names_what_is_missing() {
-        let m = unavailable_message(false, "unshare(CLONE_NEWNS|CLONE_NEWPID|CLONE_NEWUTS): EPERM: Operation not permitted\n");
+        let m = unavailable_message(
+            false,
+            "unshare(CLONE_NEWNS|CLONE_NEWPID|CLONE_NEWUTS): EPERM: Operation not permitted\n",
+        );
         assert!(m.contains("mount and PID namespaces"));
         assert!(m.contains("EPERM"));
         assert!(m.contains("user namespaces"));
@@ -747,6 +789,9 @@ mod tests {
     fn control_lines_round_trip() {
         let line = serde_json::to_string(&Control::Started { pid: 42 }).unwrap();
         assert_eq!(line, r#"{"started":{"pid":42}}"#);
-        assert_eq!(serde_json::from_str::<Control>(&line).unwrap(), Control::Started { pid: 42 });
+        assert_eq!(
+            serde_json::from_str::<Control>(&line).unwrap(),
+            Control::Started { pid: 42 }
+        );
     }
 }

@@ -113,10 +113,14 @@ fn status_api(c: &ContainerView) -> ContainerStatus {
         started: Some(c.started),
         restart_count: c.restart_count,
         state: Some(state_api(&c.state)),
-        last_state: Some(c.last_terminated.as_ref().map_or_else(ContainerState::default, |t| ContainerState {
-            terminated: Some(terminated_api(t)),
-            ..ContainerState::default()
-        })),
+        last_state: Some(
+            c.last_terminated
+                .as_ref()
+                .map_or_else(ContainerState::default, |t| ContainerState {
+                    terminated: Some(terminated_api(t)),
+                    ..ContainerState::default()
+                }),
+        ),
         ..ContainerStatus::default()
     }
 }
@@ -127,7 +131,12 @@ fn is_sidecar(c: &Container) -> bool {
 
 /// The kubelet's `getPhase`.
 #[must_use]
-pub fn phase(pod: &Pod, init: &[ContainerView], containers: &[ContainerView], terminal: bool) -> &'static str {
+pub fn phase(
+    pod: &Pod,
+    init: &[ContainerView],
+    containers: &[ContainerView],
+    terminal: bool,
+) -> &'static str {
     let spec = pod.spec.as_ref();
     let policy = RestartPolicy::parse(spec.and_then(|s| s.restart_policy.as_deref()));
     let init_specs = spec.and_then(|s| s.init_containers.as_deref()).unwrap_or(&[]);
@@ -197,7 +206,11 @@ pub fn phase(pod: &Pod, init: &[ContainerView], containers: &[ContainerView], te
     }
     if stopped > 0 {
         if terminal {
-            return if stopped == succeeded { "Succeeded" } else { "Failed" };
+            return if stopped == succeeded {
+                "Succeeded"
+            } else {
+                "Failed"
+            };
         }
         return match policy {
             RestartPolicy::Always => "Running",
@@ -328,7 +341,10 @@ pub fn pod_status(input: &Input<'_>) -> PodStatus {
             "Initialized",
             false,
             Some("ContainersNotInitialized"),
-            Some(format!("containers with incomplete status: {}", names(&incomplete))),
+            Some(format!(
+                "containers with incomplete status: {}",
+                names(&incomplete)
+            )),
         )
     };
 
@@ -337,7 +353,13 @@ pub fn pod_status(input: &Input<'_>) -> PodStatus {
         .zip(input.init)
         .filter(|(s, c)| is_sidecar(s) && !c.ready)
         .map(|(_, c)| c.name.as_str())
-        .chain(input.containers.iter().filter(|c| !c.ready).map(|c| c.name.as_str()))
+        .chain(
+            input
+                .containers
+                .iter()
+                .filter(|c| !c.ready)
+                .map(|c| c.name.as_str()),
+        )
         .collect();
     let (containers_ready, ready) = if succeeded {
         let c = |kind| condition(&old, now, kind, false, Some("PodCompleted"), None);
@@ -399,7 +421,8 @@ pub fn pod_status(input: &Input<'_>) -> PodStatus {
         start_time: input.start_time.map(Time),
         qos_class: Some(qos_class(pod).to_owned()),
         container_statuses: Some(input.containers.iter().map(status_api).collect()),
-        init_container_statuses: (!input.init.is_empty()).then(|| input.init.iter().map(status_api).collect()),
+        init_container_statuses: (!input.init.is_empty())
+            .then(|| input.init.iter().map(status_api).collect()),
         reason: old_status.reason,
         message: old_status.message,
         ..PodStatus::default()
@@ -427,7 +450,9 @@ fn readiness_gates(
                     "Ready",
                     false,
                     Some("ReadinessGatesNotReady"),
-                    Some(format!("the status of pod readiness gate {kind:?} is not \"True\", but False")),
+                    Some(format!(
+                        "the status of pod readiness gate {kind:?} is not \"True\", but False"
+                    )),
                 );
             }
             None => {
@@ -437,7 +462,9 @@ fn readiness_gates(
                     "Ready",
                     false,
                     Some("ReadinessGatesNotReady"),
-                    Some(format!("corresponding condition of pod readiness gate {kind:?} does not exist.")),
+                    Some(format!(
+                        "corresponding condition of pod readiness gate {kind:?} does not exist."
+                    )),
                 );
             }
         }
@@ -495,7 +522,9 @@ mod tests {
     }
 
     fn crashed(mut v: ContainerView, code: i32) -> ContainerView {
-        let State::Terminated(term) = exited(code) else { unreachable!() };
+        let State::Terminated(term) = exited(code) else {
+            unreachable!()
+        };
         v.last_terminated = Some(term);
         v.state = waiting("CrashLoopBackOff");
         v.ready = false;
@@ -507,28 +536,66 @@ mod tests {
     fn phase_table() {
         let always = pod(json!({"containers": [{"name": "a"}, {"name": "b"}]}));
         let never = pod(json!({"restartPolicy": "Never", "containers": [{"name": "a"}, {"name": "b"}]}));
-        let on_failure = pod(json!({"restartPolicy": "OnFailure", "containers": [{"name": "a"}, {"name": "b"}]}));
+        let on_failure =
+            pod(json!({"restartPolicy": "OnFailure", "containers": [{"name": "a"}, {"name": "b"}]}));
         let cases = [
-            (&always, vec![view("a", waiting("ContainerCreating")), view("b", running())], "Pending"),
-            (&always, vec![view("a", running()), view("b", running())], "Running"),
-            (&always, vec![crashed(view("a", running()), 1), view("b", running())], "Running"),
-            (&always, vec![crashed(view("a", running()), 1), crashed(view("b", running()), 0)], "Running"),
-            (&never, vec![view("a", exited(0)), view("b", exited(0))], "Succeeded"),
+            (
+                &always,
+                vec![view("a", waiting("ContainerCreating")), view("b", running())],
+                "Pending",
+            ),
+            (
+                &always,
+                vec![view("a", running()), view("b", running())],
+                "Running",
+            ),
+            (
+                &always,
+                vec![crashed(view("a", running()), 1), view("b", running())],
+                "Running",
+            ),
+            (
+                &always,
+                vec![crashed(view("a", running()), 1), crashed(view("b", running()), 0)],
+                "Running",
+            ),
+            (
+                &never,
+                vec![view("a", exited(0)), view("b", exited(0))],
+                "Succeeded",
+            ),
             (&never, vec![view("a", exited(0)), view("b", exited(2))], "Failed"),
-            (&never, vec![view("a", exited(0)), view("b", running())], "Running"),
-            (&on_failure, vec![view("a", exited(0)), view("b", exited(0))], "Succeeded"),
-            (&on_failure, vec![view("a", exited(0)), crashed(view("b", running()), 1)], "Running"),
+            (
+                &never,
+                vec![view("a", exited(0)), view("b", running())],
+                "Running",
+            ),
+            (
+                &on_failure,
+                vec![view("a", exited(0)), view("b", exited(0))],
+                "Succeeded",
+            ),
+            (
+                &on_failure,
+                vec![view("a", exited(0)), crashed(view("b", running()), 1)],
+                "Running",
+            ),
         ];
         for (i, (p, containers, want)) in cases.into_iter().enumerate() {
             assert_eq!(phase(p, &[], &containers, false), want, "case {i}");
         }
         let stopped = [view("a", exited(0)), view("b", exited(137))];
-        assert_eq!(phase(&always, &[], &stopped, true), "Failed", "a deleted pod is terminal");
+        assert_eq!(
+            phase(&always, &[], &stopped, true),
+            "Failed",
+            "a deleted pod is terminal"
+        );
     }
 
     #[test]
     fn init_containers_gate_the_phase_and_initialized() {
-        let p = pod(json!({"initContainers": [{"name": "i1"}, {"name": "i2"}], "containers": [{"name": "a"}]}));
+        let p =
+            pod(json!({"initContainers": [{"name": "i1"}, {"name": "i2"}], "containers": [{"name": "a"}]}));
         let init = [view("i1", exited(0)), view("i2", running())];
         let main = [view("a", waiting("PodInitializing"))];
         assert_eq!(phase(&p, &init, &main, false), "Pending");
@@ -566,13 +633,28 @@ mod tests {
         assert_eq!(cond("PodReadyToStartContainers").status, "True");
         assert_eq!(s.init_container_statuses.unwrap().len(), 2);
 
-        let never = pod(json!({"restartPolicy": "Never", "initContainers": [{"name": "i1"}], "containers": [{"name": "a"}]}));
+        let never = pod(
+            json!({"restartPolicy": "Never", "initContainers": [{"name": "i1"}], "containers": [{"name": "a"}]}),
+        );
         assert_eq!(
-            phase(&never, &[view("i1", exited(1))], &[view("a", waiting("PodInitializing"))], false),
+            phase(
+                &never,
+                &[view("i1", exited(1))],
+                &[view("a", waiting("PodInitializing"))],
+                false
+            ),
             "Failed"
         );
         assert_eq!(
-            phase(&p, &[crashed(view("i1", running()), 1), view("i2", waiting("PodInitializing"))], &main, false),
+            phase(
+                &p,
+                &[
+                    crashed(view("i1", running()), 1),
+                    view("i2", waiting("PodInitializing"))
+                ],
+                &main,
+                false
+            ),
             "Pending",
             "a failed init container under restartPolicy Always retries"
         );
@@ -597,9 +679,18 @@ mod tests {
             now: later,
         };
         let s = pod_status(&input);
-        let ready = s.conditions.as_ref().unwrap().iter().find(|c| c.type_ == "Ready").unwrap();
+        let ready = s
+            .conditions
+            .as_ref()
+            .unwrap()
+            .iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
         assert_eq!(ready.status, "False");
-        assert_eq!(ready.message.as_deref(), Some("containers with unready status: [b]"));
+        assert_eq!(
+            ready.message.as_deref(),
+            Some("containers with unready status: [b]")
+        );
         assert_eq!(s.phase.as_deref(), Some("Running"));
         // Unchanged status keeps the old transition time.
         p.status = Some(s.clone());
@@ -615,7 +706,12 @@ mod tests {
             terminal: false,
             now: even_later,
         });
-        let ready = again.conditions.unwrap().into_iter().find(|c| c.type_ == "Ready").unwrap();
+        let ready = again
+            .conditions
+            .unwrap()
+            .into_iter()
+            .find(|c| c.type_ == "Ready")
+            .unwrap();
         assert_eq!(ready.last_transition_time, Some(Time(later)));
     }
 

@@ -17,7 +17,9 @@ use std::time::Duration;
 
 use jiff::Timestamp;
 use k8s_openapi::api::authentication::v1::{BoundObjectReference, TokenRequest, TokenRequestSpec};
-use k8s_openapi::api::core::v1::{ConfigMap, DownwardAPIVolumeFile, KeyToPath, Secret, ServiceAccount, Volume};
+use k8s_openapi::api::core::v1::{
+    ConfigMap, DownwardAPIVolumeFile, KeyToPath, Secret, ServiceAccount, Volume,
+};
 use kube::api::{Api, PostParams};
 
 use super::env::{PodFacts, field_value, resource_value};
@@ -180,7 +182,10 @@ fn add_keys(
                     None => {
                         return Err(VolumeError::SetUp {
                             volume: volume.to_owned(),
-                            reason: format!("{kind} {name:?} references non-existent {kind} key: {}", item.key),
+                            reason: format!(
+                                "{kind} {name:?} references non-existent {kind} key: {}",
+                                item.key
+                            ),
                         });
                     }
                 }
@@ -278,7 +283,8 @@ impl Volumes {
         if v.empty_dir.is_some() {
             if !dir.exists() {
                 std::fs::create_dir_all(&dir).map_err(io_err(&name, &dir))?;
-                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777)).map_err(io_err(&name, &dir))?;
+                std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o777))
+                    .map_err(io_err(&name, &dir))?;
             }
             return Ok(Mounted {
                 name,
@@ -341,7 +347,18 @@ impl Volumes {
             let mode = mode_of(cm.default_mode, DEFAULT_MODE);
             let optional = cm.optional == Some(true);
             match get_config_map(ctx.client, &ns, &cm.name).await.map_err(setup)? {
-                Some(obj) => add_keys(volume, &mut payload, &config_map_data(&obj), &KeySource { kind: "configmap", name: &cm.name, optional, items: cm.items.as_deref() }, mode)?,
+                Some(obj) => add_keys(
+                    volume,
+                    &mut payload,
+                    &config_map_data(&obj),
+                    &KeySource {
+                        kind: "configmap",
+                        name: &cm.name,
+                        optional,
+                        items: cm.items.as_deref(),
+                    },
+                    mode,
+                )?,
                 None if optional => {}
                 None => return Err(setup(format!("configmap {:?} not found", cm.name))),
             }
@@ -350,36 +367,88 @@ impl Volumes {
             let name = s.secret_name.clone().unwrap_or_default();
             let optional = s.optional == Some(true);
             match get_secret(ctx.client, &ns, &name).await.map_err(setup)? {
-                Some(obj) => add_keys(volume, &mut payload, &secret_data(&obj), &KeySource { kind: "secret", name: &name, optional, items: s.items.as_deref() }, mode)?,
+                Some(obj) => add_keys(
+                    volume,
+                    &mut payload,
+                    &secret_data(&obj),
+                    &KeySource {
+                        kind: "secret",
+                        name: &name,
+                        optional,
+                        items: s.items.as_deref(),
+                    },
+                    mode,
+                )?,
                 None if optional => {}
                 None => return Err(setup(format!("secret {name:?} not found"))),
             }
         } else if let Some(d) = &v.downward_api {
             let mode = mode_of(d.default_mode, DEFAULT_MODE);
-            downward_items(volume, &mut payload, ctx.facts, d.items.as_deref().unwrap_or(&[]), mode)?;
+            downward_items(
+                volume,
+                &mut payload,
+                ctx.facts,
+                d.items.as_deref().unwrap_or(&[]),
+                mode,
+            )?;
         } else if let Some(p) = &v.projected {
             let mode = mode_of(p.default_mode, DEFAULT_MODE);
             for source in p.sources.iter().flatten() {
                 if let Some(cm) = &source.config_map {
                     let optional = cm.optional == Some(true);
                     match get_config_map(ctx.client, &ns, &cm.name).await.map_err(setup)? {
-                        Some(obj) => add_keys(volume, &mut payload, &config_map_data(&obj), &KeySource { kind: "configmap", name: &cm.name, optional, items: cm.items.as_deref() }, mode)?,
+                        Some(obj) => add_keys(
+                            volume,
+                            &mut payload,
+                            &config_map_data(&obj),
+                            &KeySource {
+                                kind: "configmap",
+                                name: &cm.name,
+                                optional,
+                                items: cm.items.as_deref(),
+                            },
+                            mode,
+                        )?,
                         None if optional => {}
                         None => return Err(setup(format!("configmap {:?} not found", cm.name))),
                     }
                 } else if let Some(s) = &source.secret {
                     let optional = s.optional == Some(true);
                     match get_secret(ctx.client, &ns, &s.name).await.map_err(setup)? {
-                        Some(obj) => add_keys(volume, &mut payload, &secret_data(&obj), &KeySource { kind: "secret", name: &s.name, optional, items: s.items.as_deref() }, mode)?,
+                        Some(obj) => add_keys(
+                            volume,
+                            &mut payload,
+                            &secret_data(&obj),
+                            &KeySource {
+                                kind: "secret",
+                                name: &s.name,
+                                optional,
+                                items: s.items.as_deref(),
+                            },
+                            mode,
+                        )?,
                         None if optional => {}
                         None => return Err(setup(format!("secret {:?} not found", s.name))),
                     }
                 } else if let Some(d) = &source.downward_api {
-                    downward_items(volume, &mut payload, ctx.facts, d.items.as_deref().unwrap_or(&[]), mode)?;
+                    downward_items(
+                        volume,
+                        &mut payload,
+                        ctx.facts,
+                        d.items.as_deref().unwrap_or(&[]),
+                        mode,
+                    )?;
                 } else if let Some(t) = &source.service_account_token {
                     let path = validate_path(volume, &t.path)?;
                     let token = self
-                        .token(ctx, &ns, volume, &t.path, t.audience.as_deref(), t.expiration_seconds)
+                        .token(
+                            ctx,
+                            &ns,
+                            volume,
+                            &t.path,
+                            t.audience.as_deref(),
+                            t.expiration_seconds,
+                        )
                         .await
                         .map_err(setup)?;
                     // Tokens are readable by the owner only unless the pod says otherwise.
@@ -501,14 +570,16 @@ pub fn write_atomic(volume: &str, dir: &Path, payload: &Payload) -> Result<(), V
     let data_name = format!("..{stamp}.{:09}", rand::random_range(0..1_000_000_000u32));
     let data_dir = dir.join(&data_name);
     std::fs::create_dir(&data_dir).map_err(io_err(volume, &data_dir))?;
-    std::fs::set_permissions(&data_dir, std::fs::Permissions::from_mode(0o755)).map_err(io_err(volume, &data_dir))?;
+    std::fs::set_permissions(&data_dir, std::fs::Permissions::from_mode(0o755))
+        .map_err(io_err(volume, &data_dir))?;
     for (rel, (bytes, mode)) in payload {
         let path = data_dir.join(rel);
         if let Some(parent) = path.parent() {
             std::fs::create_dir_all(parent).map_err(io_err(volume, parent))?;
         }
         std::fs::write(&path, bytes).map_err(io_err(volume, &path))?;
-        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(*mode)).map_err(io_err(volume, &path))?;
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(*mode))
+            .map_err(io_err(volume, &path))?;
     }
     let tmp = dir.join("..data_tmp");
     let _ = std::fs::remove_file(&tmp);
@@ -523,7 +594,8 @@ pub fn write_atomic(volume: &str, dir: &Path, payload: &Payload) -> Result<(), V
     for top in &tops {
         let link = dir.join(top);
         if std::fs::symlink_metadata(&link).is_err() {
-            std::os::unix::fs::symlink(Path::new("..data").join(top), &link).map_err(io_err(volume, &link))?;
+            std::os::unix::fs::symlink(Path::new("..data").join(top), &link)
+                .map_err(io_err(volume, &link))?;
         }
     }
     for entry in std::fs::read_dir(dir).map_err(io_err(volume, dir))?.flatten() {
@@ -561,7 +633,11 @@ mod tests {
         p.insert("sub/b".into(), (vec![0, 159, 146, 150], 0o400));
         write_atomic("v", &dir, &p).unwrap();
         assert_eq!(std::fs::read(dir.join("a")).unwrap(), b"one");
-        assert_eq!(std::fs::read(dir.join("sub/b")).unwrap(), [0, 159, 146, 150], "exact bytes");
+        assert_eq!(
+            std::fs::read(dir.join("sub/b")).unwrap(),
+            [0, 159, 146, 150],
+            "exact bytes"
+        );
         let mode = std::fs::metadata(dir.join("sub/b")).unwrap().permissions().mode() & 0o777;
         assert_eq!(mode, 0o400);
         assert_eq!(std::fs::read_link(dir.join("a")).unwrap(), Path::new("..data/a"));
@@ -571,7 +647,10 @@ mod tests {
         p2.insert("a".into(), (b"two".to_vec(), 0o644));
         write_atomic("v", &dir, &p2).unwrap();
         assert_eq!(std::fs::read(dir.join("a")).unwrap(), b"two");
-        assert!(std::fs::symlink_metadata(dir.join("sub")).is_err(), "removed keys disappear");
+        assert!(
+            std::fs::symlink_metadata(dir.join("sub")).is_err(),
+            "removed keys disappear"
+        );
         assert!(!dir.join(first).exists(), "the old data directory is gone");
         let _ = std::fs::remove_dir_all(dir.parent().unwrap());
     }
@@ -586,7 +665,11 @@ mod tests {
 
     #[test]
     fn items_select_and_rename_keys() {
-        let data: BTreeMap<String, Vec<u8>> = [("k1".to_owned(), b"v1".to_vec()), ("k2".to_owned(), b"v2".to_vec())].into();
+        let data: BTreeMap<String, Vec<u8>> = [
+            ("k1".to_owned(), b"v1".to_vec()),
+            ("k2".to_owned(), b"v2".to_vec()),
+        ]
+        .into();
         let items: Vec<KeyToPath> = vec![KeyToPath {
             key: "k2".into(),
             path: "dir/two".into(),
@@ -608,7 +691,10 @@ mod tests {
             mode: None,
         }];
         let err = add_keys("v", &mut p, &data, &source(Some(&missing)), 0o644).unwrap_err();
-        assert!(err.to_string().contains("non-existent configmap key: nope"), "{err}");
+        assert!(
+            err.to_string().contains("non-existent configmap key: nope"),
+            "{err}"
+        );
     }
 
     #[test]
