@@ -490,8 +490,11 @@ async fn s08_rollout() {
         stats.sent, stats.failed, stats.retried
     );
     assert_eq!(stats.failed, 0, "{errors:?}");
+    // A replaced pod stays Ready while it terminates (readiness is probed
+    // until its containers stop); only the live ones count.
     for p in dev.pods().await {
-        if p.metadata.labels.as_ref().is_some_and(|l| l.contains_key(TENANT)) && pod_ready(&p) {
+        let live = p.metadata.deletion_timestamp.is_none();
+        if live && p.metadata.labels.as_ref().is_some_and(|l| l.contains_key(TENANT)) && pod_ready(&p) {
             assert_eq!(
                 p.metadata
                     .annotations

@@ -850,3 +850,87 @@ async fn the_agent_registers_its_nodes_and_renews_their_leases() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn pods_get_their_service_account_identity_and_the_in_cluster_environment() {
+    let cluster = cluster().await;
+    let api = pods(&cluster);
+    let dir = "/var/run/secrets/kubernetes.io/serviceaccount";
+    let script = format!(
+        "ls {dir}; cat {dir}/namespace; echo; echo \"$KUBERNETES_SERVICE_HOST:$KUBERNETES_SERVICE_PORT\"; echo READY; exec sleep 1000"
+    );
+    create(&api, "identity", json!({"containers": [sh("main", &script)]})).await;
+    create(
+        &api,
+        "anonymous",
+        json!({"automountServiceAccountToken": false, "containers": [sh("main", &format!("ls {dir}; echo READY; exec sleep 1000"))]}),
+    )
+    .await;
+    let read = |name: &'static str| {
+        let api = api.clone();
+        common::eventually(name, WAIT, move || {
+            let api = api.clone();
+            async move {
+                let l = log(&api, name, "main").await;
+                l.contains("READY").then_some(l)
+            }
+        })
+    };
+    let text = read("identity").await;
+    assert_eq!(
+        text,
+        format!(
+            "ca.crt\nnamespace\ntoken\n{NS}\n127.0.0.1:{}\nREADY\n",
+            cluster.addr().port()
+        )
+    );
+    assert!(
+        !read("anonymous").await.contains("token"),
+        "automountServiceAccountToken: false"
+    );
+    // The token is the pod's ServiceAccount's, issued through TokenRequest.
+    let p = api.get("identity").await.unwrap();
+    let volume = p.spec.unwrap().volumes.unwrap()[0].name.clone();
+    assert!(volume.starts_with("kube-api-access-"));
+    let token_file = cluster
+        .pod_dir(NS, "identity")
+        .unwrap()
+        .join("volumes")
+        .join(&volume)
+        .join("token");
+    let token = std::fs::read_to_string(token_file).unwrap();
+    let ca = std::fs::read_to_string(
+        cluster
+            .pod_dir(NS, "identity")
+            .unwrap()
+            .join("volumes")
+            .join(&volume)
+            .join("ca.crt"),
+    )
+    .unwrap();
+    assert_eq!(ca, cluster.ca_pem());
+    let http = reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(ca.as_bytes()).unwrap())
+        .build()
+        .unwrap();
+    let review: Value = http
+        .post(format!(
+            "{}/apis/authentication.k8s.io/v1/selfsubjectreviews",
+            cluster.base_url()
+        ))
+        .bearer_auth(token.trim())
+        .json(&json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        review["status"]["userInfo"]["username"],
+        format!("system:serviceaccount:{NS}:default"),
+        "{review}"
+    );
+}

@@ -396,7 +396,8 @@ fn replicasets(store: &Store) -> Result<(), ApiError> {
                     m.remove("name");
                 }
                 let pod = json!({"metadata": template["metadata"], "spec": template["spec"]});
-                store.create(podres, ns, pod)?;
+                // Through admission, as a create through the API would be.
+                store.create(podres, ns, super::admission::admit_pod(store, ns, pod))?;
             }
         } else if have > want {
             let mut victims = active.clone();

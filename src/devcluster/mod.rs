@@ -74,6 +74,8 @@
 //! normal exit, a panic (drop), Ctrl-C or a SIGKILL of the simulator stops
 //! every pod process.
 
+/// Mutating admission (the ServiceAccount token volume of pods).
+pub mod admission;
 /// Authentication: client certificates and ServiceAccount tokens.
 pub mod auth;
 /// A real Kubernetes control plane (etcd, kube-apiserver,

@@ -14,10 +14,9 @@
 //!
 //! The manifests are used as shipped, with these adjustments made in code:
 //! namespace, name and replicas of each pool; `--command` replacing the
-//! fixture; controller environment (function namespaces, intervals, text
-//! logs); and, until the simulator serves HTTPS with ServiceAccount tokens
-//! (what in-cluster configuration needs), a kubeconfig Secret mounted into
-//! the controller pods at [`DEV_KUBECONFIG_DIR`].
+//! fixture; and controller environment (function namespaces, intervals,
+//! text logs). Pods find the API server as on a real cluster: in-cluster
+//! configuration with their ServiceAccount token.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -65,13 +64,6 @@ pub const CONTROLLER_METRICS_PORT: u16 = 9090;
 pub const PASETO_SECRET: &str = "skipper-controller-paseto";
 /// The ConfigMap holding the pools' PASETO public key.
 pub const PUBLIC_KEY_CONFIG_MAP: &str = "skipper-paseto-public";
-/// The controllers' ServiceAccount (as in `manifests/controller.yaml`).
-pub const CONTROLLER_SERVICE_ACCOUNT: &str = "skipper-controller";
-/// The Secret holding the controllers' kubeconfig for the simulated cluster.
-pub const DEV_KUBECONFIG_SECRET: &str = "skipper-dev-kubeconfig";
-/// Where controller pods find that kubeconfig (`KUBECONFIG` names the file in it).
-pub const DEV_KUBECONFIG_DIR: &str = "/etc/skipper-dev";
-
 /// The port a pool pod serves on (`manifests/example-pool.yaml`); a
 /// `--command` program must listen on `$POD_IP:$PORT` with this port.
 pub const POOL_PORT: u16 = 8888;
@@ -348,8 +340,7 @@ fn pool_rbac(namespace: &str) -> Result<Vec<Value>, PlaygroundError> {
 }
 
 /// The objects of `manifests/controller.yaml` with `replicas` controllers
-/// serving the pool namespaces, `env` added to their container, and the
-/// kubeconfig Secret mounted.
+/// serving the pool namespaces, and `env` added to their container.
 fn controller_manifests(replicas: u16, env: &[(String, String)]) -> Result<Vec<Value>, PlaygroundError> {
     let mut docs = documents("controller.yaml", CONTROLLER_YAML)?;
     for d in &mut docs {
@@ -357,23 +348,7 @@ fn controller_manifests(replicas: u16, env: &[(String, String)]) -> Result<Vec<V
             continue;
         }
         d["spec"]["replicas"] = json!(replicas);
-        let spec = &mut d["spec"]["template"]["spec"];
-        let volume = json!({"name": "dev-kubeconfig", "secret": {"secretName": DEV_KUBECONFIG_SECRET}});
-        match spec["volumes"].as_array_mut() {
-            Some(v) => v.push(volume),
-            None => spec["volumes"] = json!([volume]),
-        }
-        let container = &mut spec["containers"][0];
-        let mount = json!({"name": "dev-kubeconfig", "mountPath": DEV_KUBECONFIG_DIR, "readOnly": true});
-        match container["volumeMounts"].as_array_mut() {
-            Some(m) => m.push(mount),
-            None => container["volumeMounts"] = json!([mount]),
-        }
-        set_env(
-            container,
-            "KUBECONFIG",
-            &format!("{DEV_KUBECONFIG_DIR}/kubeconfig"),
-        );
+        let container = &mut d["spec"]["template"]["spec"]["containers"][0];
         for (k, v) in env {
             set_env(container, k, v);
         }
@@ -805,27 +780,8 @@ async fn apply_manifests(args: &PlaygroundArgs, cluster: &Cluster) -> Result<(),
         env.insert(k.clone(), v.clone());
     }
     let env: Vec<(String, String)> = env.into_iter().collect();
-    let (deployments, others): (Vec<Value>, Vec<Value>) = controller_manifests(args.controllers, &env)?
-        .into_iter()
-        .partition(|d| str_at(d, "/kind") == "Deployment");
-    for d in &others {
-        create_object(&client, d).await?;
-    }
-    // The controllers' kubeconfig: their ServiceAccount's token.
-    let kubeconfig = cluster.kubeconfig_for(&super::Credential::ServiceAccount {
-        namespace: CONTROLLER_NAMESPACE.into(),
-        name: CONTROLLER_SERVICE_ACCOUNT.into(),
-    })?;
-    create_object(
-        &client,
-        &json!({"apiVersion": "v1", "kind": "Secret",
-                "metadata": {"name": DEV_KUBECONFIG_SECRET, "namespace": CONTROLLER_NAMESPACE},
-                "type": "Opaque",
-                "stringData": {"kubeconfig": kubeconfig}}),
-    )
-    .await?;
-    for d in &deployments {
-        create_object(&client, d).await?;
+    for d in controller_manifests(args.controllers, &env)? {
+        create_object(&client, &d).await?;
     }
     Ok(())
 }

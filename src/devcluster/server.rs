@@ -508,7 +508,10 @@ fn serve(
                 String::new()
             };
             let obj = parse_object(&body)?;
-            let obj = prepare_create(res, obj)?;
+            let mut obj = prepare_create(res, obj)?;
+            if res.kind == "Pod" {
+                obj = super::admission::admit_pod(store, &ns, obj);
+            }
             let created = store.create_with(res, &ns, obj, dry_run)?;
             Ok(json_response(StatusCode::CREATED, &created))
         }

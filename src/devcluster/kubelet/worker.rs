@@ -34,6 +34,11 @@ use super::volumes::{Context as VolumeContext, Volumes};
 const MIN_GRACE: Duration = Duration::from_secs(2);
 /// How long a container whose configuration cannot be resolved waits before the next try.
 const CONFIG_RETRY: Duration = Duration::from_secs(2);
+/// The first wait before volumes that could not be set up are tried again
+/// (doubling, as the kubelet's volume manager does, up to [`SANDBOX_RETRY_MAX`]).
+const SANDBOX_RETRY: Duration = Duration::from_millis(500);
+/// The longest wait between two tries to set up volumes.
+const SANDBOX_RETRY_MAX: Duration = Duration::from_secs(30);
 
 /// What the worker learns from the API: the latest pod, or `None` once the
 /// pod is gone from the API server.
@@ -166,6 +171,8 @@ pub struct Worker {
     volumes: Volumes,
     sandbox_ready: bool,
     sandbox_message: Option<String>,
+    /// The wait before the next try to set up the sandbox.
+    sandbox_retry: Duration,
     init: Vec<Slot>,
     regular: Vec<Slot>,
     events_tx: mpsc::Sender<Event>,
@@ -229,6 +236,7 @@ impl Worker {
             start_time: Timestamp::now(),
             sandbox_ready: false,
             sandbox_message: None,
+            sandbox_retry: SANDBOX_RETRY,
             init,
             regular,
             events_tx,
@@ -327,7 +335,9 @@ impl Worker {
             } else if self.sandbox_ready {
                 None
             } else {
-                Some(Instant::now() + CONFIG_RETRY)
+                let wait = self.sandbox_retry;
+                self.sandbox_retry = (wait * 2).min(SANDBOX_RETRY_MAX);
+                Some(Instant::now() + wait)
             };
             self.check_terminal();
             self.write_status().await;
