@@ -95,6 +95,9 @@
 
 /// Authentication: client certificates and ServiceAccount tokens.
 pub mod auth;
+/// A real Kubernetes control plane (etcd, kube-apiserver,
+/// kube-controller-manager, kube-scheduler) as local processes.
+pub mod control_plane;
 /// Deployment, ReplicaSet, garbage-collection and EndpointSlice loops.
 pub mod controllers;
 /// API errors and their `Status` mapping.
