@@ -153,8 +153,7 @@ async fn controller_serves_as_its_service_account(b: &Backend, limit: Duration) 
 differential!(
     the_controller_serves_under_the_manifest_roles,
     serves_under_manifest_roles,
-    namespaces = [],
-    sim_deviation = "the simulator does not authorize (RBAC)"
+    namespaces = []
 );
 
 async fn serves_under_manifest_roles(b: &Backend) {
@@ -195,8 +194,7 @@ async fn set_rules(b: &Backend, ns: &str, rules: &Value) {
 differential!(
     removing_a_start_up_verb_from_the_controller_roles_fails_with_403,
     verb_removal,
-    namespaces = [],
-    sim_deviation = "the simulator does not authorize (RBAC)"
+    namespaces = []
 );
 
 /// For each verb of the controller's Roles: without it, the named test
