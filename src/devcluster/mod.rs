@@ -106,6 +106,8 @@ pub mod error;
 pub mod https;
 /// The pod runtime.
 pub mod kubelet;
+/// `metrics.k8s.io` as an aggregated API (an APIService), as metrics-server.
+pub mod metrics_api;
 /// JSON, merge and strategic-merge patches.
 pub mod patch;
 /// CA, certificates and the ServiceAccount token key.
