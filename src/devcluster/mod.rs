@@ -64,15 +64,33 @@
 //! `/_sim/fail-writes?count=N&status=S[&namespace=NS]`, `/_sim/latency?ms=N`,
 //! `/_sim/forbid?namespace=NS[&allow=true]` (administrators only).
 //!
-//! Differences from a real cluster worth knowing: no RBAC
-//! (use [`Cluster::forbid_namespace`] for `403`), no admission or schema
-//! validation beyond names, selectors and required containers, no
-//! server-side apply, rollouts replace all pods at once, and there is no
-//! cluster DNS and no Service virtual IP (reach pods by IP or through
-//! EndpointSlices). Pods run as containers do, with the differences listed
-//! in [`kubelet`] (images are ignored, pods share the host's network). A
-//! normal exit, a panic (drop), Ctrl-C or a SIGKILL of the simulator stops
-//! every pod process.
+//! Requests are authorized as with `--authorization-mode=Node,RBAC`
+//! ([`rbac`]): `system:masters` always, nodes by the Node authorizer, everyone
+//! else by the Roles and bindings in the store (the bootstrap ClusterRoles
+//! `cluster-admin`, `system:discovery`, `system:basic-user`,
+//! `system:public-info-viewer`, `view`, `edit` and `admin` exist from the
+//! start). `Impersonate-*` headers (`kubectl --as`) are honoured for callers
+//! allowed to `impersonate`. [`Cluster::forbid_namespace`] remains a fault
+//! that answers `403` regardless.
+//!
+//! # Deviations from a real cluster
+//!
+//! | Feature | Real cluster | Simulator |
+//! |---|---|---|
+//! | Anonymous requests | `system:anonymous` unless `--anonymous-auth=false` | always `401` (as with `--anonymous-auth=false`) |
+//! | Client certificate groups | any number of `O` | at most one `O` in certificates the simulator issues |
+//! | HTTP/2 | offered by ALPN | HTTP/1.1 only |
+//! | RBAC escalation checks | creating a Role or binding needs the rights it grants (or `escalate`/`bind`) | not checked |
+//! | Aggregated ClusterRoles | `view`/`edit`/`admin` aggregate labelled roles | fixed rules (core, apps, batch, discovery, policy, coordination, events, metrics) |
+//! | Node authorizer | graph of pods, volumes, PVs, ResourceClaims, ... | pods, secrets, configmaps, PVCs and ServiceAccounts referenced by pods bound to the node |
+//! | Admission and schema validation | full | names, selectors and required containers; mutating admission only for the ServiceAccount token volume (a missing ServiceAccount is not refused) |
+//! | Server-side apply | yes | no (`415`) |
+//! | Rollouts | surge and unavailability bounds | all pods replaced at once |
+//! | Cluster DNS, Service virtual IPs | yes | none (reach pods by IP or through EndpointSlices) |
+//!
+//! The pod runtime's own differences (images are ignored, pods share the
+//! host's network, ...) are listed in [`kubelet`]. A normal exit, a panic
+//! (drop), Ctrl-C or a SIGKILL of the simulator stops every pod process.
 
 /// Mutating admission (the ServiceAccount token volume of pods).
 pub mod admission;
@@ -89,6 +107,8 @@ pub mod error;
 pub mod https;
 /// The node agent: runs pods as containers.
 pub mod kubelet;
+/// `metrics.k8s.io` as an aggregated API (an APIService), as metrics-server.
+pub mod metrics_api;
 /// JSON, merge and strategic-merge patches.
 pub mod patch;
 /// CA, certificates and the ServiceAccount token key.
@@ -97,6 +117,8 @@ pub mod pki;
 pub mod playground;
 /// Resource quantities (`250m`, `64Mi`).
 pub mod quantity;
+/// Node and RBAC authorization.
+pub mod rbac;
 /// Served resource kinds and discovery.
 pub mod resources;
 /// TokenRequest, TokenReview and the access reviews.
@@ -347,6 +369,10 @@ impl Cluster {
         }
         for ns in &namespaces {
             store.create(by_kind("Namespace"), "", json!({"metadata": {"name": ns}}))?;
+        }
+        for obj in rbac::bootstrap_policy() {
+            let kind = obj["kind"].as_str().unwrap_or_default().to_owned();
+            store.create(by_kind(&kind), "", obj)?;
         }
         let mut nodes: Vec<NodeSpec> = config
             .zones
