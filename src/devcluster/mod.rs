@@ -156,6 +156,9 @@ use resources::by_kind;
 use server::{Faults, Shared};
 use store::Store;
 
+/// The shortest time between two passes of the control loops.
+const RECONCILE_BATCH: Duration = Duration::from_millis(20);
+
 /// How the simulator runs.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -453,12 +456,20 @@ impl Cluster {
             let store = loop_store;
             let mut rx = store.subscribe();
             loop {
+                let pass_started = tokio::time::Instant::now();
                 if let Err(e) = controllers::reconcile(&store, &ctx) {
                     tracing::debug!(error = %e, "reconcile pass");
                 }
                 tokio::select! {
                     _ = rx.changed() => {}
                     () = tokio::time::sleep(resync) => {}
+                    () = token.cancelled() => break,
+                }
+                // Changes that arrive together are reconciled in one pass:
+                // a pass copies every object, and a busy cluster (pod status,
+                // leases) changes many times a millisecond.
+                tokio::select! {
+                    () = tokio::time::sleep_until(pass_started + RECONCILE_BATCH) => {}
                     () = token.cancelled() => break,
                 }
             }
