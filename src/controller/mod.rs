@@ -10,7 +10,9 @@
 //!   the pure scaling core.
 //! - [`heartbeat`], [`events`], [`metrics`], [`peers`]: router activity, the
 //!   event log, Prometheus metrics, and clients of the other controllers.
-//! - [`core`]: the operations behind the RPCs; [`grpc`]: the service.
+//! - [`core`]: the operations behind the RPCs; [`grpc`]: the service;
+//!   [`watch`]: the `WatchInstances` streams that feed routers' tables, and
+//!   draining before a scale-down.
 
 pub mod assign;
 pub mod config;
@@ -23,6 +25,7 @@ pub mod kube;
 pub mod metrics;
 pub mod peers;
 pub mod supervisor;
+pub mod watch;
 
 use std::collections::HashSet;
 use std::process::ExitCode;
@@ -130,6 +133,7 @@ pub async fn run(
         shutdown: shutdown.clone(),
         peers: peers::Peers::new(config.port),
         supervisors: supervisor::Registry::default(),
+        feeds: watch::Feeds::default(),
     });
 
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -137,7 +141,11 @@ pub async fn run(
     let service = api_server(core.clone());
     let token = shutdown.token().clone();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // HTTP/2 pings keep long-lived instance streams honest: a router that
+    // vanished without a word is noticed and its stream ends.
     let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(5)))
         .add_service(health)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, token.clone().cancelled_owned());

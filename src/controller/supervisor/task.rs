@@ -268,29 +268,63 @@ async fn execute(
                 .get_or_create(&labels)
                 .inc_by(delete.len() as u64);
             let ns = core.namespace(&f.namespace)?;
+            // Routers stop choosing the ready ones first; their pods go once
+            // routers report them idle (or the drain deadline passes).
+            let ready_names: Vec<String> = delete
+                .iter()
+                .filter(|n| instances.iter().any(|i| &i.name == *n && i.ready_at.is_some()))
+                .cloned()
+                .collect();
+            drain(core, f, &ready_names, deadline).await;
+            let mut failed = None;
             for name in delete {
-                ns.writer.delete(&name).await.map_err(|e| match e {
-                    crate::controller::kube::pods::WriteError::Api(k) => {
-                        crate::controller::error::Error::Kube(k)
+                match ns.writer.delete(&name).await {
+                    Ok(_) => {
+                        core.events.push(
+                            f,
+                            EventType::PodDeleted,
+                            EventSeverity::Info,
+                            format!("deleted pod {name}"),
+                        );
+                        instances.retain(|i| i.name != name);
                     }
-                    crate::controller::kube::pods::WriteError::Conflict(p) => {
-                        crate::controller::error::Error::AssignFailed {
-                            pod: p,
-                            reason: "delete conflict".into(),
-                        }
+                    Err(e) => {
+                        failed = Some(match e {
+                            crate::controller::kube::pods::WriteError::Api(k) => {
+                                crate::controller::error::Error::Kube(k)
+                            }
+                            crate::controller::kube::pods::WriteError::Conflict(p) => {
+                                crate::controller::error::Error::AssignFailed {
+                                    pod: p,
+                                    reason: "delete conflict".into(),
+                                }
+                            }
+                        });
+                        break;
                     }
-                })?;
-                core.events.push(
-                    f,
-                    EventType::PodDeleted,
-                    EventSeverity::Info,
-                    format!("deleted pod {name}"),
-                );
-                instances.retain(|i| i.name != name);
+                }
+            }
+            core.feeds.undrain(f.id(), &ready_names);
+            if let Some(e) = failed {
+                return Err(e);
             }
         }
     }
     Ok(instances)
+}
+
+/// Marks `names` draining on the function's instance streams and waits
+/// until the routers watching report them idle, at most `--drain-timeout`
+/// (and not past `deadline`).
+async fn drain(core: &Arc<Core>, f: &Function, names: &[String], deadline: Instant) {
+    if names.is_empty() {
+        return;
+    }
+    let until = (Instant::now() + core.config.drain_timeout).min(deadline);
+    let outcome = core.feeds.drain(f.id(), names, until).await;
+    if outcome == crate::controller::watch::Drained::TimedOut {
+        tracing::info!(function = %f.id(), instances = ?names, "routers did not report draining instances idle in time; deleting them");
+    }
 }
 
 /// Replaces ready instances whose ReplicaSet was scaled to zero or is gone,
@@ -331,10 +365,13 @@ async fn replace_stale_instances(core: &Arc<Core>, f: &Function, instances: Vec<
             continue;
         }
         total += 1;
+        let name = std::slice::from_ref(&inst.name);
+        drain(core, f, name, Instant::now() + core.config.drain_timeout).await;
         match ns.writer.delete(&inst.name).await {
             Ok(_) => total -= 1,
             Err(e) => tracing::warn!(pod = %inst.name, error = %e, "failed to delete stale instance"),
         }
+        core.feeds.undrain(f.id(), name);
     }
 }
 
