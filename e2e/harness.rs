@@ -69,7 +69,7 @@ pub struct Dev {
     child: Option<tokio::process::Child>,
     /// `http://` address of the router.
     pub router: String,
-    /// `http://` address of the simulated API server.
+    /// `https://` address of the simulated API server.
     pub api_server: String,
     /// A kube-rs client of the simulated cluster.
     pub client: kube::Client,
@@ -133,7 +133,8 @@ impl Dev {
             child: Some(child),
             router: format!("http://{listen}"),
             api_server: String::new(),
-            client: kube::Client::try_from(kube::Config::new("http://127.0.0.1:1".parse().unwrap())).unwrap(),
+            client: kube::Client::try_from(kube::Config::new("https://127.0.0.1:1".parse().unwrap()))
+                .unwrap(),
             http: reqwest::Client::builder()
                 .pool_max_idle_per_host(64)
                 .timeout(Duration::from_secs(60))
@@ -160,14 +161,14 @@ impl Dev {
         })
         .await;
         dev.controller_ips = controllers.split(',').map(str::to_owned).collect();
-        let text = std::fs::read_to_string(&kubeconfig).unwrap();
-        let server = text
-            .lines()
-            .find_map(|l| l.trim().strip_prefix("server: "))
-            .unwrap()
-            .to_owned();
-        dev.client = kube::Client::try_from(kube::Config::new(server.parse().unwrap())).unwrap();
-        dev.api_server = server;
+        let config = kube::Config::from_custom_kubeconfig(
+            kube::config::Kubeconfig::read_from(&kubeconfig).unwrap(),
+            &kube::config::KubeConfigOptions::default(),
+        )
+        .await
+        .unwrap();
+        dev.api_server = config.cluster_url.to_string().trim_end_matches('/').to_owned();
+        dev.client = kube::Client::try_from(config).unwrap();
         dev
     }
 
@@ -227,15 +228,14 @@ impl Dev {
             .count()
     }
 
-    /// POSTs a fault to the simulator (`/_sim/...`).
+    /// POSTs a fault to the simulator (`/_sim/...`) as the administrator.
     pub async fn fault(&self, path: &str) {
-        let resp = self
-            .http
-            .post(format!("{}/_sim/{path}", self.api_server))
-            .send()
-            .await
+        let req = http::Request::post(format!("/_sim/{path}"))
+            .body(Vec::new())
             .unwrap();
-        assert!(resp.status().is_success(), "fault {path}: {}", resp.status());
+        if let Err(e) = self.client.request_text(req).await {
+            panic!("fault {path}: {e}");
+        }
     }
 
     /// The local state of the controller at `ip`.

@@ -153,24 +153,24 @@ async fn failed_assign_deletes_the_pod_and_reports_the_error() {
             .get_instance(get_instance(&f, Duration::from_secs(1)))
             .await
             .unwrap_err();
-        assert!(
-            matches!(
-                err.code(),
-                Code::Unavailable | Code::DeadlineExceeded | Code::ResourceExhausted
-            ),
-            "{err:?}"
-        );
+        assert_eq!(err.code(), Code::Aborted, "not retried by clients: {err:?}");
         eventually(Duration::from_secs(5), "claimed pod to be deleted", || async {
             sim.live_pod(&victim).await.is_none().then_some(())
         })
         .await;
+        let events = ctl.core.events.snapshot();
         assert!(
-            ctl.core
-                .events
-                .snapshot()
+            events
                 .iter()
-                .all(|e| !e.message.contains(&victim)),
-            "a failed pod is never reported as assigned"
+                .filter(|e| e.message.contains(&victim))
+                .all(|e| e.kind == api::EventType::AssignmentFailed),
+            "a failed pod is never reported as assigned: {events:?}"
+        );
+        assert!(
+            events
+                .iter()
+                .any(|e| e.kind == api::EventType::AssignmentFailed && e.message.contains(&victim)),
+            "the failure is an event: {events:?}"
         );
         let _ = expect;
     }
@@ -255,6 +255,15 @@ async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
 
     // With no pool pod at all the wait ends at the deadline with an honest code.
     sim.deploy_pool("drained", 0, &[]).await;
+    eventually(Duration::from_secs(10), "the drained ReplicaSet", || async {
+        ctl.core
+            .namespace(NS)
+            .unwrap()
+            .replica_sets
+            .knows_deployment("drained")
+            .then_some(())
+    })
+    .await;
     let mut grpc = ctl.grpc.clone();
     let err = grpc
         .get_instance(get_instance(
@@ -332,4 +341,164 @@ async fn two_controllers_claim_concurrently_without_double_assignment() {
     assert_eq!(seen.len(), TENANTS);
     a.stop().await;
     b.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_missing_deployment_is_not_found_at_once() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("pool", 1, &[]).await;
+    sim.wait_pool("pool", 1, Duration::from_secs(20)).await;
+    let ctl = Ctl::single(&sim).await;
+    let mut grpc = ctl.grpc.clone();
+    let started = tokio::time::Instant::now();
+    let err = grpc
+        .get_instance(get_instance(&function("nope", "t1", 1), Duration::from_secs(30)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::NotFound, "{err:?}");
+    assert!(err.message().contains("fns/nope"), "{}", err.message());
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    // Heartbeats for it create nothing either.
+    grpc.heartbeat(harness::heartbeat("10.1.1.1", &function("nope", "t2", 1), 1))
+        .await
+        .unwrap();
+    assert!(
+        ctl.core.supervisors.is_empty(),
+        "no supervisor for a made-up deployment"
+    );
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn release_deletes_the_pod_whatever_this_controller_has_seen() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("pool", 3, &[]).await;
+    sim.wait_pool("pool", 3, Duration::from_secs(20)).await;
+    let mut ctl = Ctl::single(&sim).await;
+    let ns = ctl.core.namespace(NS).unwrap().clone();
+    let release = |name: &str, f: &skipper::domain::Function| api::ReleaseInstanceRequest {
+        instance: Some(api::Instance {
+            name: Some(name.to_owned()),
+            function: Some(f.into()),
+            ..Default::default()
+        }),
+    };
+
+    // The claim is not in this controller's cache at all.
+    let fa = function("pool", "ta", 1);
+    let a = ctl.instance(&fa, Duration::from_secs(10)).await.name.unwrap();
+    ns.pods.remove(&a);
+    ctl.grpc.release_instance(release(&a, &fa)).await.unwrap();
+    eventually(Duration::from_secs(5), "released pod to be deleted", || async {
+        sim.live_pod(&a).await.is_none().then_some(())
+    })
+    .await;
+
+    // The cache still shows the pool pod the claim was made on.
+    let fb = function("pool", "tb", 1);
+    let b = ctl.instance(&fb, Duration::from_secs(10)).await.name.unwrap();
+    let mut stale = sim.live_pod(&b).await.unwrap();
+    stale.metadata.labels.as_mut().unwrap().remove(LABEL_TENANT);
+    stale.metadata.annotations = None;
+    let rv: u64 = stale.metadata.resource_version.clone().unwrap().parse().unwrap();
+    stale.metadata.resource_version = Some((rv + 1_000_000).to_string());
+    ns.pods.remove(&b);
+    ns.pods.apply(stale, false);
+    // Another tenant's name on it is refused and changes nothing.
+    let err = ctl
+        .grpc
+        .release_instance(release(&b, &function("pool", "someone-else", 1)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(sim.live_pod(&b).await.is_some());
+    ctl.grpc.release_instance(release(&b, &fb)).await.unwrap();
+    eventually(Duration::from_secs(5), "released pod to be deleted", || async {
+        sim.live_pod(&b).await.is_none().then_some(())
+    })
+    .await;
+    // A pod that is gone is released already.
+    ctl.grpc.release_instance(release(&b, &fb)).await.unwrap();
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_that_refuses_every_assignment_backs_off() {
+    use skipper::controller::assign::FAILURES_BEFORE_BACKOFF;
+    use skipper::controller::metrics::AssignFailureLabels;
+    let sim = Sim::start().await;
+    sim.deploy_pool("locked", 6, &[("SKIPPER_ASSIGN_STATUS", "401")])
+        .await;
+    sim.wait_pool("locked", 6, Duration::from_secs(30)).await;
+    let ctl = Ctl::single(&sim).await;
+    let mut codes = Vec::new();
+    for i in 0..10 {
+        let mut grpc = ctl.grpc.clone();
+        let f = function("locked", &format!("t{i}"), 1);
+        let err = grpc
+            .get_instance(get_instance(&f, Duration::from_secs(5)))
+            .await
+            .unwrap_err();
+        codes.push(err.code());
+        if i >= FAILURES_BEFORE_BACKOFF as usize {
+            assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+            assert!(err.message().contains("backing off"), "{}", err.message());
+            assert!(err.message().contains("status=401"), "{}", err.message());
+        }
+    }
+    let failures = ctl
+        .core
+        .metrics
+        .assignment_failures_total
+        .get_or_create(&AssignFailureLabels {
+            function_deployment: "locked".into(),
+            status: "401".into(),
+            reason: "refused",
+        })
+        .get();
+    assert_eq!(
+        failures,
+        u64::from(FAILURES_BEFORE_BACKOFF),
+        "only the pods before the back-off are lost: {codes:?}"
+    );
+    let events = ctl.core.events.snapshot();
+    assert_eq!(
+        events
+            .iter()
+            .filter(|e| e.kind == api::EventType::AssignmentFailed)
+            .count(),
+        FAILURES_BEFORE_BACKOFF as usize
+    );
+    assert!(events.iter().any(|e| e.message.contains("backs off")));
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_oversized_heartbeat_batch_is_refused_whole() {
+    use skipper::controller::core::MAX_HEARTBEAT_ENTRIES;
+    let sim = Sim::start().await;
+    sim.deploy_pool("pool", 1, &[]).await;
+    let ctl = Ctl::single(&sim).await;
+    let one = harness::heartbeat("10.1.1.1", &function("pool", "t", 1), 0).heartbeats[0].clone();
+    let req = api::HeartbeatRequest {
+        router_ip: Some("10.1.1.1".into()),
+        heartbeats: vec![one; MAX_HEARTBEAT_ENTRIES + 1],
+        forwarded_for: vec![],
+    };
+    let err = ctl.grpc.clone().heartbeat(req).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("over the limit of 20000"),
+        "{}",
+        err.message()
+    );
+    assert!(
+        ctl.core.supervisors.is_empty(),
+        "nothing of a refused batch is recorded"
+    );
+    ctl.stop().await;
 }

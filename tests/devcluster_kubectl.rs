@@ -58,19 +58,24 @@ impl Apiserver {
             .unwrap();
         let me = Self { child, dir };
         common::eventually("apiserver answers", WAIT, || {
-            let ok = me.dir.join("kubeconfig").exists();
+            let path = me.dir.join("kubeconfig");
             async move {
-                if !ok {
-                    return None;
-                }
-                let r = reqwest::get(format!("http://127.0.0.1:{port}/version"))
-                    .await
-                    .ok()?;
-                r.status().is_success().then_some(())
+                let client = Self::client_from(&path).await?;
+                client.apiserver_version().await.ok().map(|_| ())
             }
         })
         .await;
         me
+    }
+
+    /// A client from the kubeconfig at `path` (`None` until it is written).
+    async fn client_from(path: &Path) -> Option<kube::Client> {
+        let kubeconfig = kube::config::Kubeconfig::read_from(path).ok()?;
+        let config =
+            kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+                .await
+                .ok()?;
+        kube::Client::try_from(config).ok()
     }
 
     async fn kubectl(&self, args: &[&str]) -> (bool, String, String) {
@@ -329,7 +334,10 @@ async fn the_written_kubeconfig_works_for_kube_rs() {
         .into_iter()
         .filter_map(|n| n.metadata.name)
         .collect();
-    assert_eq!(names, ["default", "kube-system"]);
+    assert_eq!(
+        names,
+        ["default", "kube-node-lease", "kube-public", "kube-system"]
+    );
 }
 
 #[test]

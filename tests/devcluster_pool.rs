@@ -115,8 +115,9 @@ async fn a_pool_comes_up_ready_on_distinct_loopback_ips_and_answers_healthz() {
             "{}/apis/metrics.k8s.io/v1beta1/namespaces/{NS}/pods",
             cluster.base_url()
         );
+        let http = common::api_http(&cluster);
         async move {
-            let v: Value = reqwest::get(url).await.ok()?.json().await.ok()?;
+            let v: Value = http.get(url).send().await.ok()?.json().await.ok()?;
             (v["items"].as_array()?.len() == 3).then_some(v)
         }
     })
@@ -191,8 +192,9 @@ async fn exactly_one_of_two_concurrent_claims_wins_and_the_pool_refills() {
             "{}/apis/metrics.k8s.io/v1beta1/namespaces/{NS}/pods/{target}",
             cluster.base_url()
         );
+        let http = common::api_http(&cluster);
         async move {
-            let v: Value = reqwest::get(url).await.ok()?.json().await.ok()?;
+            let v: Value = http.get(url).send().await.ok()?.json().await.ok()?;
             let cpu: u64 = v["containers"][0]["usage"]["cpu"]
                 .as_str()?
                 .trim_end_matches('m')
@@ -339,13 +341,13 @@ async fn deleting_a_pod_stops_its_process_and_a_crash_leaves_it_unready() {
     assert_eq!(all.items.len(), 2, "no replacement for an unready pod");
     // Over HTTP too.
     let target = name_of(&survivors[0]);
-    let resp = reqwest::Client::new()
+    let resp = common::api_http(&cluster)
         .post(format!("{}/_sim/pods/{NS}/{target}/kill", cluster.base_url()))
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status(), 200);
-    let missing = reqwest::Client::new()
+    let missing = common::api_http(&cluster)
         .post(format!("{}/_sim/pods/{NS}/nope/kill", cluster.base_url()))
         .send()
         .await

@@ -568,6 +568,28 @@ async fn metrics_count_requests_and_durations() {
         "{metrics}"
     );
     assert!(metrics.contains("skipper_router_request_duration_seconds_count{function_deployment=\"app\",status_class=\"2xx\"} 5"), "{metrics}");
+    // A deployment no controller served gets no series of its own.
+    w.fake.fail("GetInstance", tonic::Code::NotFound, 1);
+    let resp = http()
+        .get(w.router.url("/x"))
+        .header(HEADER_FUNCTION, function_header("made-up-deployment", "t", false))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 404);
+    let metrics = http()
+        .get(format!("http://{}/metrics", w.router.metrics_addr))
+        .send()
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    assert!(!metrics.contains("made-up-deployment"), "{metrics}");
+    assert!(
+        metrics.contains("skipper_router_requests_total{function_deployment=\"other\"} 1"),
+        "{metrics}"
+    );
     w.router.stop().await;
 }
 
@@ -832,7 +854,7 @@ async fn a_stalled_upload_is_408_after_the_body_timeout() {
         .await
         .unwrap();
     assert!(
-        metrics.contains("skipper_router_requests_in_flight{function_deployment=\"app\"} 0"),
+        metrics.contains("skipper_router_requests_in_flight{function_deployment=\"other\"} 0"),
         "{metrics}"
     );
     assert!(metrics.contains("status_class=\"4xx\"} 1"), "{metrics}");

@@ -5,8 +5,8 @@
 //! signed token, delete the pod when that fails, and mark the instance ready
 //! in memory at once while `skipper/ready-at` is patched in the background.
 
-use std::collections::HashSet;
-use std::sync::Arc;
+use std::collections::{HashMap, HashSet};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
 use bytes::Bytes;
@@ -18,13 +18,150 @@ use rand::seq::IndexedRandom;
 use tokio::time::Instant;
 
 use super::error::Error;
+use super::events;
 use super::kube::pods::WriteError;
 use super::kube::stores::Namespace;
-use super::kube::{Instance, format_time, is_ready, join_addr, pod_port};
-use super::metrics::Metrics;
+use super::kube::{Instance, InvalidPod, format_time, is_ready, join_addr, pod_port};
+use super::metrics::{AssignFailureLabels, Metrics};
+use crate::api::{EventSeverity, EventType};
 use crate::domain::{Function, HEADER_FUNCTION, HEADER_TOKEN};
 use crate::shutdown::Shutdown;
-use crate::token::{SigningKey, Version};
+use crate::token::{SigningKey, TokenError, Version};
+
+/// Consecutive failed assignments of one deployment after which it backs
+/// off.
+pub const FAILURES_BEFORE_BACKOFF: u32 = 3;
+/// First back-off period; it doubles with every further failure.
+pub const BACKOFF_MIN: Duration = Duration::from_secs(2);
+/// Longest back-off period.
+pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
+/// Longest part of a pod's answer quoted in errors and events.
+const MAX_QUOTED_BODY: usize = 256;
+
+/// Why the assign request to a claimed pod failed (the pod is deleted).
+#[derive(Debug, thiserror::Error)]
+pub enum PostError {
+    #[error("{0}")]
+    Port(#[source] InvalidPod),
+    #[error("failed to sign the assignment token: {0}")]
+    Sign(#[source] TokenError),
+    #[error("failed to build assign request: {0}")]
+    Build(#[source] http::Error),
+    #[error("failed to send assign request: {0}")]
+    Send(#[source] hyper_util::client::legacy::Error),
+    #[error("failed to send assign request: timed out after {0:?}")]
+    Timeout(Duration),
+    #[error("assign request failed: status={status} body={body}")]
+    Refused { status: u16, body: String },
+}
+
+impl PostError {
+    /// `(status, reason)` labels of the failure metric (a fixed set).
+    fn labels(&self) -> (String, &'static str) {
+        match self {
+            Self::Refused { status, .. } => (status.to_string(), "refused"),
+            Self::Timeout(_) => ("none".into(), "timeout"),
+            Self::Send(_) => ("none".into(), "unreachable"),
+            Self::Port(_) | Self::Build(_) => ("none".into(), "invalid-pod"),
+            Self::Sign(_) => ("none".into(), "signing"),
+        }
+    }
+}
+
+/// Consecutive failures of one deployment's assignments.
+#[derive(Debug, Default)]
+struct Streak {
+    failures: u32,
+    until: Option<Instant>,
+    /// An attempt after the back-off is in progress; others wait for it.
+    probing: bool,
+    last: String,
+}
+
+/// Per-deployment back-off after consecutive failed assignments. Keys are
+/// deployments that exist (functions are admitted first); an entry lives
+/// only while its deployment keeps failing.
+#[derive(Debug, Default)]
+struct Backoff {
+    // A std mutex: lookups and counter updates only, never across an await.
+    streaks: Mutex<HashMap<(String, String), Streak>>,
+}
+
+/// The right to attempt an assignment; ends a probe when dropped.
+struct Attempt<'a> {
+    backoff: &'a Backoff,
+    key: (String, String),
+}
+
+impl Drop for Attempt<'_> {
+    fn drop(&mut self) {
+        if let Some(s) = self.backoff.lock().get_mut(&self.key) {
+            s.probing = false;
+        }
+    }
+}
+
+impl Backoff {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Streak>> {
+        self.streaks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Whether an assignment for `key` may go ahead now: outside a back-off,
+    /// or as the single attempt once it has passed.
+    fn attempt(&self, key: (String, String), now: Instant) -> Result<Attempt<'_>, Error> {
+        let mut streaks = self.lock();
+        if let Some(s) = streaks.get_mut(&key)
+            && let Some(until) = s.until
+        {
+            if now < until || s.probing {
+                return Err(Error::AssignBackoff {
+                    namespace: key.0,
+                    deployment: key.1,
+                    failures: s.failures,
+                    retry_in: until.saturating_duration_since(now).max(Duration::from_secs(1)),
+                    last: s.last.clone(),
+                });
+            }
+            s.probing = true;
+        }
+        drop(streaks);
+        Ok(Attempt { backoff: self, key })
+    }
+
+    /// Records a failure; returns the back-off it starts, if any.
+    fn failed(&self, key: &(String, String), reason: String, now: Instant) -> Option<Duration> {
+        let mut streaks = self.lock();
+        let s = streaks.entry(key.clone()).or_default();
+        s.failures = s.failures.saturating_add(1);
+        s.last = reason;
+        if s.failures < FAILURES_BEFORE_BACKOFF {
+            return None;
+        }
+        let doublings = (s.failures - FAILURES_BEFORE_BACKOFF).min(16);
+        let period = BACKOFF_MIN.saturating_mul(1 << doublings).min(BACKOFF_MAX);
+        s.until = Some(now + period);
+        Some(period)
+    }
+
+    fn succeeded(&self, key: &(String, String)) {
+        self.lock().remove(key);
+    }
+}
+
+/// `text` cut to [`MAX_QUOTED_BODY`] bytes on a character boundary.
+fn quote(text: &str) -> String {
+    let text = text.trim();
+    if text.len() <= MAX_QUOTED_BODY {
+        return text.to_owned();
+    }
+    let mut cut = MAX_QUOTED_BODY;
+    while !text.is_char_boundary(cut) {
+        cut -= 1;
+    }
+    format!("{}…", &text[..cut])
+}
 
 /// Everything an assignment needs.
 #[derive(Clone)]
@@ -35,6 +172,8 @@ pub struct Assigner {
     path: String,
     timeout: Duration,
     metrics: Metrics,
+    events: Arc<events::Log>,
+    backoff: Arc<Backoff>,
     shutdown: Shutdown,
 }
 
@@ -62,7 +201,8 @@ impl Drop for Waiting<'_> {
 }
 
 impl Assigner {
-    /// An assigner signing with `key` and POSTing `path` with `timeout`.
+    /// An assigner signing with `key` and POSTing `path` with `timeout`;
+    /// failed assignments are counted in `metrics` and logged in `events`.
     #[must_use]
     pub fn new(
         key: SigningKey,
@@ -70,6 +210,7 @@ impl Assigner {
         path: String,
         timeout: Duration,
         metrics: Metrics,
+        events: Arc<events::Log>,
         shutdown: Shutdown,
     ) -> Self {
         let mut connector = HttpConnector::new();
@@ -82,6 +223,8 @@ impl Assigner {
             path,
             timeout,
             metrics,
+            events,
+            backoff: Arc::default(),
             shutdown,
         }
     }
@@ -92,7 +235,9 @@ impl Assigner {
     /// # Errors
     /// [`Error::NoPoolPod`] when no pool pod appears before the deadline,
     /// [`Error::AssignFailed`] when the pod refused or did not answer (the
-    /// pod is deleted), [`Error::Kube`] when the API server fails.
+    /// pod is deleted), [`Error::AssignBackoff`] while the deployment backs
+    /// off after [`FAILURES_BEFORE_BACKOFF`] consecutive failures,
+    /// [`Error::Kube`] when the API server fails.
     #[tracing::instrument(name = "controller.assign", skip_all, fields(function = %function.id(), deployment = %function.deployment))]
     pub async fn assign(
         &self,
@@ -100,6 +245,8 @@ impl Assigner {
         function: &Function,
         deadline: Instant,
     ) -> Result<Instance, Error> {
+        let key = (function.namespace.clone(), function.deployment.clone());
+        let _attempt = self.backoff.attempt(key.clone(), Instant::now())?;
         self.metrics
             .assignments_total
             .get_or_create(&Metrics::function(&function.deployment))
@@ -109,13 +256,38 @@ impl Assigner {
         let result = self.post(&pod, function).await;
         let ready_at = match result {
             Ok(t) => t,
-            Err(reason) => {
+            Err(e) => {
                 if let Err(e) = ns.writer.delete(&name).await {
                     tracing::warn!(pod = %name, error = %e, "failed to delete pod after a failed assignment");
                 }
-                return Err(Error::AssignFailed { pod: name, reason });
+                let (status, reason) = e.labels();
+                self.metrics
+                    .assignment_failures_total
+                    .get_or_create(&AssignFailureLabels {
+                        function_deployment: function.deployment.clone(),
+                        status,
+                        reason,
+                    })
+                    .inc();
+                let message = format!("pod {name} failed its assignment and was deleted: {e}");
+                let backoff = self.backoff.failed(&key, message.clone(), Instant::now());
+                let message = match backoff {
+                    Some(d) => format!("{message}; deployment backs off for {d:?}"),
+                    None => message,
+                };
+                self.events.push(
+                    function,
+                    EventType::AssignmentFailed,
+                    EventSeverity::Warn,
+                    message,
+                );
+                return Err(Error::AssignFailed {
+                    pod: name,
+                    reason: e.to_string(),
+                });
             }
         };
+        self.backoff.succeeded(&key);
         let stamp = format_time(ready_at);
         ns.pods.mark_ready(&name, &stamp);
         {
@@ -175,7 +347,7 @@ impl Assigner {
                         tried.insert(name);
                         continue;
                     }
-                    Err(WriteError::Api(e)) => return Err(Error::Kube(e)),
+                    Err(e) => return Err(e.into()),
                 }
             }
             if waiting.is_none() {
@@ -205,54 +377,46 @@ impl Assigner {
         &self,
         pod: &k8s_openapi::api::core::v1::Pod,
         function: &Function,
-    ) -> Result<SystemTime, String> {
+    ) -> Result<SystemTime, PostError> {
         let ip = pod
             .status
             .as_ref()
             .and_then(|s| s.pod_ip.clone())
             .unwrap_or_default();
-        let port = pod_port(pod).map_err(|e| e.to_string())?;
+        let port = pod_port(pod).map_err(PostError::Port)?;
         let now = SystemTime::now();
         let token = self
             .key
             .sign(self.version, &function.tenant, now)
-            .map_err(|e| e.to_string())?;
+            .map_err(PostError::Sign)?;
         let uri = format!("http://{}{}", join_addr(&ip, &port), self.path);
         let req = http::Request::post(uri)
             .header(HEADER_TOKEN, token)
             .header(HEADER_FUNCTION, function.to_json())
             .header(http::header::CONTENT_LENGTH, "0")
             .body(Empty::<Bytes>::new())
-            .map_err(|e| format!("failed to build assign request: {e}"))?;
+            .map_err(PostError::Build)?;
         let exchange = async {
-            let resp = self
-                .http
-                .request(req)
-                .await
-                .map_err(|e| format!("failed to send assign request: {e}"))?;
+            let resp = self.http.request(req).await.map_err(PostError::Send)?;
             let status = resp.status();
             if status == http::StatusCode::OK {
                 return Ok(());
             }
-            let body = resp
-                .into_body()
+            // Bounded read: the pod's answer is quoted, never kept whole.
+            let body = http_body_util::Limited::new(resp.into_body(), 4 * MAX_QUOTED_BODY)
                 .collect()
                 .await
                 .map(|b| b.to_bytes())
                 .unwrap_or_default();
-            Err(format!(
-                "assign request failed: status={} body={}",
-                status.as_u16(),
-                String::from_utf8_lossy(&body).trim()
-            ))
+            Err(PostError::Refused {
+                status: status.as_u16(),
+                body: quote(&String::from_utf8_lossy(&body)),
+            })
         };
         match tokio::time::timeout(self.timeout, exchange).await {
             Ok(Ok(())) => Ok(now),
             Ok(Err(e)) => Err(e),
-            Err(_) => Err(format!(
-                "failed to send assign request: timed out after {:?}",
-                self.timeout
-            )),
+            Err(_) => Err(PostError::Timeout(self.timeout)),
         }
     }
 }
@@ -264,4 +428,62 @@ fn is_pool_owned(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
         .as_ref()
         .and_then(|o| o.first())
         .is_some_and(|o| o.kind == "ReplicaSet")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn key() -> (String, String) {
+        ("ns".into(), "pool".into())
+    }
+
+    #[test]
+    fn consecutive_failures_back_off_with_one_attempt_per_period() {
+        let b = Backoff::default();
+        let t0 = Instant::now();
+        for i in 1..FAILURES_BEFORE_BACKOFF {
+            drop(b.attempt(key(), t0).expect("no back-off yet"));
+            assert_eq!(b.failed(&key(), format!("refusal {i}"), t0), None);
+        }
+        drop(b.attempt(key(), t0).unwrap());
+        assert_eq!(b.failed(&key(), "401".into(), t0), Some(BACKOFF_MIN));
+        let err = b.attempt(key(), t0 + Duration::from_millis(500)).err().unwrap();
+        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        assert!(err.to_string().contains("401"), "{err}");
+        // After the period exactly one attempt goes ahead at a time.
+        let later = t0 + BACKOFF_MIN;
+        let probe = b.attempt(key(), later).unwrap();
+        assert!(
+            b.attempt(key(), later).is_err(),
+            "a second attempt waits for the probe"
+        );
+        assert_eq!(b.failed(&key(), "401".into(), later), Some(BACKOFF_MIN * 2));
+        drop(probe);
+        assert!(b.attempt(key(), later + BACKOFF_MIN).is_err());
+        let probe = b.attempt(key(), later + BACKOFF_MIN * 2).unwrap();
+        b.succeeded(&key());
+        drop(probe);
+        assert!(
+            b.attempt(key(), later + BACKOFF_MIN * 2).is_ok(),
+            "a success ends the streak"
+        );
+        // Periods are capped.
+        for _ in 0..40 {
+            b.failed(&key(), "x".into(), t0);
+        }
+        assert_eq!(
+            b.lock()[&key()].until.unwrap().saturating_duration_since(t0),
+            BACKOFF_MAX
+        );
+    }
+
+    #[test]
+    fn quoted_answers_are_cut() {
+        let long = "é".repeat(400);
+        let q = quote(&long);
+        assert!(q.len() <= MAX_QUOTED_BODY + '…'.len_utf8());
+        assert!(q.ends_with('…'));
+        assert_eq!(quote(" short \n"), "short");
+    }
 }

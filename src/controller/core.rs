@@ -30,6 +30,9 @@ use crate::shutdown::Shutdown;
 /// executes it itself (rings that disagree cannot bounce it forever).
 pub const MAX_SCALE_HOPS: u32 = 1;
 
+/// Most entries one `Heartbeat` call may carry (a router sends one entry
+/// per active function every interval; larger fleets split their batch).
+pub const MAX_HEARTBEAT_ENTRIES: usize = 20_000;
 /// Bound on concurrent heartbeat forwards per batch.
 const FORWARD_CONCURRENCY: usize = 16;
 /// Deadline of one forwarded heartbeat batch.
@@ -42,7 +45,7 @@ pub struct Core {
     pub state: State,
     pub ring: RingHandle,
     pub assigner: Assigner,
-    pub events: events::Log,
+    pub events: Arc<events::Log>,
     pub metrics: Metrics,
     pub stale_permits: Arc<Semaphore>,
     pub started_at: SystemTime,
@@ -80,14 +83,27 @@ impl Core {
         }
     }
 
-    /// Checks a function from a request and that its namespace is managed.
+    /// Checks a function from a request: valid, in a managed namespace, of
+    /// a Deployment that exists (so nothing — supervisors, metric series —
+    /// is created for names a client makes up).
     ///
     /// # Errors
-    /// `INVALID_ARGUMENT` and `FAILED_PRECONDITION` errors.
+    /// `INVALID_ARGUMENT`, `UNAVAILABLE` before the caches synced, and
+    /// `NOT_FOUND` for an unknown Deployment.
     pub fn admit(&self, f: Option<&api::Function>) -> Result<Function> {
         let f: Function = f.ok_or(Error::MissingFunction)?.into();
         f.validate()?;
-        self.namespace(&f.namespace)?;
+        let ns = self.namespace(&f.namespace)?;
+        self.ensure_synced()?;
+        if !ns.replica_sets.knows_deployment(&f.deployment)
+            && ns.pods.pool(&f.deployment).is_empty()
+            && ns.pods.of_function(f.id()).is_empty()
+        {
+            return Err(Error::DeploymentNotFound {
+                namespace: f.namespace.clone(),
+                deployment: f.deployment.clone(),
+            });
+        }
         Ok(f)
     }
 
@@ -237,13 +253,19 @@ impl Core {
     /// dropped (no supervisor is created for them).
     ///
     /// # Errors
-    /// [`Error::MissingRouterIp`].
+    /// [`Error::MissingRouterIp`], [`Error::HeartbeatBatchTooLarge`].
     pub async fn heartbeat(self: &Arc<Self>, req: api::HeartbeatRequest) -> Result<()> {
         let router = req
             .router_ip
             .clone()
             .filter(|r| !r.is_empty())
             .ok_or(Error::MissingRouterIp)?;
+        if req.heartbeats.len() > MAX_HEARTBEAT_ENTRIES {
+            return Err(Error::HeartbeatBatchTooLarge {
+                got: req.heartbeats.len(),
+                limit: MAX_HEARTBEAT_ENTRIES,
+            });
+        }
         let now = SystemTime::now();
         for hb in &req.heartbeats {
             let f = match self.admit(hb.function.as_ref()) {
@@ -306,12 +328,17 @@ impl Core {
         });
     }
 
-    /// `ReleaseInstance`: deletes a Skipper-assigned pod; a pod that is
-    /// already gone is success.
+    /// `ReleaseInstance`: deletes a Skipper-assigned pod of the instance's
+    /// function; a pod that is already gone is success. Correct on any
+    /// controller: a pod this controller's cache does not show as the
+    /// function's (a claim it has not seen yet) is read from the API server,
+    /// and the delete carries the pod's UID as a precondition, so a pod that
+    /// was replaced under the same name is never deleted.
     ///
     /// # Errors
-    /// `INVALID_ARGUMENT` without name or namespace, `FAILED_PRECONDITION`
-    /// for unmanaged namespaces and pods that are not Skipper-assigned.
+    /// `INVALID_ARGUMENT` without name or namespace or for an unmanaged
+    /// namespace, `FAILED_PRECONDITION` for a pod that is not assigned to
+    /// the instance's tenant.
     pub async fn release(&self, i: Option<&api::Instance>) -> Result<()> {
         let i = i.ok_or(Error::MissingInstance)?;
         let name = i
@@ -319,27 +346,35 @@ impl Core {
             .clone()
             .filter(|n| !n.is_empty())
             .ok_or(Error::MissingInstance)?;
-        let namespace = i
-            .function
-            .as_ref()
+        let function = i.function.as_ref();
+        let namespace = function
             .and_then(|f| f.namespace.clone())
             .filter(|n| !n.is_empty())
             .ok_or(Error::MissingInstance)?;
-        self.ensure_synced()?;
+        let tenant = function.and_then(|f| f.tenant.clone()).filter(|t| !t.is_empty());
+        let belongs =
+            |pod: &k8s_openapi::api::core::v1::Pod| match (super::kube::label(pod, LABEL_TENANT), &tenant) {
+                (Some(have), Some(want)) => have == want,
+                (Some(_), None) => true,
+                (None, _) => false,
+            };
         let ns = self.namespace(&namespace)?;
-        let Some(pod) = ns.pods.get(&name) else {
-            return Ok(());
+        let pod = match ns.pods.get(&name).filter(|p| belongs(p)) {
+            Some(p) => p,
+            None => match ns.writer.fetch(&name).await? {
+                Some(p) => Arc::new(p),
+                None => return Ok(()),
+            },
         };
-        if super::kube::label(&pod, LABEL_TENANT).is_none() {
+        if !belongs(&pod) {
             return Err(Error::NotAssigned { namespace, name });
         }
-        ns.writer.delete(&name).await.map_err(|e| match e {
-            super::kube::pods::WriteError::Api(k) => Error::Kube(k),
-            super::kube::pods::WriteError::Conflict(_) => Error::NotAssigned {
-                namespace: namespace.clone(),
-                name: name.clone(),
-            },
-        })?;
+        let uid = pod.metadata.uid.clone().unwrap_or_default();
+        if uid.is_empty() {
+            ns.writer.delete(&name).await?;
+        } else {
+            ns.writer.delete_exact(&name, &uid).await?;
+        }
         Ok(())
     }
 

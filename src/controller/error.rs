@@ -1,11 +1,13 @@
 //! The controller's error type and its one mapping to `tonic::Status`.
 //!
 //! Codes are chosen for what a client can do about them: `UNAVAILABLE` for
-//! transient conditions (not synced, ring empty, API server or peer down, a
-//! pod that failed its assignment) — the client retry policy keys on it;
-//! `INVALID_ARGUMENT` for bad requests, including functions in a namespace
-//! this controller does not manage; `FAILED_PRECONDITION` for releasing a pod
-//! Skipper did not assign;
+//! transient conditions (not synced, ring empty, API server or peer down) —
+//! the client retry policy keys on it; `ABORTED` for a pod that refused or
+//! failed its assignment (retrying at once would burn the next pod, so
+//! clients do not retry it transparently); `INVALID_ARGUMENT` for bad
+//! requests, including functions in a namespace this controller does not
+//! manage; `NOT_FOUND` for a Deployment that does not exist;
+//! `FAILED_PRECONDITION` for releasing a pod Skipper did not assign;
 //! `RESOURCE_EXHAUSTED` when no pool pod arrived before the deadline;
 //! `INTERNAL` only for bugs.
 
@@ -24,8 +26,14 @@ pub enum Error {
     MissingInstance,
     #[error("namespace {0} is not managed by this controller (not in --function-namespaces or skipped)")]
     UnmanagedNamespace(String),
-    #[error("pod {namespace}/{name} is not a Skipper-assigned pod")]
+    #[error("pod {namespace}/{name} is not a Skipper-assigned pod of this function")]
     NotAssigned { namespace: String, name: String },
+    #[error(
+        "deployment {namespace}/{deployment} does not exist (no ReplicaSet or pod carries skipper/deployment={deployment})"
+    )]
+    DeploymentNotFound { namespace: String, deployment: String },
+    #[error("heartbeat batch of {got} entries is over the limit of {limit}; split it")]
+    HeartbeatBatchTooLarge { got: usize, limit: usize },
     #[error("controller is starting: the Kubernetes caches have not synced yet")]
     NotSynced,
     #[error(transparent)]
@@ -36,6 +44,18 @@ pub enum Error {
     NoPoolPod { namespace: String, deployment: String },
     #[error("failed to assign pod {pod}: {reason}")]
     AssignFailed { pod: String, reason: String },
+    #[error("pod {name} is no longer claimable")]
+    Conflict { name: String },
+    #[error(
+        "deployment {namespace}/{deployment} is backing off after {failures} consecutive failed assignments; next attempt in {retry_in:?}; last: {last}"
+    )]
+    AssignBackoff {
+        namespace: String,
+        deployment: String,
+        failures: u32,
+        retry_in: std::time::Duration,
+        last: String,
+    },
     #[error("scale did not produce a ready instance before the deadline")]
     NoReadyInstance,
     #[error("peer controller {peer}: {source}")]
@@ -48,6 +68,15 @@ pub enum Error {
     SupervisorStopped,
     #[error("controller is shutting down")]
     ShuttingDown,
+}
+
+impl From<super::kube::pods::WriteError> for Error {
+    fn from(e: super::kube::pods::WriteError) -> Self {
+        match e {
+            super::kube::pods::WriteError::Api(k) => Self::Kube(k),
+            super::kube::pods::WriteError::Conflict(name) => Self::Conflict { name },
+        }
+    }
 }
 
 /// Result of controller operations.
@@ -65,13 +94,19 @@ impl Error {
             | Self::MissingInstance
             | Self::UnmanagedNamespace(_) => Code::InvalidArgument,
             Self::NotAssigned { .. } => Code::FailedPrecondition,
+            Self::DeploymentNotFound { .. } => Code::NotFound,
+            Self::HeartbeatBatchTooLarge { .. } => Code::ResourceExhausted,
+            // A pod refused or failed its assignment (it is deleted): asking
+            // again at once would only burn the next pod, so clients must
+            // not retry this transparently.
+            Self::AssignFailed { .. } => Code::Aborted,
+            Self::Conflict { .. } => Code::Aborted,
             Self::NotSynced
             | Self::Ring(_)
             | Self::Kube(_)
-            | Self::AssignFailed { .. }
             | Self::SupervisorStopped
             | Self::ShuttingDown => Code::Unavailable,
-            Self::NoPoolPod { .. } => Code::ResourceExhausted,
+            Self::NoPoolPod { .. } | Self::AssignBackoff { .. } => Code::ResourceExhausted,
             Self::NoReadyInstance => Code::DeadlineExceeded,
             Self::Peer { source, .. } => match source.code() {
                 Code::Internal | Code::Unknown => Code::Unavailable,
@@ -123,5 +158,22 @@ mod tests {
             }),
         };
         assert_eq!(peer.code(), Code::Unavailable);
+        let refused = Error::AssignFailed {
+            pod: "p".into(),
+            reason: "status=401".into(),
+        };
+        assert_ne!(
+            refused.code(),
+            Code::Unavailable,
+            "refusals are not retried by clients"
+        );
+        assert_eq!(
+            Error::DeploymentNotFound {
+                namespace: "n".into(),
+                deployment: "d".into()
+            }
+            .code(),
+            Code::NotFound
+        );
     }
 }

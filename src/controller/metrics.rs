@@ -15,6 +15,15 @@ pub struct FunctionLabels {
     pub function_deployment: String,
 }
 
+/// Label set of failed assignments: the pod's HTTP status (`none` when it
+/// did not answer) and a reason from a fixed set.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AssignFailureLabels {
+    pub function_deployment: String,
+    pub status: String,
+    pub reason: &'static str,
+}
+
 /// Label set of informer metrics.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct InformerLabels {
@@ -39,6 +48,7 @@ pub struct Metrics {
     pub informer_event_lag_seconds: Family<InformerLabels, Histogram>,
     pub informer_last_event_time_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub heartbeats_total: Family<FunctionLabels, Counter>,
+    pub assignment_failures_total: Family<AssignFailureLabels, Counter>,
 }
 
 /// `(name without the skipper_controller_ prefix, help)` of every metric, in
@@ -73,6 +83,10 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
         "Unix timestamp of the last informer event processed.",
     ),
     ("heartbeats", "Heartbeats received from routers."),
+    (
+        "assignment_failures",
+        "Assignments a pod refused or failed, by the pod's status and the reason.",
+    ),
 ];
 
 impl Metrics {
@@ -87,6 +101,7 @@ impl Metrics {
             informer_event_lag_seconds: Family::new_with_constructor(lag_histogram),
             informer_last_event_time_seconds: Gauge::default(),
             heartbeats_total: Family::default(),
+            assignment_failures_total: Family::default(),
         };
         let sub = registry
             .sub_registry_with_prefix("skipper")
@@ -104,6 +119,7 @@ impl Metrics {
             m.informer_last_event_time_seconds.clone(),
         );
         sub.register(DESCRIPTIONS[7].0, help(7), m.heartbeats_total.clone());
+        sub.register(DESCRIPTIONS[8].0, help(8), m.assignment_failures_total.clone());
         m
     }
 

@@ -113,12 +113,14 @@ pub async fn run(
     )
     .await?;
 
+    let events = Arc::new(events::Log::default());
     let assigner = assign::Assigner::new(
         config.signing_key.clone(),
         config.paseto_version,
         config.assign_path.clone(),
         config.scale.assign_timeout,
         metrics.clone(),
+        events.clone(),
         shutdown.clone(),
     );
     let core = Arc::new(Core {
@@ -126,7 +128,7 @@ pub async fn run(
         state: state.clone(),
         ring: ring.clone(),
         assigner,
-        events: events::Log::default(),
+        events,
         metrics,
         stale_permits: Arc::new(Semaphore::new(config.max_concurrent_stale_replacements)),
         started_at: SystemTime::now(),

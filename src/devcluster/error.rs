@@ -21,8 +21,24 @@ pub enum ApiError {
         res.group_resource()
     )]
     Conflict { res: &'static ResourceDef, name: String },
+    #[error("Operation cannot be fulfilled on {group_resource} \"{name}\": {cause}")]
+    ConflictWith {
+        group_resource: String,
+        name: String,
+        cause: String,
+    },
     #[error("{0}")]
     Invalid(String),
+    #[error("Unauthorized")]
+    Unauthorized,
+    #[error("forbidden: User \"{user}\" cannot {verb} path \"{path}\"")]
+    ForbiddenPath {
+        user: String,
+        verb: String,
+        path: String,
+    },
+    #[error("{0}")]
+    Internal(String),
     #[error("{0}")]
     BadRequest(String),
     #[error("the server could not find the requested resource")]
@@ -50,13 +66,17 @@ impl ApiError {
                 (StatusCode::NOT_FOUND, "NotFound")
             }
             Self::AlreadyExists { .. } => (StatusCode::CONFLICT, "AlreadyExists"),
-            Self::Conflict { .. } => (StatusCode::CONFLICT, "Conflict"),
+            Self::Conflict { .. } | Self::ConflictWith { .. } => (StatusCode::CONFLICT, "Conflict"),
+            Self::Unauthorized => (StatusCode::UNAUTHORIZED, "Unauthorized"),
+            Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "InternalError"),
             Self::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "Invalid"),
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "BadRequest"),
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
             Self::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType"),
             Self::Gone { .. } => (StatusCode::GONE, "Expired"),
-            Self::Terminating(_) | Self::Forbidden { .. } => (StatusCode::FORBIDDEN, "Forbidden"),
+            Self::Terminating(_) | Self::Forbidden { .. } | Self::ForbiddenPath { .. } => {
+                (StatusCode::FORBIDDEN, "Forbidden")
+            }
             Self::Injected(code) => (*code, reason_for(*code)),
         }
     }

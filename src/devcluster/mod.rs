@@ -3,13 +3,23 @@
 //! [`Cluster`] is a faithful-enough Kubernetes API server for Skipper's
 //! tests and for the local playground: pods, replicasets, deployments,
 //! services, endpointslices, namespaces, secrets, configmaps, RBAC objects,
-//! leases and `metrics.k8s.io` pod metrics, served over real HTTP to kube-rs
+//! leases and `metrics.k8s.io` pod metrics, served over HTTPS to kube-rs
 //! and kubectl, with one global resourceVersion, watches with bookmarks,
 //! `timeoutSeconds` and `410 Gone`, JSON Patch with `test`, merge and
 //! strategic-merge patches, optimistic concurrency and graceful deletion.
 //! Deployments own ReplicaSets, ReplicaSets keep their pods (and release a
 //! pod whose labels stop matching), and every pod is a real process on its
 //! own loopback IP (see [`kubelet`]).
+//!
+//! # Identity
+//!
+//! The cluster makes its own CA at start ([`pki`]) and serves HTTPS only.
+//! Requests authenticate with a client certificate of that CA (user = `CN`,
+//! group = `O`) or a ServiceAccount token ([`auth`]); anything else gets
+//! `401`. [`Cluster::client`] and the kubeconfig the cluster writes are the
+//! administrator (`kubernetes-admin` in `system:masters`);
+//! [`Cluster::client_for`] and [`Cluster::kubeconfig_for`] give any user, a
+//! node (`system:node:<name>`) or a ServiceAccount.
 //!
 //! # Using it in a test
 //!
@@ -52,9 +62,9 @@
 //! [`Cluster::forbid_namespace`]; the same over HTTP as
 //! `POST /_sim/pods/<ns>/<name>/kill`, `/_sim/drop-watches`, `/_sim/compact`,
 //! `/_sim/fail-writes?count=N&status=S`, `/_sim/latency?ms=N`,
-//! `/_sim/forbid?namespace=NS[&allow=true]`.
+//! `/_sim/forbid?namespace=NS[&allow=true]` (administrators only).
 //!
-//! Differences from a real cluster worth knowing: no authentication or RBAC
+//! Differences from a real cluster worth knowing: no RBAC
 //! (use [`Cluster::forbid_namespace`] for `403`), no admission or schema
 //! validation beyond names, selectors and required containers, no
 //! server-side apply, rollouts replace all pods at once, a
@@ -66,18 +76,29 @@
 //! `skipper fixture` pods notice (`SKIPPER_EXIT_WITH_PARENT`) and exit,
 //! other programs are left running.
 
+/// Authentication: client certificates and ServiceAccount tokens.
+pub mod auth;
+/// A real Kubernetes control plane (etcd, kube-apiserver,
+/// kube-controller-manager, kube-scheduler) as local processes.
+pub mod control_plane;
 /// Deployment, ReplicaSet, garbage-collection and EndpointSlice loops.
 pub mod controllers;
 /// API errors and their `Status` mapping.
 pub mod error;
+/// The HTTPS listener.
+pub mod https;
 /// The pod runtime.
 pub mod kubelet;
 /// JSON, merge and strategic-merge patches.
 pub mod patch;
+/// CA, certificates and the ServiceAccount token key.
+pub mod pki;
 /// The local playground (`skipper dev`).
 pub mod playground;
 /// Served resource kinds and discovery.
 pub mod resources;
+/// TokenRequest, TokenReview and the access reviews.
+pub mod reviews;
 /// Label and field selectors.
 pub mod selector;
 /// The HTTP server and fault endpoints.
@@ -98,9 +119,13 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use base64::Engine as _;
+
 use crate::config::parse_duration;
+use auth::Authenticator;
 use error::ApiError;
 use kubelet::{Kubelet, KubeletSettings};
+use pki::ClusterPki;
 use resources::by_kind;
 use server::{Faults, Shared};
 use store::Store;
@@ -115,7 +140,7 @@ pub struct Config {
     /// Holds the kubeconfig and per-pod directories; a fresh temporary
     /// directory (removed on shutdown) when `None`.
     pub work_dir: Option<PathBuf>,
-    /// Namespaces created at start (besides `default` and `kube-system`).
+    /// Namespaces created at start (besides `default`, `kube-system`, `kube-public` and `kube-node-lease`).
     pub namespaces: Vec<String>,
     /// Zones of the simulated nodes (one node per zone); pods are spread round-robin.
     pub zones: Vec<String>,
@@ -167,7 +192,51 @@ pub enum ClusterError {
     Client(String),
     #[error("setting up the cluster: {0}")]
     Setup(#[from] ApiError),
+    #[error("generating the cluster's certificates: {0}")]
+    Pki(#[from] pki::PkiError),
+    #[error("setting up TLS: {0}")]
+    Tls(#[from] https::TlsError),
 }
+
+/// Whose credentials a kubeconfig or client carries.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Credential {
+    /// `kubernetes-admin` in `system:masters` (cluster-admin).
+    Admin,
+    /// Any user, by client certificate (`CN` = `name`, `O` = `group`).
+    User {
+        /// The user name.
+        name: String,
+        /// At most one group besides `system:authenticated`.
+        group: Option<String>,
+    },
+    /// A node's credential: `system:node:<name>` in `system:nodes`, as a kubelet has.
+    Node(String),
+    /// A ServiceAccount's token (the ServiceAccount must exist).
+    ServiceAccount {
+        /// Its namespace.
+        namespace: String,
+        /// Its name.
+        name: String,
+    },
+}
+
+/// How a kubeconfig's user authenticates.
+#[derive(Debug, Clone)]
+pub enum KubeconfigUser {
+    /// A client certificate and its key (PEM).
+    Certificate {
+        /// The certificate.
+        cert_pem: String,
+        /// The private key.
+        key_pem: String,
+    },
+    /// A bearer token.
+    Token(String),
+}
+
+/// Lifetime of the ServiceAccount tokens in kubeconfigs the simulator writes (a year).
+const KUBECONFIG_TOKEN_SECONDS: i64 = 365 * 24 * 3600;
 
 /// [`Cluster::wait_ready_pods`] ran out of time.
 #[derive(Debug, thiserror::Error)]
@@ -190,15 +259,31 @@ pub struct Cluster {
     work_dir: PathBuf,
     owns_work_dir: bool,
     kubeconfig: PathBuf,
+    pki: Arc<ClusterPki>,
     stopped: Mutex<bool>,
 }
 
-/// The text of a kubeconfig pointing at `server`.
+/// The text of a kubeconfig for `server` that trusts `ca_pem` and authenticates as `user`.
 #[must_use]
-pub fn kubeconfig_text(server: &str) -> String {
-    format!(
-        "apiVersion: v1\nkind: Config\nclusters:\n- name: skipper-dev\n  cluster:\n    server: {server}\ncontexts:\n- name: skipper-dev\n  context:\n    cluster: skipper-dev\n    user: skipper-dev\n    namespace: default\ncurrent-context: skipper-dev\nusers:\n- name: skipper-dev\n  user: {{}}\n"
-    )
+pub fn kubeconfig_text(server: &str, ca_pem: &str, user: &KubeconfigUser) -> String {
+    let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+    let user = match user {
+        KubeconfigUser::Certificate { cert_pem, key_pem } => {
+            json!({"client-certificate-data": b64(cert_pem), "client-key-data": b64(key_pem)})
+        }
+        KubeconfigUser::Token(t) => json!({"token": t}),
+    };
+    let doc = json!({
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "skipper-dev", "cluster": {
+            "server": server, "certificate-authority-data": b64(ca_pem)}}],
+        "contexts": [{"name": "skipper-dev", "context": {
+            "cluster": "skipper-dev", "user": "skipper-dev", "namespace": "default"}}],
+        "current-context": "skipper-dev",
+        "users": [{"name": "skipper-dev", "user": user}],
+    });
+    serde_yaml_ng::to_string(&doc).unwrap_or_default()
 }
 
 impl Cluster {
@@ -227,8 +312,17 @@ impl Cluster {
             addr: config.listen,
             source,
         })?;
+        let mut serving_names = vec![addr.ip().to_string()];
+        if addr.ip().is_unspecified() {
+            serving_names.clear();
+        }
+        let pki = Arc::new(ClusterPki::generate(&serving_names)?);
+        let tls = https::server_config(&pki)?;
         let store = Arc::new(Store::new(config.event_history));
-        let mut namespaces = vec!["default".to_owned(), "kube-system".to_owned()];
+        let mut namespaces: Vec<String> = ["default", "kube-system", "kube-public", "kube-node-lease"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
         for ns in &config.namespaces {
             if !namespaces.contains(ns) {
                 namespaces.push(ns.clone());
@@ -259,7 +353,18 @@ impl Cluster {
             source,
         })?;
         let kubeconfig = work_dir.join("kubeconfig");
-        if let Err(source) = std::fs::write(&kubeconfig, kubeconfig_text(&format!("http://{addr}"))) {
+        let admin = kubeconfig_text(
+            &format!("https://{addr}"),
+            pki.ca.cert_pem(),
+            &KubeconfigUser::Certificate {
+                cert_pem: pki.admin.cert_pem.clone(),
+                key_pem: pki.admin.key_pem.clone(),
+            },
+        );
+        if let Err(source) = pki::write_file(&kubeconfig, &admin, true).map_err(|e| match e {
+            pki::PkiError::Write { source, .. } => source,
+            other => std::io::Error::other(other.to_string()),
+        }) {
             if owns_work_dir {
                 let _ = std::fs::remove_dir_all(&work_dir);
             }
@@ -285,26 +390,22 @@ impl Cluster {
             root: root.clone(),
             bookmark_interval: config.bookmark_interval,
             max_watch_timeout: config.max_watch_timeout,
+            auth: Authenticator::new(pki.service_account.clone()),
         });
         let tracker = TaskTracker::new();
         let app = axum::Router::new()
             .fallback(server::handle)
             .with_state(shared.clone());
-        let token = root.clone();
-        tracker.spawn(async move {
-            if let Err(e) = axum::serve(listener, app)
-                .with_graceful_shutdown(token.cancelled_owned())
-                .await
-            {
-                tracing::warn!(error = %e, "simulated API server stopped");
-            }
-        });
+        tracker.spawn(https::serve(listener, tls, app, root.clone()));
         let (token, tasks) = (root.clone(), tracker.clone());
         let resync = config.resync_interval;
+        let ctx = controllers::Context {
+            ca_pem: pki.ca.cert_pem().to_owned(),
+        };
         tracker.spawn(async move {
             let mut rx = store.subscribe();
             loop {
-                if let Err(e) = controllers::reconcile(&store) {
+                if let Err(e) = controllers::reconcile(&store, &ctx) {
                     tracing::debug!(error = %e, "reconcile pass");
                 }
                 kubelet.sync(&store, &tasks, &token);
@@ -324,6 +425,7 @@ impl Cluster {
             work_dir,
             owns_work_dir,
             kubeconfig,
+            pki,
             stopped: Mutex::new(false),
         })
     }
@@ -334,31 +436,116 @@ impl Cluster {
         self.addr
     }
 
-    /// `http://127.0.0.1:PORT`.
+    /// `https://127.0.0.1:PORT`.
     #[must_use]
     pub fn base_url(&self) -> String {
-        format!("http://{}", self.addr)
+        format!("https://{}", self.addr)
     }
 
-    /// A kube-rs client for this cluster (default namespace `default`).
+    /// The cluster CA certificate (PEM): what `ca.crt` of in-cluster
+    /// configuration and the `kube-root-ca.crt` ConfigMaps hold.
+    #[must_use]
+    pub fn ca_pem(&self) -> &str {
+        self.pki.ca.cert_pem()
+    }
+
+    /// The cluster's key material (to issue more certificates, e.g. a
+    /// kubelet's serving certificate).
+    #[must_use]
+    pub fn pki(&self) -> &ClusterPki {
+        &self.pki
+    }
+
+    /// The administrator's client certificate and key (`kubernetes-admin`, `system:masters`).
+    #[must_use]
+    pub fn admin_cert(&self) -> &pki::CertKey {
+        &self.pki.admin
+    }
+
+    /// A kube-rs client for this cluster as the administrator (default namespace `default`).
     ///
     /// # Errors
     /// When the client cannot be built.
     pub fn client(&self) -> Result<kube::Client, ClusterError> {
+        self.client_for(&Credential::Admin)
+    }
+
+    /// How `credential` authenticates: a fresh client certificate, or a
+    /// ServiceAccount token valid for a year.
+    ///
+    /// # Errors
+    /// `NotFound` for a missing ServiceAccount; certificate generation failures.
+    pub fn kubeconfig_user(&self, credential: &Credential) -> Result<KubeconfigUser, ClusterError> {
+        let cert = |c: pki::CertKey| KubeconfigUser::Certificate {
+            cert_pem: c.cert_pem,
+            key_pem: c.key_pem,
+        };
+        Ok(match credential {
+            Credential::Admin => cert(self.pki.admin.clone()),
+            Credential::User { name, group } => {
+                let groups: Vec<&str> = group.iter().map(String::as_str).collect();
+                cert(self.pki.ca.issue_client(name, &groups)?)
+            }
+            Credential::Node(node) => cert(
+                self.pki
+                    .ca
+                    .issue_client(&format!("{}{node}", auth::NODE_USER_PREFIX), &[auth::NODES_GROUP])?,
+            ),
+            Credential::ServiceAccount { namespace, name } => {
+                let spec = auth::TokenSpec {
+                    expiration_seconds: KUBECONFIG_TOKEN_SECONDS,
+                    ..auth::TokenSpec::default()
+                };
+                let (token, _) = self
+                    .shared
+                    .auth
+                    .issue(&self.shared.store, namespace, name, &spec)?;
+                KubeconfigUser::Token(token)
+            }
+        })
+    }
+
+    /// A kubeconfig (text) for this cluster as `credential`.
+    ///
+    /// # Errors
+    /// As [`Cluster::kubeconfig_user`].
+    pub fn kubeconfig_for(&self, credential: &Credential) -> Result<String, ClusterError> {
+        Ok(kubeconfig_text(
+            &self.base_url(),
+            self.ca_pem(),
+            &self.kubeconfig_user(credential)?,
+        ))
+    }
+
+    /// A kube-rs client for this cluster as `credential`.
+    ///
+    /// # Errors
+    /// As [`Cluster::kubeconfig_user`], or when the client cannot be built.
+    pub fn client_for(&self, credential: &Credential) -> Result<kube::Client, ClusterError> {
         let url = self
             .base_url()
             .parse()
             .map_err(|e: http::uri::InvalidUri| ClusterError::Client(e.to_string()))?;
-        kube::Client::try_from(kube::Config::new(url)).map_err(|e| ClusterError::Client(e.to_string()))
+        let mut config = kube::Config::new(url);
+        config.root_cert = Some(vec![self.pki.ca.cert_der().to_vec()]);
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        let auth = match self.kubeconfig_user(credential)? {
+            KubeconfigUser::Certificate { cert_pem, key_pem } => {
+                json!({"client-certificate-data": b64(&cert_pem), "client-key-data": b64(&key_pem)})
+            }
+            KubeconfigUser::Token(t) => json!({"token": t}),
+        };
+        config.auth_info = serde_json::from_value(auth).map_err(|e| ClusterError::Client(e.to_string()))?;
+        kube::Client::try_from(config).map_err(|e| ClusterError::Client(e.to_string()))
     }
 
-    /// The kubeconfig the cluster wrote into its work directory (pods get it as `KUBECONFIG`).
+    /// The administrator's kubeconfig the cluster wrote into its work directory.
     #[must_use]
     pub fn kubeconfig_path(&self) -> &Path {
         &self.kubeconfig
     }
 
-    /// Writes a kubeconfig for this cluster to `path`.
+    /// Writes the administrator's kubeconfig for this cluster to `path` (mode 0600).
     ///
     /// # Errors
     /// When the file cannot be written.
@@ -368,7 +555,10 @@ impl Cluster {
         {
             std::fs::create_dir_all(parent)?;
         }
-        std::fs::write(path, kubeconfig_text(&self.base_url()))
+        let text = self
+            .kubeconfig_for(&Credential::Admin)
+            .map_err(|e| std::io::Error::other(e.to_string()))?;
+        pki::write_file(path, &text, true).map_err(|e| std::io::Error::other(e.to_string()))
     }
 
     /// Creates a namespace (no error when it exists).

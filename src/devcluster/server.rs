@@ -15,11 +15,14 @@ use base64::Engine as _;
 use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
+use super::auth::{Authenticator, PeerCertificate, UserInfo};
 use super::controllers::delete_pod;
 use super::error::ApiError;
 use super::kubelet::Kubelet;
 use super::patch::{self, PatchKind};
+use super::pki::MASTERS_GROUP;
 use super::resources::{self, ResourceDef, by_kind};
+use super::reviews;
 use super::selector::{FieldSelector, LabelSelector};
 use super::store::{EventType, Store, name_of, namespace_of, uid_of};
 use super::table;
@@ -97,6 +100,8 @@ pub struct Shared {
     pub bookmark_interval: Duration,
     /// Upper bound on `timeoutSeconds`.
     pub max_watch_timeout: Duration,
+    /// Verifies and issues credentials.
+    pub auth: Authenticator,
 }
 
 impl Shared {
@@ -227,8 +232,31 @@ fn query_map(query: Option<&str>) -> HashMap<String, String> {
 
 /// The single entry point of the HTTP server.
 pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response {
+    let peer = req
+        .extensions()
+        .get::<PeerCertificate>()
+        .and_then(|p| p.0.as_ref());
+    let authorization = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok());
+    let user = match shared.auth.authenticate(&shared.store, peer, authorization) {
+        Ok(u) => u,
+        Err(e) => {
+            tracing::debug!(error = %e, path = req.uri().path(), "unauthenticated request");
+            return ApiError::Unauthorized.into_response();
+        }
+    };
     let path = req.uri().path().to_owned();
     if let Some(rest) = path.strip_prefix("/_sim/") {
+        if !user.in_group(MASTERS_GROUP) {
+            return ApiError::ForbiddenPath {
+                user: user.name,
+                verb: req.method().as_str().to_lowercase(),
+                path,
+            }
+            .into_response();
+        }
         let q = query_map(req.uri().query());
         return sim_endpoint(&shared, req.method(), rest, &q);
     }
@@ -242,7 +270,7 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
         Err(e) => return ApiError::BadRequest(format!("reading the request body: {e}")).into_response(),
     };
     let q = query_map(parts.uri.query());
-    match serve(&shared, &parts.method, &path, &q, &parts.headers, body) {
+    match serve(&shared, &user, &parts.method, &path, &q, &parts.headers, body) {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
@@ -298,8 +326,10 @@ fn sim_endpoint(shared: &Shared, method: &Method, rest: &str, q: &HashMap<String
     }
 }
 
+#[allow(clippy::too_many_arguments)] // the parts of one request
 fn serve(
     shared: &Arc<Shared>,
+    user: &UserInfo,
     method: &Method,
     path: &str,
     q: &HashMap<String, String>,
@@ -345,6 +375,29 @@ fn serve(
         if let Some(code) = shared.faults.take_write_failure() {
             return Err(ApiError::Injected(code));
         }
+    }
+    if res.review {
+        if *method != Method::POST || name.is_some() {
+            return Err(ApiError::MethodNotAllowed);
+        }
+        let obj = parse_object(&body)?;
+        let answer = match res.kind {
+            "TokenReview" => reviews::token_review(&shared.auth, &shared.store, &obj)?,
+            "SelfSubjectReview" => reviews::self_subject_review(user),
+            _ => return Err(ApiError::UnknownPath),
+        };
+        return Ok(json_response(StatusCode::CREATED, &answer));
+    }
+    if sub.as_deref() == Some("token") {
+        let (Some(name), Some(ns)) = (name.as_deref(), ns.as_deref()) else {
+            return Err(ApiError::MethodNotAllowed);
+        };
+        if *method != Method::POST {
+            return Err(ApiError::MethodNotAllowed);
+        }
+        let obj = parse_object(&body)?;
+        let answer = reviews::token_request(&shared.auth, &shared.store, ns, name, &obj)?;
+        return Ok(json_response(StatusCode::CREATED, &answer));
     }
     let dry_run = match q.get("dryRun").map(String::as_str) {
         None | Some("") => false,

@@ -34,7 +34,6 @@ pub struct Entry {
     last_active_ms: AtomicU64,
     /// Set (under the map's bucket lock) when the entry is forgotten.
     evicted: AtomicBool,
-    label: DeploymentLabel,
     table: Arc<Table>,
 }
 
@@ -52,6 +51,8 @@ pub struct Activity {
 pub struct InFlightGuard {
     entry: Arc<Entry>,
     activity: Activity,
+    /// The gauge series raised at the start (lowered with the same one).
+    label: DeploymentLabel,
 }
 
 impl InFlightGuard {
@@ -66,11 +67,7 @@ impl Drop for InFlightGuard {
     fn drop(&mut self) {
         self.entry.in_flight.fetch_sub(1, Ordering::SeqCst);
         self.activity.touch(&self.entry);
-        self.activity
-            .metrics
-            .in_flight
-            .get_or_create(&self.entry.label)
-            .dec();
+        self.activity.metrics.in_flight.get_or_create(&self.label).dec();
     }
 }
 
@@ -109,9 +106,6 @@ impl Activity {
                             in_flight: AtomicI64::new(0),
                             last_active_ms: AtomicU64::new(0),
                             evicted: AtomicBool::new(false),
-                            label: DeploymentLabel {
-                                function_deployment: parsed.function.deployment.clone(),
-                            },
                             table: Arc::new(Table::new(&parsed.function.tenant)),
                         })
                     })
@@ -136,10 +130,12 @@ impl Activity {
                     *p = parsed.clone();
                 }
             }
-            self.metrics.in_flight.get_or_create(&entry.label).inc();
+            let label = self.metrics.deployment(&parsed.function.deployment);
+            self.metrics.in_flight.get_or_create(&label).inc();
             return InFlightGuard {
                 entry,
                 activity: self.clone(),
+                label,
             };
         }
     }
@@ -172,19 +168,17 @@ impl Activity {
                 } else {
                     e.last_active_ms.load(Ordering::SeqCst)
                 };
-                let function = e
-                    .parsed
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .api
-                    .clone();
+                let (function, label) = {
+                    let p = e.parsed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+                    (p.api.clone(), self.metrics.deployment(&p.function.deployment))
+                };
                 let ts = self.start_wall + Duration::from_millis(last);
                 out.push(api::Heartbeat {
                     function: Some(function),
                     timestamp: Some(prost_types::Timestamp::from(ts)),
                     in_flight_requests: Some(u32::try_from(in_flight).unwrap_or(u32::MAX)),
                 });
-                self.metrics.heartbeats.get_or_create(&e.label).inc();
+                self.metrics.heartbeats.get_or_create(&label).inc();
                 true
             })
             .await;

@@ -2,8 +2,12 @@
 //! served on an already bound listener.
 //!
 //! The label is always the function's deployment: the tenant is never a label.
+//! Only deployments a controller has served an instance for (so they exist)
+//! get their own series, at most [`MAX_DEPLOYMENT_LABELS`] of them; any other
+//! name a client sends counts under [`OTHER_DEPLOYMENT`].
 
-use std::sync::Arc;
+use std::collections::HashSet;
+use std::sync::{Arc, RwLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -13,6 +17,11 @@ use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
 use crate::shutdown::Shutdown;
+
+/// Most distinct `function_deployment` label values.
+pub const MAX_DEPLOYMENT_LABELS: usize = 512;
+/// The label value of deployments without a series of their own.
+pub const OTHER_DEPLOYMENT: &str = "other";
 
 /// `function_deployment` label.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
@@ -55,6 +64,9 @@ pub struct Metrics {
     pub heartbeats: Family<DeploymentLabel, Counter>,
     pub duration: Family<DurationLabels, Histogram>,
     pub controller_calls: Family<MethodLabel, Counter>,
+    /// Deployments with series of their own. A std lock: a set lookup or
+    /// insert, never across an await.
+    known: Arc<RwLock<HashSet<String>>>,
 }
 
 impl Metrics {
@@ -66,6 +78,7 @@ impl Metrics {
             heartbeats: Family::default(),
             duration: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
             controller_calls: Family::default(),
+            known: Arc::default(),
         };
         registry.register("skipper_router_requests", HELP_REQUESTS, m.requests.clone());
         registry.register(
@@ -90,6 +103,42 @@ impl Metrics {
     /// Counts one controller RPC made for a request.
     pub fn controller_call(&self, method: &'static str) {
         self.controller_calls.get_or_create(&MethodLabel { method }).inc();
+    }
+}
+
+impl Metrics {
+    /// The label of `deployment`: its own name once [`Metrics::learn`] has
+    /// seen it, else [`OTHER_DEPLOYMENT`].
+    #[must_use]
+    pub fn deployment(&self, deployment: &str) -> DeploymentLabel {
+        let known = self
+            .known
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(deployment);
+        DeploymentLabel {
+            function_deployment: if known { deployment } else { OTHER_DEPLOYMENT }.to_owned(),
+        }
+    }
+
+    /// Gives `deployment` series of its own (a controller served an
+    /// instance of it), while fewer than [`MAX_DEPLOYMENT_LABELS`] have them.
+    pub fn learn(&self, deployment: &str) {
+        if self
+            .known
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .contains(deployment)
+        {
+            return;
+        }
+        let mut known = self
+            .known
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if known.len() < MAX_DEPLOYMENT_LABELS {
+            known.insert(deployment.to_owned());
+        }
     }
 }
 
@@ -179,5 +228,27 @@ mod tests {
         assert_eq!(status_class(http::StatusCode::OK), "2xx");
         assert_eq!(status_class(http::StatusCode::NOT_FOUND), "4xx");
         assert_eq!(status_class(http::StatusCode::BAD_GATEWAY), "5xx");
+    }
+}
+
+#[cfg(test)]
+mod label_tests {
+    use super::*;
+
+    #[test]
+    fn only_learned_deployments_get_series_and_their_number_is_bounded() {
+        let m = Metrics::register(&mut Registry::default());
+        assert_eq!(m.deployment("made-up").function_deployment, OTHER_DEPLOYMENT);
+        m.learn("app");
+        assert_eq!(m.deployment("app").function_deployment, "app");
+        for i in 0..2 * MAX_DEPLOYMENT_LABELS {
+            m.learn(&format!("d{i}"));
+        }
+        assert_eq!(m.deployment("app").function_deployment, "app");
+        assert_eq!(
+            m.deployment(&format!("d{}", 2 * MAX_DEPLOYMENT_LABELS - 1))
+                .function_deployment,
+            OTHER_DEPLOYMENT
+        );
     }
 }

@@ -49,7 +49,7 @@ use crate::client::{ChannelSettings, Client, Endpoints};
 use crate::shutdown::Shutdown;
 use activity::Activity;
 use entry::HeaderCache;
-use metrics::{DeploymentLabel, DurationLabels, Metrics};
+use metrics::{DurationLabels, Metrics};
 use proxy::{Proxy, Settings};
 
 /// How often closed and expired idle instance connections are dropped.
@@ -319,10 +319,6 @@ async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Re
             return proxy::Error::from(e).into_response();
         }
     };
-    let label = DeploymentLabel {
-        function_deployment: parsed.function.deployment.clone(),
-    };
-    state.metrics.requests.get_or_create(&label).inc();
     let guard = state.activity.begin(&parsed).await;
     let forwarding = state.proxy.forward(&parsed, req, remote, guard);
     let result = match state.request_timeout {
@@ -331,7 +327,12 @@ async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Re
             .unwrap_or(Err(proxy::Error::RequestTimeout(t))),
         None => forwarding.await,
     };
+    if result.is_ok() {
+        state.metrics.learn(&parsed.function.deployment);
+    }
     let resp = result.unwrap_or_else(IntoResponse::into_response);
+    let label = state.metrics.deployment(&parsed.function.deployment);
+    state.metrics.requests.get_or_create(&label).inc();
     state
         .metrics
         .duration

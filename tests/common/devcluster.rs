@@ -26,7 +26,38 @@ pub async fn cluster_with(namespaces: &[&str], tweak: impl FnOnce(&mut Config)) 
         ..Config::default()
     };
     tweak(&mut config);
-    Cluster::start(config).await.expect("start simulator")
+    let cluster = Cluster::start(config).await.expect("start simulator");
+    // As kube-controller-manager does shortly after a namespace appears:
+    // the `default` ServiceAccount and the `kube-root-ca.crt` ConfigMap.
+    for ns in namespaces {
+        let c = &cluster;
+        eventually(
+            &format!("namespace {ns} set up"),
+            Duration::from_secs(10),
+            || async move {
+                (c.get("ServiceAccount", ns, "default").is_some()
+                    && c.get("ConfigMap", ns, "kube-root-ca.crt").is_some())
+                .then_some(())
+            },
+        )
+        .await;
+    }
+    cluster
+}
+
+/// An HTTP client that trusts the cluster's CA and presents the
+/// administrator's client certificate (for raw API and `/_sim/` requests).
+pub fn api_http(cluster: &Cluster) -> reqwest::Client {
+    let admin = cluster.admin_cert();
+    let identity = reqwest::Identity::from_pem(format!("{}{}", admin.cert_pem, admin.key_pem).as_bytes())
+        .expect("admin identity");
+    reqwest::Client::builder()
+        .use_rustls_tls()
+        .tls_built_in_root_certs(false)
+        .add_root_certificate(reqwest::Certificate::from_pem(cluster.ca_pem().as_bytes()).expect("CA"))
+        .identity(identity)
+        .build()
+        .expect("HTTP client")
 }
 
 /// Polls `f` every 20ms until it yields a value; panics after `timeout`.

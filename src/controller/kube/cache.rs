@@ -37,6 +37,11 @@ struct Inner {
     /// Pods this controller deleted, with the last version it saw: a late
     /// watch event at or below that version must not bring them back.
     tombstones: HashMap<String, u64>,
+    /// `skipper/ready-at` values this controller marked in memory whose
+    /// patch has not yet come back: a newer version of the pod without the
+    /// annotation keeps it (read your own writes), so an assignment never
+    /// looks unready and a burst never claims a second pod for it.
+    ready_marks: HashMap<String, String>,
 }
 
 /// Bound on remembered deletions (cleared wholesale beyond it; a relist
@@ -92,7 +97,17 @@ impl Inner {
     }
 
     /// Indexes `pod`; returns the function it is assigned to.
-    fn index(&mut self, name: String, pod: Pod) -> Option<FunctionId> {
+    fn index(&mut self, name: String, mut pod: Pod) -> Option<FunctionId> {
+        if let Some(mark) = self.ready_marks.get(&name).cloned() {
+            let assigned = label(&pod, LABEL_TENANT).is_some();
+            let annotations = pod.metadata.annotations.get_or_insert_with(Default::default);
+            if annotations.contains_key(ANNOTATION_READY_AT) || !assigned {
+                // The write landed, or the pod is no longer assigned.
+                self.ready_marks.remove(&name);
+            } else {
+                annotations.insert(ANNOTATION_READY_AT.to_owned(), mark);
+            }
+        }
         let function = if label(&pod, LABEL_TENANT).is_some() {
             pod_function(&pod).ok().map(Arc::new)
         } else {
@@ -270,6 +285,7 @@ impl PodCache {
     pub fn remove(&self, name: &str) -> bool {
         let (removed, touched) = {
             let mut inner = self.write();
+            inner.ready_marks.remove(name);
             let old = inner.unindex(name);
             if let Some(rv) = old.as_ref().and_then(|e| e.rv) {
                 if inner.tombstones.len() >= MAX_TOMBSTONES {
@@ -315,6 +331,7 @@ impl PodCache {
                 .collect();
             for n in stale {
                 inner.unindex(&n);
+                inner.ready_marks.remove(&n);
             }
             for pod in listed {
                 let Some(name) = pod.metadata.name.clone() else {
@@ -339,6 +356,10 @@ impl PodCache {
     pub fn mark_ready(&self, name: &str, ready_at: &str) {
         let touched = {
             let mut inner = self.write();
+            if !inner.pods.contains_key(name) {
+                return;
+            }
+            inner.ready_marks.insert(name.to_owned(), ready_at.to_owned());
             let Some(entry) = inner.pods.get_mut(name) else {
                 return;
             };
@@ -500,6 +521,37 @@ mod tests {
         drop(w2);
         c.apply(pod("x", 9, Some("t2")), true);
         assert_eq!(c.functions().len(), 1, "unwatched counters are forgotten");
+    }
+
+    #[test]
+    fn an_in_memory_ready_mark_survives_newer_watch_versions_until_the_patch_lands() {
+        let c = PodCache::new("ns");
+        c.apply(pod("a", 5, Some("t")), false);
+        c.mark_ready("a", "2024-01-15T10:30:00Z");
+        // The ReplicaSet releases the pod (a newer version without ready-at)
+        // before the ready-at patch comes back.
+        assert_eq!(c.apply(pod("a", 6, Some("t")), true), Applied::Updated);
+        let p = c.get("a").unwrap();
+        assert_eq!(
+            super::super::annotation(&p, ANNOTATION_READY_AT),
+            Some("2024-01-15T10:30:00Z"),
+            "the assignment still reads as ready"
+        );
+        // The patch lands with its own value; the mark is dropped.
+        let mut patched = pod("a", 7, Some("t"));
+        patched
+            .metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(ANNOTATION_READY_AT.into(), "2024-01-15T10:30:01Z".into());
+        c.apply(patched, true);
+        c.apply(pod("a", 8, Some("t")), true);
+        let p = c.get("a").unwrap();
+        assert_eq!(
+            super::super::annotation(&p, ANNOTATION_READY_AT),
+            None,
+            "once persisted, the object is the truth"
+        );
     }
 
     #[tokio::test]

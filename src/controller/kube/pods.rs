@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::{Api, DeleteParams, Patch, PatchParams};
+use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::{Value, json};
 
 use super::cache::PodCache;
@@ -142,6 +142,41 @@ impl PodWriter {
                     delay *= 2;
                 }
             }
+        }
+    }
+
+    /// Reads a pod from the API server (not the cache): `None` when it does
+    /// not exist.
+    ///
+    /// # Errors
+    /// [`WriteError::Api`] when the API server fails the request.
+    pub async fn fetch(&self, name: &str) -> Result<Option<Pod>, WriteError> {
+        self.api
+            .get_opt(name)
+            .await
+            .map_err(|e| WriteError::Api(Box::new(e)))
+    }
+
+    /// Deletes the pod `name` only if it is still the object with `uid`
+    /// (graceful). Returns `false` when it was already gone or replaced.
+    ///
+    /// # Errors
+    /// [`WriteError::Api`] when the API server fails the request.
+    pub async fn delete_exact(&self, name: &str, uid: &str) -> Result<bool, WriteError> {
+        let params = DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(uid.to_owned()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        };
+        match self.api.delete(name, &params).await {
+            Ok(_) => {
+                self.cache.remove(name);
+                Ok(true)
+            }
+            Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Ok(false),
+            Err(e) => Err(WriteError::Api(Box::new(e))),
         }
     }
 

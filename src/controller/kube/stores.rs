@@ -102,6 +102,27 @@ impl ReplicaSets {
         self.write().insert(name, Arc::new(rs));
     }
 
+    /// Whether some ReplicaSet's pods carry `skipper/deployment=deployment`.
+    #[must_use]
+    pub fn knows_deployment(&self, deployment: &str) -> bool {
+        let sets = self
+            .sets
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        sets.values().any(|rs| {
+            let template = rs
+                .spec
+                .as_ref()
+                .and_then(|s| s.template.as_ref())
+                .and_then(|t| t.metadata.as_ref())
+                .and_then(|m| m.labels.as_ref());
+            [rs.metadata.labels.as_ref(), template]
+                .into_iter()
+                .flatten()
+                .any(|l| l.get(LABEL_DEPLOYMENT).is_some_and(|d| d == deployment))
+        })
+    }
+
     /// The newest ReplicaSet with replicas owned by Deployment `deployment`.
     #[must_use]
     pub fn active_for(&self, deployment: &str) -> Option<String> {

@@ -289,17 +289,7 @@ async fn execute(
                         instances.retain(|i| i.name != name);
                     }
                     Err(e) => {
-                        failed = Some(match e {
-                            crate::controller::kube::pods::WriteError::Api(k) => {
-                                crate::controller::error::Error::Kube(k)
-                            }
-                            crate::controller::kube::pods::WriteError::Conflict(p) => {
-                                crate::controller::error::Error::AssignFailed {
-                                    pod: p,
-                                    reason: "delete conflict".into(),
-                                }
-                            }
-                        });
+                        failed = Some(e.into());
                         break;
                     }
                 }
