@@ -216,7 +216,7 @@ impl Default for ChannelSettings {
     fn default() -> Self {
         Self {
             connect_timeout: Duration::from_secs(2),
-            keepalive: (Duration::from_secs(10), Duration::from_secs(5)),
+            keepalive: (Duration::from_secs(15), Duration::from_secs(20)),
         }
     }
 }

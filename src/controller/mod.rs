@@ -144,10 +144,11 @@ pub async fn run(
     let token = shutdown.token().clone();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     // HTTP/2 pings keep long-lived instance streams honest: a router that
-    // vanished without a word is noticed and its stream ends.
+    // vanished without a word is noticed and its stream ends. Generous, so
+    // a busy peer is not mistaken for a dead one.
     let server = tonic::transport::Server::builder()
-        .http2_keepalive_interval(Some(std::time::Duration::from_secs(10)))
-        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(5)))
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
         .add_service(health)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, token.clone().cancelled_owned());
