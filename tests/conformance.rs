@@ -947,3 +947,287 @@ async fn rolling_update_surge(b: &Backend) {
     assert_eq!(s.updated_replicas, Some(1));
     assert_eq!(s.ready_replicas.unwrap_or(0), 0);
 }
+
+// === ServiceAccount tokens ===
+
+differential!(
+    service_account_tokens_authenticate_under_rbac,
+    service_account_tokens,
+    namespaces = [NS]
+);
+
+/// A TokenRequest token authenticates as `system:serviceaccount:<ns>:<name>`
+/// (in `system:serviceaccounts` and `system:serviceaccounts:<ns>`), and RBAC
+/// bindings to the ServiceAccount decide what it may do.
+async fn service_account_tokens(b: &Backend) {
+    let admin = b.client().await;
+    Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin.clone(), NS)
+        .create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": "robot"}})),
+        )
+        .await
+        .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::Role>::namespaced(admin.clone(), NS)
+        .create(
+            &PostParams::default(),
+            &from(json!({
+                "metadata": {"name": "reader"},
+                "rules": [{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["list"]}],
+            })),
+        )
+        .await
+        .unwrap();
+    Api::<k8s_openapi::api::rbac::v1::RoleBinding>::namespaced(admin.clone(), NS)
+        .create(
+            &PostParams::default(),
+            &from(json!({
+                "metadata": {"name": "robot-reads"},
+                "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "reader"},
+                "subjects": [{"kind": "ServiceAccount", "name": "robot", "namespace": NS}],
+            })),
+        )
+        .await
+        .unwrap();
+    let robot = b.service_account_client(NS, "robot").await;
+    let cms: Api<ConfigMap> = Api::namespaced(robot.clone(), NS);
+    backend::eventually("robot may list configmaps", WAIT, || async {
+        cms.list(&ListParams::default()).await.ok()
+    })
+    .await;
+    assert_eq!(
+        status(
+            cms.create(&PostParams::default(), &from(json!({"metadata": {"name": "x"}})))
+                .await
+        )["message"],
+        "configmaps is forbidden: User \"system:serviceaccount:conf:robot\" cannot create resource \"configmaps\" in API group \"\" in the namespace \"conf\""
+    );
+    // Who the token says it is.
+    let review: Value = robot
+        .request(
+            http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+                .header("content-type", "application/json")
+                .body(
+                    serde_json::to_vec(
+                        &json!({"apiVersion": "authentication.k8s.io/v1", "kind": "SelfSubjectReview"}),
+                    )
+                    .unwrap(),
+                )
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    let user = &review["status"]["userInfo"];
+    assert_eq!(user["username"], "system:serviceaccount:conf:robot");
+    let groups: Vec<&str> = user["groups"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(Value::as_str)
+        .collect();
+    assert_eq!(
+        groups,
+        [
+            "system:serviceaccounts",
+            "system:serviceaccounts:conf",
+            "system:authenticated"
+        ]
+    );
+    // A token for a ServiceAccount that does not exist is refused.
+    let ghost = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin, NS)
+        .create_token_request(
+            "ghost",
+            &PostParams::default(),
+            &from(json!({"spec": {"audiences": []}})),
+        )
+        .await;
+    assert_eq!(status(ghost)["code"], 404);
+}
+
+// === Compaction ===
+
+differential!(
+    an_exact_list_at_a_compacted_resource_version_is_gone,
+    compacted_list,
+    namespaces = [NS],
+    sim_deviation = "the simulator lists current data at a compacted resourceVersion"
+);
+
+/// After compaction, a list at an older resourceVersion with
+/// `resourceVersionMatch=Exact` answers 410 Gone (kube-rs: `VersionMatch::Exact`),
+/// while `NotOlderThan` and `resourceVersion=0` still serve current data.
+async fn compacted_list(b: &Backend) {
+    let cms: Api<ConfigMap> = Api::namespaced(b.client().await, NS);
+    let first = cms
+        .create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": "old"}})),
+        )
+        .await
+        .unwrap();
+    let old_rv = first.metadata.resource_version.unwrap();
+    // Before compaction the exact list works.
+    cms.list(
+        &ListParams::default()
+            .at(&old_rv)
+            .matching(kube::api::VersionMatch::Exact),
+    )
+    .await
+    .unwrap();
+    for i in 0..3 {
+        cms.patch(
+            "old",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"data": {"i": i.to_string()}})),
+        )
+        .await
+        .unwrap();
+    }
+    b.compact().await;
+    // The real API server's watch cache learns of the compaction within its
+    // 15 s poll; until then it still serves the old snapshot.
+    let exact = ListParams::default()
+        .at(&old_rv)
+        .matching(kube::api::VersionMatch::Exact);
+    let gone = backend::eventually("410 for the exact list", WAIT, || async {
+        match cms.list(&exact).await {
+            Err(e) => Some(status(Err::<(), _>(e))),
+            Ok(_) => None,
+        }
+    })
+    .await;
+    assert_eq!(
+        (gone["code"].as_u64(), gone["reason"].as_str()),
+        (Some(410), Some("Expired")),
+        "{gone}"
+    );
+    assert_eq!(
+        gone["message"],
+        "The resourceVersion for the provided list is too old."
+    );
+    let current = cms
+        .list(
+            &ListParams::default()
+                .at(&old_rv)
+                .matching(kube::api::VersionMatch::NotOlderThan),
+        )
+        .await
+        .unwrap();
+    let old = current
+        .items
+        .iter()
+        .find(|c| c.metadata.name.as_deref() == Some("old"))
+        .unwrap();
+    assert_eq!(old.data.as_ref().unwrap()["i"], "2");
+    cms.list(&ListParams::default().at("0")).await.unwrap();
+}
+
+// === Node authorization ===
+
+differential!(
+    a_node_may_only_touch_itself_and_its_pods,
+    node_authorization,
+    namespaces = [NS]
+);
+
+/// What a kubelet (`system:node:<name>` in `system:nodes`) may do under
+/// `--authorization-mode=Node,RBAC` with NodeRestriction: its own Node and
+/// Lease, pods only through a `spec.nodeName=<itself>` field selector.
+async fn node_authorization(b: &Backend) {
+    let node = b.client_as("system:node:n1", &["system:nodes"]).await;
+    let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(node.clone());
+    nodes
+        .create(&PostParams::default(), &from(json!({"metadata": {"name": "n1"}})))
+        .await
+        .unwrap();
+    let err = status(
+        nodes
+            .create(&PostParams::default(), &from(json!({"metadata": {"name": "n2"}})))
+            .await,
+    );
+    assert_eq!(
+        (err["code"].as_u64(), err["reason"].as_str()),
+        (Some(403), Some("Forbidden")),
+        "{err}"
+    );
+    assert_eq!(
+        err["message"],
+        "nodes \"n2\" is forbidden: node \"n1\" is not allowed to modify node \"n2\""
+    );
+    let leases: Api<k8s_openapi::api::coordination::v1::Lease> =
+        Api::namespaced(node.clone(), "kube-node-lease");
+    leases
+        .create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": "n1"}, "spec": {"holderIdentity": "n1"}})),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::all(node.clone());
+    pods.list(&ListParams::default().fields("spec.nodeName=n1"))
+        .await
+        .unwrap();
+    assert_eq!(
+        status(pods.list(&ListParams::default()).await)["message"],
+        "pods is forbidden: User \"system:node:n1\" cannot list resource \"pods\" in API group \"\" at the cluster scope: node: can only list/watch pods with spec.nodeName field selector"
+    );
+    assert_eq!(
+        status(pods.list(&ListParams::default().fields("spec.nodeName=n2")).await)["code"],
+        403
+    );
+    let cms: Api<ConfigMap> = Api::namespaced(node, NS);
+    assert_eq!(
+        status(cms.list(&ListParams::default()).await)["message"],
+        "configmaps is forbidden: User \"system:node:n1\" cannot list resource \"configmaps\" in API group \"\" in the namespace \"conf\": node: No Object name found"
+    );
+}
+
+// === Endpoint addresses ===
+
+differential!(
+    endpoint_addresses_may_not_be_loopback,
+    loopback_endpoints,
+    namespaces = [NS],
+    sim_deviation = "the simulator's pods live on loopback IPs, so it accepts loopback endpoint addresses"
+);
+
+/// EndpointSlices and Endpoints refuse loopback addresses (pod status
+/// does not): a Service whose pods have loopback IPs gets no endpoints
+/// from the real EndpointSlice controller.
+async fn loopback_endpoints(b: &Backend) {
+    let client = b.client().await;
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> = Api::namespaced(client.clone(), NS);
+    let err = status(
+        slices
+            .create(
+                &PostParams::default(),
+                &from(json!({
+                    "metadata": {"name": "lo", "labels": {"kubernetes.io/service-name": "lo"}},
+                    "addressType": "IPv4",
+                    "endpoints": [{"addresses": ["127.0.5.6"], "conditions": {"ready": true}}],
+                    "ports": [{"name": "http", "port": 8888, "protocol": "TCP"}],
+                })),
+            )
+            .await,
+    );
+    assert_eq!(err["code"], 422);
+    assert_eq!(
+        err["message"],
+        "EndpointSlice.discovery.k8s.io \"lo\" is invalid: endpoints[0].addresses[0]: Invalid value: \"127.0.5.6\": may not be in the loopback range (127.0.0.0/8, ::1/128)"
+    );
+    let pods: Api<Pod> = Api::namespaced(client, NS);
+    pods.create(
+        &PostParams::default(),
+        &from(json!({"metadata": {"name": "lo"},
+                     "spec": {"nodeName": "nowhere", "containers": [{"name": "c", "image": "skipper"}]}})),
+    )
+    .await
+    .unwrap();
+    pods.patch_status(
+        "lo",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {"podIP": "127.0.5.6", "podIPs": [{"ip": "127.0.5.6"}]}})),
+    )
+    .await
+    .unwrap();
+}

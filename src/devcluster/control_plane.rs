@@ -15,9 +15,9 @@
 //! - **kube-apiserver**: HTTPS only, client certificates and ServiceAccount
 //!   tokens (issuer, JWKS) for authentication, `--authorization-mode=Node,RBAC`,
 //!   the default admission plugins plus `NodeRestriction` (as kubeadm
-//!   enables it), the aggregation layer's front-proxy certificates with
-//!   `--enable-aggregator-routing` (there is no kube-proxy: extension API
-//!   servers are reached at their endpoints).
+//!   enables it), the aggregation layer's front-proxy certificates (an
+//!   extension API server is registered by [`super::metrics_api`]), and
+//!   Service cluster IPs on loopback ([`SERVICE_CLUSTER_IP_RANGE`]).
 //! - **kube-controller-manager**: the deployment, replicaset,
 //!   endpointslice, garbage-collector, namespace, serviceaccount,
 //!   serviceaccount-token and root-ca-certificate-publisher controllers,
@@ -73,8 +73,11 @@ pub const CONTROLLERS: [&str; 8] = [
 /// built by kubeadm names it.
 pub const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 
-/// The Service cluster IP range (kubeadm's default).
-pub const SERVICE_CLUSTER_IP_RANGE: &str = "10.96.0.0/16";
+/// The Service cluster IP range: loopback addresses (the node agent's pods
+/// use `127.a.b.c` with `a` ≠ 0, so they never collide). There is no
+/// kube-proxy, so a cluster IP reaches only a process that binds it; on
+/// loopback a stray connection stays on this machine.
+pub const SERVICE_CLUSTER_IP_RANGE: &str = "127.0.128.0/17";
 
 /// The user the aggregation layer's front proxy authenticates as.
 pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
@@ -149,6 +152,8 @@ pub enum ControlPlaneError {
     },
     #[error("building a client for {what}: {source}")]
     Client { what: String, source: Box<kube::Error> },
+    #[error("compacting etcd: {0}")]
+    Compact(String),
     #[error("reading the kubeconfig for {what}: {source}")]
     Kubeconfig {
         what: String,
@@ -166,10 +171,12 @@ struct Component {
 /// A running control plane. Dropping it SIGKILLs every process.
 pub struct ControlPlane {
     server: String,
+    etcd: SocketAddr,
     addr: SocketAddr,
     pki: ClusterPki,
     files: PkiFiles,
     front_proxy_ca: PathBuf,
+    front_proxy_ca_pem: String,
     work_dir: PathBuf,
     owns_work_dir: bool,
     admin_kubeconfig: PathBuf,
@@ -346,6 +353,35 @@ async fn http_ok(addr: SocketAddr, path: &str, expect: &str) -> bool {
         .is_ok_and(|b| String::from_utf8_lossy(&b.to_bytes()).contains(expect))
 }
 
+/// `POST http://addr/path` with a JSON body; the JSON answer.
+async fn http_post_json(
+    addr: SocketAddr,
+    path: &str,
+    body: &serde_json::Value,
+) -> Result<serde_json::Value, String> {
+    let client = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .build_http::<http_body_util::Full<bytes::Bytes>>();
+    let req = http::Request::post(format!("http://{addr}{path}"))
+        .header("content-type", "application/json")
+        .body(http_body_util::Full::new(bytes::Bytes::from(body.to_string())))
+        .map_err(|e| e.to_string())?;
+    let resp = tokio::time::timeout(Duration::from_secs(10), client.request(req))
+        .await
+        .map_err(|_| format!("{path}: no answer in 10 s"))?
+        .map_err(|e| format!("{path}: {e}"))?;
+    let status = resp.status();
+    let bytes = resp
+        .into_body()
+        .collect()
+        .await
+        .map_err(|e| e.to_string())?
+        .to_bytes();
+    if !status.is_success() {
+        return Err(format!("{path}: {status}: {}", String::from_utf8_lossy(&bytes)));
+    }
+    serde_json::from_slice(&bytes).map_err(|e| format!("{path}: {e}"))
+}
+
 /// Whether `GET <client's server>/path` answers `ok`.
 async fn k8s_ok(client: &kube::Client, path: &str) -> bool {
     let Ok(req) = http::Request::get(path).body(Vec::new()) else {
@@ -417,6 +453,7 @@ impl ControlPlane {
         }
         let mut plane = Self {
             server: String::new(),
+            etcd: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
             addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
             pki: ClusterPki::generate(&config.extra_serving_names)?,
             files: PkiFiles {
@@ -430,6 +467,7 @@ impl ControlPlane {
                 admin_key: PathBuf::new(),
             },
             front_proxy_ca: work_dir.join("pki/front-proxy-ca.crt"),
+            front_proxy_ca_pem: String::new(),
             admin_kubeconfig: work_dir.join("admin.kubeconfig"),
             work_dir,
             owns_work_dir,
@@ -477,6 +515,7 @@ impl ControlPlane {
         let etcd_client = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
         let etcd_peer = format!("http://127.0.0.1:{}", free_port()?);
         let etcd_url = format!("http://{etcd_client}");
+        self.etcd = etcd_client;
         let etcd_args = vec![
             flag("name", "default"),
             path_flag("data-dir", &self.work_dir.join("etcd")),
@@ -497,6 +536,7 @@ impl ControlPlane {
         let front_proxy_ca = Ca::generate("front-proxy-ca")?;
         let front_proxy_client = front_proxy_ca.issue_client(FRONT_PROXY_CLIENT, &[])?;
         write(&self.front_proxy_ca, front_proxy_ca.cert_pem(), false)?;
+        self.front_proxy_ca_pem = front_proxy_ca.cert_pem().to_owned();
         let proxy_cert = pki_dir.join("front-proxy-client.crt");
         let proxy_key = pki_dir.join("front-proxy-client.key");
         write(&proxy_cert, &front_proxy_client.cert_pem, false)?;
@@ -536,7 +576,6 @@ impl ControlPlane {
             flag("requestheader-extra-headers-prefix", "X-Remote-Extra-"),
             path_flag("proxy-client-cert-file", &proxy_cert),
             path_flag("proxy-client-key-file", &proxy_key),
-            flag("enable-aggregator-routing", true),
         ];
         args.extend(config.apiserver_args.iter().cloned());
         let admin = kubeconfig_text(
@@ -621,6 +660,16 @@ impl ControlPlane {
         &self.files.ca_cert
     }
 
+    /// Who an extension API server accepts requests from: the aggregation
+    /// layer's front proxy (its CA and client certificate name).
+    #[must_use]
+    pub fn front_proxy(&self) -> super::metrics_api::FrontProxy {
+        super::metrics_api::FrontProxy {
+            ca_pem: self.front_proxy_ca_pem.clone(),
+            allowed_names: vec![FRONT_PROXY_CLIENT.to_owned()],
+        }
+    }
+
     /// The administrator's kubeconfig (`kubernetes-admin`, `system:masters`).
     #[must_use]
     pub fn admin_kubeconfig(&self) -> &Path {
@@ -649,6 +698,46 @@ impl ControlPlane {
             .iter()
             .filter_map(|c| c.child.id())
             .collect()
+    }
+
+    /// Compacts etcd's history up to its current revision the way
+    /// kube-apiserver's compactor does (it records the revision under
+    /// `compact_rev_key`, which every API server watches, then compacts),
+    /// so reads at an older resourceVersion answer `410 Gone` — at once
+    /// from etcd, and from the watch cache once it has seen the new
+    /// compaction revision (it polls every 15 s). Returns the revision.
+    ///
+    /// # Errors
+    /// [`ControlPlaneError::Compact`] when etcd does not answer as expected.
+    pub async fn compact(&self) -> Result<u64, ControlPlaneError> {
+        let b64 = |s: &str| base64::engine::general_purpose::STANDARD.encode(s);
+        // The revision is in the header of any range answer.
+        let range = http_post_json(
+            self.etcd,
+            "/v3/kv/range",
+            &serde_json::json!({"key": b64("compact_rev_key")}),
+        )
+        .await
+        .map_err(ControlPlaneError::Compact)?;
+        let revision = range["header"]["revision"]
+            .as_str()
+            .and_then(|r| r.parse::<u64>().ok())
+            .ok_or_else(|| ControlPlaneError::Compact(format!("no revision in {range}")))?;
+        http_post_json(
+            self.etcd,
+            "/v3/kv/put",
+            &serde_json::json!({"key": b64("compact_rev_key"), "value": b64(&revision.to_string())}),
+        )
+        .await
+        .map_err(ControlPlaneError::Compact)?;
+        http_post_json(
+            self.etcd,
+            "/v3/kv/compaction",
+            &serde_json::json!({"revision": revision.to_string(), "physical": true}),
+        )
+        .await
+        .map_err(ControlPlaneError::Compact)?;
+        Ok(revision)
     }
 
     /// A client as the administrator.

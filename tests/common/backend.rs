@@ -182,6 +182,39 @@ impl Backend {
         kube::Client::try_from(config).unwrap()
     }
 
+    /// A client that authenticates as ServiceAccount `ns/name` with a token
+    /// from the TokenRequest API (default audiences, one hour), as a pod's
+    /// projected token does.
+    pub async fn service_account_client(&self, ns: &str, name: &str) -> kube::Client {
+        kube::Client::try_from(self.service_account_config(ns, name).await).unwrap()
+    }
+
+    /// The configuration of [`Self::service_account_client`].
+    pub async fn service_account_config(&self, ns: &str, name: &str) -> kube::Config {
+        let sas: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            kube::Api::namespaced(self.client().await, ns);
+        let request =
+            serde_json::from_value(serde_json::json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))
+                .unwrap();
+        let token = sas
+            .create_token_request(name, &kube::api::PostParams::default(), &request)
+            .await
+            .unwrap_or_else(|e| panic!("token for {ns}/{name}: {e}"))
+            .status
+            .expect("a TokenRequest status")
+            .token;
+        let mut kubeconfig: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(self.kubeconfig()).unwrap()).unwrap();
+        for user in kubeconfig["users"].as_sequence_mut().unwrap() {
+            user["user"] = serde_yaml_ng::from_str(&format!("token: {token}")).unwrap();
+        }
+        let kubeconfig =
+            kube::config::Kubeconfig::from_yaml(&serde_yaml_ng::to_string(&kubeconfig).unwrap()).unwrap();
+        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap()
+    }
+
     /// Creates a namespace (as the administrator).
     pub async fn create_namespace(&self, name: &str) {
         let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
@@ -239,6 +272,17 @@ impl Backend {
             ok: out.status.success(),
             stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
             stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Compacts the history: the simulator forgets its event history, the
+    /// real control plane compacts etcd to its current revision.
+    pub async fn compact(&self) {
+        match self {
+            Self::Sim(c) => c.compact(),
+            Self::Real(p) => {
+                p.compact().await.unwrap_or_else(|e| panic!("{e}"));
+            }
         }
     }
 
