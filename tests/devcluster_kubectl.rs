@@ -334,7 +334,10 @@ async fn the_written_kubeconfig_works_for_kube_rs() {
         .into_iter()
         .filter_map(|n| n.metadata.name)
         .collect();
-    assert_eq!(names, ["default", "kube-system"]);
+    assert_eq!(
+        names,
+        ["default", "kube-node-lease", "kube-public", "kube-system"]
+    );
 }
 
 #[test]

@@ -217,6 +217,12 @@ impl Authenticator {
         }
     }
 
+    /// The API server's own audiences (the default of a TokenRequest).
+    #[must_use]
+    pub fn audiences(&self) -> &[String] {
+        &self.audiences
+    }
+
     /// The user of a request: the client certificate's when one was
     /// verified, else the bearer token's.
     ///

@@ -14,8 +14,20 @@ use super::store::{Store, is_terminating, name_of, namespace_of, uid_of};
 /// Label carrying the template hash on ReplicaSets and their pods.
 pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
 
+/// What the control loops need besides the store.
+#[derive(Debug, Clone, Default)]
+pub struct Context {
+    /// The cluster CA (PEM), published in every namespace as `kube-root-ca.crt`.
+    pub ca_pem: String,
+}
+
+/// Name of the ConfigMap holding the cluster CA in every namespace.
+pub const ROOT_CA_CONFIG_MAP: &str = "kube-root-ca.crt";
+/// The description kube-controller-manager's root-CA publisher puts on it.
+const ROOT_CA_DESCRIPTION: &str = "Contains a CA bundle that can be used to verify the kube-apiserver when using internal endpoints such as the internal service IP or kubernetes.default.svc. No other usage is guaranteed across distributions of Kubernetes clusters.";
+
 /// One full reconciliation pass. Returns the first error it met (the pass carries on past errors).
-pub fn reconcile(store: &Store) -> Result<(), ApiError> {
+pub fn reconcile(store: &Store, ctx: &Context) -> Result<(), ApiError> {
     let mut first_err = None;
     let mut note = |r: Result<(), ApiError>| {
         if let Err(e) = r
@@ -24,6 +36,7 @@ pub fn reconcile(store: &Store) -> Result<(), ApiError> {
             first_err = Some(e);
         }
     };
+    note(namespace_defaults(store, ctx));
     note(deployments(store));
     note(replicasets(store));
     note(garbage_collect(store));
@@ -121,6 +134,52 @@ pub fn delete_pod(store: &Store, ns: &str, name: &str, grace: Option<i64>) -> Re
     } else {
         store.mark_terminating(res, ns, name, grace)
     }
+}
+
+/// The ServiceAccount controller (a `default` ServiceAccount in every
+/// namespace) and the root-CA publisher (`kube-root-ca.crt` in every
+/// namespace, put back when changed or deleted).
+fn namespace_defaults(store: &Store, ctx: &Context) -> Result<(), ApiError> {
+    let (namespaces, _) = store.list(by_kind("Namespace"), None);
+    let sares = by_kind("ServiceAccount");
+    let cmres = by_kind("ConfigMap");
+    for ns in namespaces.iter().filter(|n| !is_terminating(n)) {
+        let ns = name_of(ns);
+        if store.get(sares, ns, "default").is_none() {
+            match store.create(sares, ns, json!({"metadata": {"name": "default"}})) {
+                Ok(_) | Err(ApiError::AlreadyExists { .. } | ApiError::Terminating(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        if ctx.ca_pem.is_empty() {
+            continue;
+        }
+        let data = json!({"ca.crt": ctx.ca_pem});
+        match store.get(cmres, ns, ROOT_CA_CONFIG_MAP) {
+            None => {
+                let cm = json!({
+                    "metadata": {"name": ROOT_CA_CONFIG_MAP,
+                                 "annotations": {"kubernetes.io/description": ROOT_CA_DESCRIPTION}},
+                    "data": data,
+                });
+                match store.create(cmres, ns, cm) {
+                    Ok(_) | Err(ApiError::AlreadyExists { .. } | ApiError::Terminating(_)) => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            Some(cm) if cm.get("data") != Some(&data) || cm.get("binaryData").is_some() => {
+                ignore_not_found(store.update(cmres, ns, ROOT_CA_CONFIG_MAP, |o| {
+                    o["data"] = data;
+                    if let Some(m) = o.as_object_mut() {
+                        m.remove("binaryData");
+                    }
+                    Ok(())
+                }))?;
+            }
+            Some(_) => {}
+        }
+    }
+    Ok(())
 }
 
 fn deployments(store: &Store) -> Result<(), ApiError> {

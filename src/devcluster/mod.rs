@@ -64,20 +64,40 @@
 //! `/_sim/fail-writes?count=N&status=S`, `/_sim/latency?ms=N`,
 //! `/_sim/forbid?namespace=NS[&allow=true]` (administrators only).
 //!
-//! Differences from a real cluster worth knowing: no RBAC
-//! (use [`Cluster::forbid_namespace`] for `403`), no admission or schema
-//! validation beyond names, selectors and required containers, no
-//! server-side apply, rollouts replace all pods at once, a
-//! crashed container is not restarted (the pod stays Running and unready),
-//! only the first container of a pod runs, and there is no cluster DNS and
-//! no Service virtual IP (reach pods by IP or through EndpointSlices). A
-//! normal exit, a panic (drop) or
-//! Ctrl-C stops every pod process; after a SIGKILL of the simulator only
-//! `skipper fixture` pods notice (`SKIPPER_EXIT_WITH_PARENT`) and exit,
-//! other programs are left running.
+//! Requests are authorized as with `--authorization-mode=Node,RBAC`
+//! ([`rbac`]): `system:masters` always, nodes by the Node authorizer, everyone
+//! else by the Roles and bindings in the store (the bootstrap ClusterRoles
+//! `cluster-admin`, `system:discovery`, `system:basic-user`,
+//! `system:public-info-viewer`, `view`, `edit` and `admin` exist from the
+//! start). `Impersonate-*` headers (`kubectl --as`) are honoured for callers
+//! allowed to `impersonate`. [`Cluster::forbid_namespace`] remains a fault
+//! that answers `403` regardless.
+//!
+//! # Deviations from a real cluster
+//!
+//! | Feature | Real cluster | Simulator |
+//! |---|---|---|
+//! | Anonymous requests | `system:anonymous` unless `--anonymous-auth=false` | always `401` (as with `--anonymous-auth=false`) |
+//! | Client certificate groups | any number of `O` | at most one `O` in certificates the simulator issues |
+//! | HTTP/2 | offered by ALPN | HTTP/1.1 only |
+//! | RBAC escalation checks | creating a Role or binding needs the rights it grants (or `escalate`/`bind`) | not checked |
+//! | Aggregated ClusterRoles | `view`/`edit`/`admin` aggregate labelled roles | fixed rules (core, apps, batch, discovery, policy, coordination, events, metrics) |
+//! | Node authorizer | graph of pods, volumes, PVs, ResourceClaims, ... | pods, secrets, configmaps, PVCs and ServiceAccounts referenced by pods bound to the node |
+//! | Admission and schema validation | full | names, selectors and required containers |
+//! | Server-side apply | yes | no (`415`) |
+//! | Rollouts | surge and unavailability bounds | all pods replaced at once |
+//! | Cluster DNS, Service virtual IPs | yes | none (reach pods by IP or through EndpointSlices) |
+//!
+//! The pod runtime's own differences are listed in [`kubelet`]. A normal
+//! exit, a panic (drop) or Ctrl-C stops every pod process; after a SIGKILL
+//! of the simulator only `skipper fixture` pods notice
+//! (`SKIPPER_EXIT_WITH_PARENT`) and exit, other programs are left running.
 
 /// Authentication: client certificates and ServiceAccount tokens.
 pub mod auth;
+/// A real Kubernetes control plane (etcd, kube-apiserver,
+/// kube-controller-manager, kube-scheduler) as local processes.
+pub mod control_plane;
 /// Deployment, ReplicaSet, garbage-collection and EndpointSlice loops.
 pub mod controllers;
 /// API errors and their `Status` mapping.
@@ -86,14 +106,20 @@ pub mod error;
 pub mod https;
 /// The pod runtime.
 pub mod kubelet;
+/// `metrics.k8s.io` as an aggregated API (an APIService), as metrics-server.
+pub mod metrics_api;
 /// JSON, merge and strategic-merge patches.
 pub mod patch;
 /// CA, certificates and the ServiceAccount token key.
 pub mod pki;
 /// The local playground (`skipper dev`).
 pub mod playground;
+/// Node and RBAC authorization.
+pub mod rbac;
 /// Served resource kinds and discovery.
 pub mod resources;
+/// TokenRequest, TokenReview and the access reviews.
+pub mod reviews;
 /// Label and field selectors.
 pub mod selector;
 /// The HTTP server and fault endpoints.
@@ -135,7 +161,7 @@ pub struct Config {
     /// Holds the kubeconfig and per-pod directories; a fresh temporary
     /// directory (removed on shutdown) when `None`.
     pub work_dir: Option<PathBuf>,
-    /// Namespaces created at start (besides `default` and `kube-system`).
+    /// Namespaces created at start (besides `default`, `kube-system`, `kube-public` and `kube-node-lease`).
     pub namespaces: Vec<String>,
     /// Zones of the simulated nodes (one node per zone); pods are spread round-robin.
     pub zones: Vec<String>,
@@ -314,7 +340,10 @@ impl Cluster {
         let pki = Arc::new(ClusterPki::generate(&serving_names)?);
         let tls = https::server_config(&pki)?;
         let store = Arc::new(Store::new(config.event_history));
-        let mut namespaces = vec!["default".to_owned(), "kube-system".to_owned()];
+        let mut namespaces: Vec<String> = ["default", "kube-system", "kube-public", "kube-node-lease"]
+            .iter()
+            .map(|s| (*s).to_owned())
+            .collect();
         for ns in &config.namespaces {
             if !namespaces.contains(ns) {
                 namespaces.push(ns.clone());
@@ -322,6 +351,10 @@ impl Cluster {
         }
         for ns in &namespaces {
             store.create(by_kind("Namespace"), "", json!({"metadata": {"name": ns}}))?;
+        }
+        for obj in rbac::bootstrap_policy() {
+            let kind = obj["kind"].as_str().unwrap_or_default().to_owned();
+            store.create(by_kind(&kind), "", obj)?;
         }
         let mut nodes = Vec::new();
         for (i, zone) in config.zones.iter().enumerate() {
@@ -391,10 +424,13 @@ impl Cluster {
         tracker.spawn(https::serve(listener, tls, app, root.clone()));
         let (token, tasks) = (root.clone(), tracker.clone());
         let resync = config.resync_interval;
+        let ctx = controllers::Context {
+            ca_pem: pki.ca.cert_pem().to_owned(),
+        };
         tracker.spawn(async move {
             let mut rx = store.subscribe();
             loop {
-                if let Err(e) = controllers::reconcile(&store) {
+                if let Err(e) = controllers::reconcile(&store, &ctx) {
                     tracing::debug!(error = %e, "reconcile pass");
                 }
                 kubelet.sync(&store, &tasks, &token);

@@ -23,6 +23,9 @@ pub struct ResourceDef {
     pub subresources: &'static [&'static str],
     /// Read-only kinds computed by the simulator (pod metrics).
     pub computed: bool,
+    /// Create-only kinds that are answered, never stored (TokenReview,
+    /// SubjectAccessReview, ...).
+    pub review: bool,
 }
 
 impl ResourceDef {
@@ -68,6 +71,29 @@ const fn def(
         short_names,
         subresources,
         computed: false,
+        review: false,
+    }
+}
+
+/// A create-only review kind (answered, never stored).
+const fn review(
+    group: &'static str,
+    plural: &'static str,
+    singular: &'static str,
+    kind: &'static str,
+    namespaced: bool,
+) -> ResourceDef {
+    ResourceDef {
+        group,
+        version: "v1",
+        plural,
+        singular,
+        kind,
+        namespaced,
+        short_names: &[],
+        subresources: &[],
+        computed: false,
+        review: true,
     }
 }
 
@@ -114,7 +140,7 @@ pub static RESOURCES: &[ResourceDef] = &[
         "ServiceAccount",
         true,
         &["sa"],
-        &[],
+        &["token"],
     ),
     def("", "v1", "events", "event", "Event", true, &["ev"], &[]),
     def(
@@ -217,7 +243,50 @@ pub static RESOURCES: &[ResourceDef] = &[
         short_names: &[],
         subresources: &[],
         computed: true,
+        review: false,
     },
+    review(
+        "authentication.k8s.io",
+        "tokenreviews",
+        "tokenreview",
+        "TokenReview",
+        false,
+    ),
+    review(
+        "authentication.k8s.io",
+        "selfsubjectreviews",
+        "selfsubjectreview",
+        "SelfSubjectReview",
+        false,
+    ),
+    review(
+        "authorization.k8s.io",
+        "selfsubjectaccessreviews",
+        "selfsubjectaccessreview",
+        "SelfSubjectAccessReview",
+        false,
+    ),
+    review(
+        "authorization.k8s.io",
+        "selfsubjectrulesreviews",
+        "selfsubjectrulesreview",
+        "SelfSubjectRulesReview",
+        false,
+    ),
+    review(
+        "authorization.k8s.io",
+        "subjectaccessreviews",
+        "subjectaccessreview",
+        "SubjectAccessReview",
+        false,
+    ),
+    review(
+        "authorization.k8s.io",
+        "localsubjectaccessreviews",
+        "localsubjectaccessreview",
+        "LocalSubjectAccessReview",
+        true,
+    ),
 ];
 
 /// The resource served at `group/version/plural`.
@@ -237,7 +306,7 @@ pub fn by_kind(kind: &str) -> &'static ResourceDef {
     #[allow(clippy::expect_used)] // callers pass kinds listed in RESOURCES
     RESOURCES
         .iter()
-        .find(|r| r.kind == kind && !r.computed)
+        .find(|r| r.kind == kind && !r.computed && !r.review)
         .expect("kind listed in RESOURCES")
 }
 
@@ -293,6 +362,8 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
     {
         let verbs: Vec<&str> = if r.computed {
             vec!["get", "list"]
+        } else if r.review {
+            vec!["create"]
         } else {
             vec![
                 "create",
@@ -321,6 +392,11 @@ pub fn resource_list(group: &str, version: &str) -> Option<Value> {
                     Some(("autoscaling", "v1")),
                 ),
                 "log" => ("Pod", vec!["get"], None),
+                "token" => (
+                    "TokenRequest",
+                    vec!["create"],
+                    Some(("authentication.k8s.io", "v1")),
+                ),
                 _ => (r.kind, vec!["get", "patch", "update"], None),
             };
             let mut entry = json!({
@@ -396,7 +472,7 @@ pub fn openapi_v3_gv(path: &str) -> Option<Value> {
     let mut paths = serde_json::Map::new();
     for r in RESOURCES
         .iter()
-        .filter(|r| gv_path(r.group, r.version) == path && !r.computed)
+        .filter(|r| gv_path(r.group, r.version) == path && !r.computed && !r.review)
     {
         let item = if r.namespaced {
             format!("/{path}/namespaces/{{namespace}}/{}/{{name}}", r.plural)
@@ -419,7 +495,7 @@ pub fn openapi_v3_gv(path: &str) -> Option<Value> {
             json!({"get": op("get"), "put": op("put"), "patch": op("patch"), "delete": op("delete")}),
         );
     }
-    if paths.is_empty() {
+    if !RESOURCES.iter().any(|r| gv_path(r.group, r.version) == path) {
         return None;
     }
     Some(json!({

@@ -26,7 +26,23 @@ pub async fn cluster_with(namespaces: &[&str], tweak: impl FnOnce(&mut Config)) 
         ..Config::default()
     };
     tweak(&mut config);
-    Cluster::start(config).await.expect("start simulator")
+    let cluster = Cluster::start(config).await.expect("start simulator");
+    // As kube-controller-manager does shortly after a namespace appears:
+    // the `default` ServiceAccount and the `kube-root-ca.crt` ConfigMap.
+    for ns in namespaces {
+        let c = &cluster;
+        eventually(
+            &format!("namespace {ns} set up"),
+            Duration::from_secs(10),
+            || async move {
+                (c.get("ServiceAccount", ns, "default").is_some()
+                    && c.get("ConfigMap", ns, "kube-root-ca.crt").is_some())
+                .then_some(())
+            },
+        )
+        .await;
+    }
+    cluster
 }
 
 /// An HTTP client that trusts the cluster's CA and presents the

@@ -1,0 +1,332 @@
+//! One switch for the tests that can run against either Kubernetes
+//! backend: the embedded simulator (the default) or the real control plane
+//! built by `make control-plane` (`SKIPPER_TEST_CONTROL_PLANE=real`).
+//!
+//! Include it with `#[path = "common/backend.rs"] mod backend;`.
+
+#![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use skipper::devcluster::control_plane;
+
+/// Where `make control-plane` puts the binaries (`SKIPPER_CONTROL_PLANE_DIR` overrides).
+pub fn control_plane_dir() -> PathBuf {
+    std::env::var_os("SKIPPER_CONTROL_PLANE_DIR").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target/control-plane"),
+        PathBuf::from,
+    )
+}
+
+/// Whether the tests were asked to run against the real control plane.
+pub fn real_requested() -> bool {
+    std::env::var("SKIPPER_TEST_CONTROL_PLANE").is_ok_and(|v| v == "real")
+}
+
+/// The control plane configuration for tests, or `None` (with a message)
+/// when the binaries are not built and nothing demands them: CI
+/// (`CI=true`) and `SKIPPER_TEST_CONTROL_PLANE=real` make a missing build a
+/// failure.
+pub fn control_plane_config() -> Option<control_plane::Config> {
+    let dir = control_plane_dir();
+    let built = control_plane::BINARIES.iter().all(|b| dir.join(b).is_file());
+    if !built {
+        let demanded = real_requested() || std::env::var("CI").is_ok_and(|v| v == "true");
+        assert!(
+            !demanded,
+            "the real control plane is not built in {}: run `make control-plane`",
+            dir.display()
+        );
+        eprintln!(
+            "skipped: the real control plane is not built in {} (run `make control-plane`)",
+            dir.display()
+        );
+        return None;
+    }
+    Some(control_plane::Config {
+        bin_dir: dir,
+        ..control_plane::Config::default()
+    })
+}
+
+/// Polls `f` every 20ms until it yields a value; panics after `timeout`.
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    tokio::time::timeout(timeout, async {
+        loop {
+            if let Some(v) = f().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .unwrap_or_else(|_| panic!("timed out after {timeout:?} waiting for {what}"))
+}
+
+/// Whether a process with this pid exists (and is not a zombie).
+pub fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().next())
+            .is_some_and(|state| state != "Z" && state != "X"),
+        Err(_) => false,
+    }
+}
+
+/// A Kubernetes API to test against: the simulator or the real control plane.
+pub enum Backend {
+    /// The in-process simulator.
+    Sim(skipper::devcluster::Cluster),
+    /// etcd, kube-apiserver, kube-controller-manager and kube-scheduler.
+    Real(Box<control_plane::ControlPlane>),
+}
+
+/// What kubectl answered.
+#[derive(Debug)]
+pub struct Kubectl {
+    pub ok: bool,
+    pub stdout: String,
+    pub stderr: String,
+}
+
+impl Backend {
+    /// The simulator with test intervals and `namespaces` created.
+    pub async fn sim(namespaces: &[&str]) -> Self {
+        let config = skipper::devcluster::Config {
+            skipper_exe: env!("CARGO_BIN_EXE_skipper").into(),
+            namespaces: namespaces.iter().map(|s| (*s).to_owned()).collect(),
+            probe_interval: Duration::from_millis(20),
+            metrics_interval: Duration::from_millis(200),
+            bookmark_interval: Duration::from_millis(200),
+            resync_interval: Duration::from_millis(200),
+            ..skipper::devcluster::Config::default()
+        };
+        Self::Sim(
+            skipper::devcluster::Cluster::start(config)
+                .await
+                .unwrap_or_else(|e| panic!("start the simulator: {e}")),
+        )
+    }
+
+    /// The real control plane with `namespaces` created, or `None` when it
+    /// is not built (see [`control_plane_config`]).
+    pub async fn real(namespaces: &[&str]) -> Option<Self> {
+        let config = control_plane_config()?;
+        let plane = control_plane::ControlPlane::start(config)
+            .await
+            .unwrap_or_else(|e| panic!("start the control plane: {e}"));
+        let me = Self::Real(Box::new(plane));
+        for ns in namespaces {
+            me.create_namespace(ns).await;
+        }
+        Some(me)
+    }
+
+    /// The backend `SKIPPER_TEST_CONTROL_PLANE` names (`real`, or the simulator).
+    pub async fn from_env(namespaces: &[&str]) -> Option<Self> {
+        if real_requested() {
+            Self::real(namespaces).await
+        } else {
+            Some(Self::sim(namespaces).await)
+        }
+    }
+
+    /// `simulator` or `real`.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Self::Sim(_) => "simulator",
+            Self::Real(_) => "real",
+        }
+    }
+
+    pub fn is_real(&self) -> bool {
+        matches!(self, Self::Real(_))
+    }
+
+    /// The administrator's kubeconfig.
+    pub fn kubeconfig(&self) -> PathBuf {
+        match self {
+            Self::Sim(c) => c.kubeconfig_path().to_path_buf(),
+            Self::Real(p) => p.admin_kubeconfig().to_path_buf(),
+        }
+    }
+
+    async fn config(&self) -> kube::Config {
+        let text = std::fs::read_to_string(self.kubeconfig()).unwrap();
+        let kubeconfig = kube::config::Kubeconfig::from_yaml(&text).unwrap();
+        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap()
+    }
+
+    /// A client as the administrator.
+    pub async fn client(&self) -> kube::Client {
+        kube::Client::try_from(self.config().await).unwrap()
+    }
+
+    /// A client that acts as `user` in `groups` (impersonation by the
+    /// administrator, as `kubectl --as` does).
+    pub async fn client_as(&self, user: &str, groups: &[&str]) -> kube::Client {
+        let mut config = self.config().await;
+        config.auth_info.impersonate = Some(user.to_owned());
+        if !groups.is_empty() {
+            config.auth_info.impersonate_groups = Some(groups.iter().map(|g| (*g).to_owned()).collect());
+        }
+        kube::Client::try_from(config).unwrap()
+    }
+
+    /// A client that authenticates as ServiceAccount `ns/name` with a token
+    /// from the TokenRequest API (default audiences, one hour), as a pod's
+    /// projected token does.
+    pub async fn service_account_client(&self, ns: &str, name: &str) -> kube::Client {
+        kube::Client::try_from(self.service_account_config(ns, name).await).unwrap()
+    }
+
+    /// The configuration of [`Self::service_account_client`].
+    pub async fn service_account_config(&self, ns: &str, name: &str) -> kube::Config {
+        let sas: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            kube::Api::namespaced(self.client().await, ns);
+        let request =
+            serde_json::from_value(serde_json::json!({"spec": {"audiences": [], "expirationSeconds": 3600}}))
+                .unwrap();
+        let token = sas
+            .create_token_request(name, &kube::api::PostParams::default(), &request)
+            .await
+            .unwrap_or_else(|e| panic!("token for {ns}/{name}: {e}"))
+            .status
+            .expect("a TokenRequest status")
+            .token;
+        let mut kubeconfig: serde_yaml_ng::Value =
+            serde_yaml_ng::from_str(&std::fs::read_to_string(self.kubeconfig()).unwrap()).unwrap();
+        for user in kubeconfig["users"].as_sequence_mut().unwrap() {
+            user["user"] = serde_yaml_ng::from_str(&format!("token: {token}")).unwrap();
+        }
+        let kubeconfig =
+            kube::config::Kubeconfig::from_yaml(&serde_yaml_ng::to_string(&kubeconfig).unwrap()).unwrap();
+        kube::Config::from_custom_kubeconfig(kubeconfig, &kube::config::KubeConfigOptions::default())
+            .await
+            .unwrap()
+    }
+
+    /// Creates a namespace (as the administrator).
+    pub async fn create_namespace(&self, name: &str) {
+        let namespaces: kube::Api<k8s_openapi::api::core::v1::Namespace> =
+            kube::Api::all(self.client().await);
+        namespaces
+            .create(
+                &kube::api::PostParams::default(),
+                &serde_json::from_value(serde_json::json!({"metadata": {"name": name}})).unwrap(),
+            )
+            .await
+            .unwrap_or_else(|e| panic!("create namespace {name}: {e}"));
+    }
+
+    /// Runs kubectl with the administrator's kubeconfig and a private cache
+    /// directory.
+    pub async fn kubectl(&self, args: &[&str]) -> Kubectl {
+        self.kubectl_with_stdin(args, None).await
+    }
+
+    /// [`Self::kubectl`] with `stdin` fed to it.
+    pub async fn kubectl_with_stdin(&self, args: &[&str], stdin: Option<&str>) -> Kubectl {
+        use tokio::io::AsyncWriteExt as _;
+        let cache = std::env::temp_dir().join(format!(
+            "skipper-kubectl-cache-{}-{:x}",
+            std::process::id(),
+            rand::random::<u64>()
+        ));
+        let mut child = tokio::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(self.kubeconfig())
+            .arg("--cache-dir")
+            .arg(&cache)
+            .args(args)
+            .stdin(if stdin.is_some() {
+                std::process::Stdio::piped()
+            } else {
+                std::process::Stdio::null()
+            })
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("run kubectl");
+        if let Some(input) = stdin {
+            let mut pipe = child.stdin.take().unwrap();
+            pipe.write_all(input.as_bytes()).await.unwrap();
+            drop(pipe);
+        }
+        let out = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+            .await
+            .expect("kubectl finished within 60 s")
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&cache);
+        Kubectl {
+            ok: out.status.success(),
+            stdout: String::from_utf8_lossy(&out.stdout).into_owned(),
+            stderr: String::from_utf8_lossy(&out.stderr).into_owned(),
+        }
+    }
+
+    /// Compacts the history: the simulator forgets its event history, the
+    /// real control plane compacts etcd to its current revision.
+    pub async fn compact(&self) {
+        match self {
+            Self::Sim(c) => c.compact(),
+            Self::Real(p) => {
+                p.compact().await.unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+    }
+
+    /// Stops it (every process it started).
+    pub async fn shutdown(self) {
+        match self {
+            Self::Sim(c) => c.shutdown().await,
+            Self::Real(p) => p.shutdown().await,
+        }
+    }
+}
+
+/// Declares a scenario `async fn(&Backend)` as two tests, `<name>::simulator`
+/// and `<name>::real`; `sim_deviation = "why"` marks the simulator's run as
+/// ignored, naming a known difference (listed in the simulator's deviations).
+#[macro_export]
+macro_rules! differential {
+    ($name:ident, $scenario:ident, namespaces = [$($ns:expr),*] $(, sim_deviation = $why:literal)?) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            $(#[ignore = $why])?
+            async fn simulator() {
+                let backend = $crate::backend::Backend::sim(&[$($ns),*]).await;
+                super::$scenario(&backend).await;
+                backend.shutdown().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn real() {
+                let Some(backend) = $crate::backend::Backend::real(&[$($ns),*]).await else { return };
+                super::$scenario(&backend).await;
+                backend.shutdown().await;
+            }
+        }
+    };
+}
+
+/// Whether kubectl is installed (its steps skip with a message otherwise).
+pub fn kubectl_available() -> bool {
+    std::process::Command::new("kubectl")
+        .args(["version", "--client"])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
