@@ -81,7 +81,8 @@ differential!(
     rbac_decisions_and_forbidden_texts,
     rbac,
     namespaces = [NS],
-    sim_deviation = "the simulator neither authenticates, impersonates nor authorizes"
+    sim_deviation =
+        "kubectl auth can-i sends a protobuf SelfSubjectAccessReview, which the simulator cannot decode"
 );
 
 async fn rbac(b: &Backend) {
@@ -953,8 +954,7 @@ async fn rolling_update_surge(b: &Backend) {
 differential!(
     service_account_tokens_authenticate_under_rbac,
     service_account_tokens,
-    namespaces = [NS],
-    sim_deviation = "the simulator does not authorize (RBAC)"
+    namespaces = [NS]
 );
 
 /// A TokenRequest token authenticates as `system:serviceaccount:<ns>:<name>`

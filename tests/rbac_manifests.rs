@@ -2,7 +2,7 @@
 //! of `manifests/` (`rbac.yaml` and `example-pool.yaml`), and removing a
 //! verb those Roles grant makes the named start-up test fail with 403.
 //!
-//! Against the simulator these runs are ignored until it authorizes.
+//! Each runs against the simulator and the real control plane.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -153,8 +153,7 @@ async fn controller_serves_as_its_service_account(b: &Backend, limit: Duration) 
 differential!(
     the_controller_serves_under_the_manifest_roles,
     serves_under_manifest_roles,
-    namespaces = [],
-    sim_deviation = "the simulator does not authorize (RBAC)"
+    namespaces = []
 );
 
 async fn serves_under_manifest_roles(b: &Backend) {
@@ -195,8 +194,7 @@ async fn set_rules(b: &Backend, ns: &str, rules: &Value) {
 differential!(
     removing_a_start_up_verb_from_the_controller_roles_fails_with_403,
     verb_removal,
-    namespaces = [],
-    sim_deviation = "the simulator does not authorize (RBAC)"
+    namespaces = []
 );
 
 /// For each verb of the controller's Roles: without it, the named test
@@ -308,8 +306,7 @@ async fn router_discovers_as_its_service_account(b: &Backend, limit: Duration) -
 differential!(
     removing_a_verb_from_the_router_role_fails_discovery_with_403,
     router_verbs,
-    namespaces = [],
-    sim_deviation = "the simulator does not authorize (RBAC)"
+    namespaces = []
 );
 
 /// With the manifests' router Role the named test passes; without `list`
