@@ -1128,8 +1128,7 @@ async fn compacted_list(b: &Backend) {
 differential!(
     a_node_may_only_touch_itself_and_its_pods,
     node_authorization,
-    namespaces = [NS],
-    sim_deviation = "the simulator has no Node authorizer or NodeRestriction admission"
+    namespaces = [NS]
 );
 
 /// What a kubelet (`system:node:<name>` in `system:nodes`) may do under

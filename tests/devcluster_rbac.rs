@@ -408,7 +408,14 @@ async fn nodes_reach_only_their_own_objects_and_their_pods_references() {
     assert_eq!(status(secrets.get("theirs").await.unwrap_err()).0, 403);
     // Its own Node object, not another's.
     let nodes: Api<Node> = Api::all(node.clone());
-    nodes.list(&ListParams::default()).await.unwrap();
+    nodes
+        .list(&ListParams::default().fields("metadata.name=sim-node-0"))
+        .await
+        .unwrap();
+    assert_eq!(
+        status(nodes.list(&ListParams::default()).await.unwrap_err()).2,
+        "nodes is forbidden: User \"system:node:sim-node-0\" cannot list resource \"nodes\" in API group \"\" at the cluster scope: node: node 'sim-node-0' cannot read all nodes, only its own Node object"
+    );
     let label = Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}}));
     nodes
         .patch("sim-node-0", &PatchParams::default(), &label)
@@ -422,7 +429,7 @@ async fn nodes_reach_only_their_own_objects_and_their_pods_references() {
                 .unwrap_err()
         )
         .2,
-        "nodes \"sim-node-1\" is forbidden: User \"system:node:sim-node-0\" cannot patch resource \"nodes\" in API group \"\" at the cluster scope"
+        "nodes \"sim-node-1\" is forbidden: node \"sim-node-0\" is not allowed to modify node \"sim-node-1\""
     );
     // Tokens only for the ServiceAccount of a pod on this node, bound to that pod.
     let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(node, NS);

@@ -151,6 +151,16 @@ impl ApiError {
     /// The 403 of a request `attrs` that `user` may not make.
     #[must_use]
     pub fn forbidden(user: &str, attrs: &super::rbac::Attributes) -> Self {
+        Self::forbidden_because(user, attrs, "")
+    }
+
+    /// [`ApiError::forbidden`] with the authorizer's reason appended (`: reason`).
+    #[must_use]
+    pub fn forbidden_because(user: &str, attrs: &super::rbac::Attributes, reason: &str) -> Self {
+        let mut message = super::rbac::forbidden_message(user, attrs);
+        if !reason.is_empty() {
+            message = format!("{message}: {reason}");
+        }
         let group_resource = if !attrs.resource_request {
             String::new()
         } else if attrs.api_group.is_empty() {
@@ -163,7 +173,7 @@ impl ApiError {
             name: attrs.name.clone(),
             group: attrs.api_group.clone(),
             resource: attrs.resource.clone(),
-            message: super::rbac::forbidden_message(user, attrs),
+            message,
         }
     }
 }

@@ -304,12 +304,23 @@ pub fn authorize(store: &Store, user: &UserInfo, attrs: &Attributes) -> Decision
     if user.in_group(MASTERS_GROUP) {
         return Decision::allow("");
     }
+    let mut reasons = Vec::new();
     if let Some(node) = user.node_name()
         && let Some(d) = node_authorizer(store, node, attrs)
     {
+        if d.allowed {
+            return d;
+        }
+        reasons.push(format!("node: {}", d.reason));
+    }
+    let d = rbac(store, user, attrs);
+    if d.allowed {
         return d;
     }
-    rbac(store, user, attrs)
+    Decision {
+        allowed: false,
+        reason: reasons.join(", "),
+    }
 }
 
 /// Pods bound to `node`.
@@ -398,99 +409,209 @@ fn references(pod: &Value) -> Vec<(&'static str, String, String)> {
     out
 }
 
-/// The name a list or watch is limited to by a `metadata.name=` field selector.
-fn selected_name(field_selector: &str) -> Option<&str> {
-    field_selector.split(',').find_map(|r| {
+/// The Node authorizer's static rules (bootstrap policy `NodeRules`) for
+/// what it does not subdivide.
+fn node_rules() -> Vec<Value> {
+    vec![
+        rule(&["authentication.k8s.io"], &["tokenreviews"], &["create"]),
+        rule(
+            &["authorization.k8s.io"],
+            &["subjectaccessreviews", "localsubjectaccessreviews"],
+            &["create"],
+        ),
+        rule(&[""], &["services"], &["get", "list", "watch"]),
+        rule(
+            &["", "events.k8s.io"],
+            &["events"],
+            &["create", "patch", "update"],
+        ),
+        rule(&[""], &["endpoints"], &["get"]),
+        rule(
+            &["certificates.k8s.io"],
+            &["certificatesigningrequests"],
+            &["create", "get", "list", "watch"],
+        ),
+        rule(&["node.k8s.io"], &["runtimeclasses"], &["get", "list", "watch"]),
+        rule(&["storage.k8s.io"], &["csidrivers"], &["get", "list", "watch"]),
+    ]
+}
+
+/// Whether a field selector requires `field` to equal `value`.
+fn selects(field_selector: &str, field: &str, value: &str) -> bool {
+    field_selector.split(',').any(|r| {
         r.trim()
-            .strip_prefix("metadata.name=")
-            .map(|n| n.trim_start_matches('='))
+            .split_once('=')
+            .is_some_and(|(f, v)| f.trim() == field && v.trim_start_matches('=').trim() == value)
     })
 }
 
-/// The Node authorizer with NodeRestriction's limits: `Some` decides,
-/// `None` leaves the request to RBAC.
+/// The Node authorizer: `Some` allows, or refuses with a reason (the
+/// request then goes to RBAC); `None` has no opinion and no reason.
 fn node_authorizer(store: &Store, node: &str, attrs: &Attributes) -> Option<Decision> {
     if !attrs.resource_request {
         return None;
     }
     let allow = || Some(Decision::allow(""));
-    let deny = || Some(Decision::no_opinion());
-    let verb = attrs.verb.as_str();
-    let bound = |ns: &str, name: &str| {
-        store
-            .get(by_kind("Pod"), ns, name)
-            .is_some_and(|p| p.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node))
-    };
-    let referenced = |kind: &str, ns: &str, name: &str| {
-        pods_on(store, node).iter().any(|p| {
-            references(p)
-                .iter()
-                .any(|(k, n, m)| *k == kind && n == ns && m == name)
+    let refuse = |why: String| {
+        Some(Decision {
+            allowed: false,
+            reason: why,
         })
+    };
+    let no_relation = || {
+        refuse(format!(
+            "no relationship found between node '{node}' and this object"
+        ))
+    };
+    let verb = attrs.verb.as_str();
+    let sub = attrs.subresource.as_str();
+    let node_exists = store.get(by_kind("Node"), "", node).is_some();
+    // A path from the object to this node in the authorizer's graph.
+    let related = |kind: &str| -> Option<Decision> {
+        if attrs.name.is_empty() {
+            return refuse("No Object name found".into());
+        }
+        let on_node = node_exists
+            && pods_on(store, node).iter().any(|p| {
+                (kind == "Pod" && namespace_of(p) == attrs.namespace && name_of(p) == attrs.name)
+                    || references(p)
+                        .iter()
+                        .any(|(k, n, m)| *k == kind && *n == attrs.namespace && *m == attrs.name)
+            });
+        if on_node { allow() } else { no_relation() }
+    };
+    match (attrs.api_group.as_str(), attrs.resource.as_str()) {
+        ("", kind @ ("secrets" | "configmaps")) => {
+            if !matches!(verb, "get" | "list" | "watch") {
+                return refuse("can only read resources of this type".into());
+            }
+            if !sub.is_empty() {
+                return refuse("cannot read subresource".into());
+            }
+            if attrs.namespace.is_empty() {
+                return refuse("can only read namespaced object of this type".into());
+            }
+            related(if kind == "secrets" { "Secret" } else { "ConfigMap" })
+        }
+        ("", "persistentvolumeclaims") => {
+            if sub == "status" {
+                return if matches!(verb, "update" | "patch") {
+                    related("PersistentVolumeClaim")
+                } else {
+                    refuse("can only get/update/patch this type".into())
+                };
+            }
+            if verb != "get" {
+                return refuse("can only get individual resources of this type".into());
+            }
+            related("PersistentVolumeClaim")
+        }
+        ("", "serviceaccounts") => {
+            if verb != "create" || attrs.name.is_empty() {
+                return refuse("can only create tokens for individual service accounts".into());
+            }
+            if sub != "token" {
+                return refuse("can only create token subresource of serviceaccount".into());
+            }
+            related("ServiceAccount")
+        }
+        ("coordination.k8s.io", "leases") => {
+            if !matches!(verb, "get" | "create" | "update" | "patch" | "delete") {
+                return refuse("can only get, create, update, patch, or delete a node lease".into());
+            }
+            if attrs.namespace != "kube-node-lease" {
+                return refuse("can only access leases in the \"kube-node-lease\" system namespace".into());
+            }
+            if verb != "create" && attrs.name != node {
+                return refuse("can only access node lease with the same name as the requesting node".into());
+            }
+            allow()
+        }
+        ("", "nodes") => match (sub, verb) {
+            ("", "create" | "update" | "patch") | ("status", "update" | "patch") => allow(),
+            ("", "get" | "list" | "watch") => match attrs.name.as_str() {
+                n if n == node => allow(),
+                "" => refuse(format!(
+                    "node '{node}' cannot read all nodes, only its own Node object"
+                )),
+                other => refuse(format!(
+                    "node '{node}' cannot read '{other}', only its own Node object"
+                )),
+            },
+            _ => None,
+        },
+        ("", "pods") => match (sub, verb) {
+            ("", "get") => related("Pod"),
+            ("", "list" | "watch") => {
+                if selects(&attrs.field_selector, "spec.nodeName", node) {
+                    allow()
+                } else if !attrs.name.is_empty() {
+                    related("Pod")
+                } else {
+                    refuse("can only list/watch pods with spec.nodeName field selector".into())
+                }
+            }
+            ("", "create" | "delete") | ("status", "update" | "patch") | ("eviction", "create") => allow(),
+            _ => None,
+        },
+        _ => node_rules()
+            .iter()
+            .any(|r| rule_allows(r, attrs))
+            .then(|| Decision::allow("")),
+    }
+}
+
+/// NodeRestriction admission: what a node may write, judged on the stored
+/// object or the request body. `Err` carries the message after `is forbidden: `.
+///
+/// # Errors
+/// The admission plugin's text when the write touches another node's objects.
+pub fn node_restriction(
+    store: &Store,
+    node: &str,
+    attrs: &Attributes,
+    body: Option<&Value>,
+) -> Result<(), String> {
+    let body_name = body
+        .and_then(|b| b.pointer("/metadata/name"))
+        .and_then(Value::as_str)
+        .unwrap_or("");
+    let name = if attrs.name.is_empty() {
+        body_name
+    } else {
+        attrs.name.as_str()
+    };
+    let pod_node = || {
+        store
+            .get(by_kind("Pod"), &attrs.namespace, &attrs.name)
+            .and_then(|p| {
+                p.pointer("/spec/nodeName")
+                    .and_then(Value::as_str)
+                    .map(str::to_owned)
+            })
     };
     match (
         attrs.api_group.as_str(),
         attrs.resource.as_str(),
         attrs.subresource.as_str(),
+        attrs.verb.as_str(),
     ) {
-        ("", "nodes", "" | "status") => match verb {
-            "get" | "list" | "watch" => allow(),
-            "create" | "update" | "patch" | "delete" if attrs.name.is_empty() || attrs.name == node => {
-                allow()
-            }
-            _ => deny(),
-        },
-        ("coordination.k8s.io", "leases", "") => {
-            let own = attrs.namespace == "kube-node-lease" && (attrs.name.is_empty() || attrs.name == node);
-            (own && matches!(verb, "get" | "create" | "update" | "patch" | "delete"))
-                .then(|| Decision::allow(""))
-                .or_else(deny)
+        ("", "nodes", _, "create" | "update" | "patch" | "delete") if name != node => Err(format!(
+            "node \"{node}\" is not allowed to modify node \"{name}\""
+        )),
+        ("coordination.k8s.io", "leases", "", "create") if name != node => {
+            Err("can only access node lease with the same name as the requesting node".to_owned())
         }
-        ("", "pods", "") => match verb {
-            "get" | "delete" if bound(&attrs.namespace, &attrs.name) => allow(),
-            "list" | "watch"
-                if attrs.field_selector.split(',').any(|r| {
-                    r.trim() == format!("spec.nodeName={node}")
-                        || r.trim() == format!("spec.nodeName=={node}")
-                }) =>
-            {
-                allow()
-            }
-            _ => deny(),
-        },
-        ("", "pods", "status") => (matches!(verb, "get" | "update" | "patch")
-            && bound(&attrs.namespace, &attrs.name))
-        .then(|| Decision::allow(""))
-        .or_else(deny),
-        ("", kind @ ("secrets" | "configmaps" | "persistentvolumeclaims" | "serviceaccounts"), "") => {
-            let name = match verb {
-                "get" => attrs.name.as_str(),
-                "list" | "watch" => selected_name(&attrs.field_selector).unwrap_or(""),
-                _ => return deny(),
-            };
-            let kind = match kind {
-                "secrets" => "Secret",
-                "configmaps" => "ConfigMap",
-                "serviceaccounts" => "ServiceAccount",
-                _ => "PersistentVolumeClaim",
-            };
-            (!name.is_empty() && referenced(kind, &attrs.namespace, name))
-                .then(|| Decision::allow(""))
-                .or_else(deny)
-        }
-        ("", "serviceaccounts", "token") => (verb == "create"
-            && referenced("ServiceAccount", &attrs.namespace, &attrs.name))
-        .then(|| Decision::allow(""))
-        .or_else(deny),
-        ("", "services", "") if matches!(verb, "get" | "list" | "watch") => allow(),
-        ("" | "events.k8s.io", "events", "") if matches!(verb, "create" | "update" | "patch") => allow(),
-        ("authentication.k8s.io", "tokenreviews", "")
-        | ("authorization.k8s.io", "subjectaccessreviews" | "localsubjectaccessreviews", "")
-            if verb == "create" =>
-        {
-            allow()
-        }
-        _ => None,
+        ("", "pods", "status", "update" | "patch") if pod_node().as_deref() != Some(node) => Err(format!(
+            "node \"{node}\" can only update pod status for pods with spec.nodeName set to itself"
+        )),
+        ("", "pods", "", "delete") if pod_node().as_deref() != Some(node) => Err(format!(
+            "node \"{node}\" can only delete pods with spec.nodeName set to itself"
+        )),
+        ("", "pods", "", "create") => Err(format!(
+            "pod does not have \"kubernetes.io/config.mirror\" annotation, node \"{node}\" can only create mirror pods"
+        )),
+        _ => Ok(()),
     }
 }
 

@@ -262,8 +262,9 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
         return sim_endpoint(&shared, req.method(), rest, &q);
     }
     let attrs = request_attributes(req.method(), &path, &q);
-    if !rbac::authorize(&shared.store, &user, &attrs).allowed {
-        return ApiError::forbidden(&user.name, &attrs).into_response();
+    let decision = rbac::authorize(&shared.store, &user, &attrs);
+    if !decision.allowed {
+        return ApiError::forbidden_because(&user.name, &attrs, &decision.reason).into_response();
     }
     let latency = shared.faults.latency_ms.load(Ordering::SeqCst);
     if latency > 0 {
@@ -274,6 +275,29 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
         Ok(b) => b,
         Err(e) => return ApiError::BadRequest(format!("reading the request body: {e}")).into_response(),
     };
+    if let Some(node) = user.node_name()
+        && matches!(
+            parts.method,
+            Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+        )
+    {
+        let parsed: Option<Value> = serde_json::from_slice(&body).ok();
+        if let Err(why) = rbac::node_restriction(&shared.store, node, &attrs, parsed.as_ref()) {
+            let mut e = ApiError::forbidden(&user.name, &attrs);
+            if let ApiError::Forbidden { message, name, .. } = &mut e {
+                *message = why;
+                if name.is_empty()
+                    && let Some(n) = parsed
+                        .as_ref()
+                        .and_then(|b| b.pointer("/metadata/name"))
+                        .and_then(Value::as_str)
+                {
+                    *name = n.to_owned();
+                }
+            }
+            return e.into_response();
+        }
+    }
     let request = Req {
         user: &user,
         attrs: &attrs,
@@ -338,8 +362,25 @@ pub fn request_attributes(method: &Method, path: &str, q: &HashMap<String, Strin
         Method::DELETE => "delete",
         _ => lower.as_str(),
     };
-    let mut attrs = rbac::Attributes::resource(verb, namespace, group, resource, subresource, name);
-    attrs.field_selector = q.get("fieldSelector").cloned().unwrap_or_default();
+    let field_selector = q.get("fieldSelector").cloned().unwrap_or_default();
+    // A list or watch of one object by `metadata.name=` names it (RequestInfo does the same).
+    let selected = if matches!(verb, "list" | "watch") && name.is_empty() {
+        field_selector.split(',').find_map(|r| {
+            let (f, v) = r.split_once('=')?;
+            (f.trim() == "metadata.name").then(|| v.trim_start_matches('=').trim().to_owned())
+        })
+    } else {
+        None
+    };
+    let mut attrs = rbac::Attributes::resource(
+        verb,
+        namespace,
+        group,
+        resource,
+        subresource,
+        selected.as_deref().unwrap_or(name),
+    );
+    attrs.field_selector = field_selector;
     attrs
 }
 
