@@ -315,8 +315,11 @@ async fn a_non_owner_forwards_the_stream_and_a_ring_change_aborts_it() {
         .until("the instance, forwarded", |t| ready(t) == [name.clone()])
         .await;
     on_a.until("the instance", |t| ready(t) == [name.clone()]).await;
-    assert!(b.core.feeds.get(f.id()).is_none(), "B forwards; it keeps no feed");
-    assert!(a.core.feeds.get(f.id()).is_some());
+    assert!(
+        b.core.cluster.feeds.get(f.id()).is_none(),
+        "B forwards; it keeps no feed"
+    );
+    assert!(a.core.cluster.feeds.get(f.id()).is_some());
 
     // A leaves the ring: both streams end with ABORTED, and B serves the
     // function from then on.

@@ -24,7 +24,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -35,7 +35,6 @@ use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
 use super::core::{Core, MAX_SCALE_HOPS};
-use super::error::Error;
 use super::kube::Instance;
 use super::peers::HOPS_METADATA;
 use crate::api::{self, InstanceState};
@@ -47,8 +46,55 @@ pub const FIRST_MESSAGE_TIMEOUT: Duration = Duration::from_secs(10);
 pub const FORWARD_OPEN_TIMEOUT: Duration = Duration::from_secs(5);
 /// Responses buffered per stream before the stream waits for its router.
 const STREAM_BUFFER: usize = 16;
+/// Most instance streams a controller serves at once (its own and those
+/// it forwards); more are refused with `RESOURCE_EXHAUSTED`.
+pub const MAX_STREAMS: usize = 100_000;
 /// Longest list of idle instances taken from one router message.
 const MAX_IDLE_NAMES: usize = 1024;
+
+/// Why a stream could not start, or ended on the controller's side.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no subscription message within {0:?}")]
+    NoSubscription(Duration),
+    #[error("function {id} moved on the hash ring (owner was {owner}); subscribe again")]
+    Moved { id: FunctionId, owner: String },
+    #[error("controller is shutting down")]
+    ShuttingDown,
+    #[error("{MAX_STREAMS} instance streams are open, the most this controller serves")]
+    TooManyStreams,
+    #[error("peer controller {peer}: {message}")]
+    Peer {
+        peer: String,
+        code: tonic::Code,
+        message: String,
+    },
+    #[error(transparent)]
+    Controller(#[from] super::error::Error),
+}
+
+impl From<Error> for Status {
+    fn from(e: Error) -> Self {
+        use tonic::Code;
+        let e = match e {
+            Error::Controller(c) => return c.into(),
+            other => other,
+        };
+        let code = match &e {
+            Error::NoSubscription(_) => Code::InvalidArgument,
+            // Routers subscribe again at once.
+            Error::Moved { .. } => Code::Aborted,
+            Error::ShuttingDown => Code::Unavailable,
+            Error::TooManyStreams => Code::ResourceExhausted,
+            Error::Peer { code, .. } => match code {
+                Code::Internal | Code::Unknown | Code::DeadlineExceeded => Code::Unavailable,
+                c => *c,
+            },
+            Error::Controller(_) => Code::Internal,
+        };
+        Status::new(code, e.to_string())
+    }
+}
 
 /// The stream a `WatchInstances` call answers with.
 pub type ResponseStream = Pin<Box<dyn Stream<Item = Result<api::WatchInstancesResponse, Status>> + Send>>;
@@ -266,9 +312,28 @@ impl Drop for Subscription {
 }
 
 /// Every feed of this controller.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Feeds {
     map: scc::HashMap<FunctionId, Arc<Feed>>,
+    /// Streams served or forwarded now.
+    open: Arc<AtomicUsize>,
+    limit: usize,
+}
+
+impl Default for Feeds {
+    fn default() -> Self {
+        Self::with_limit(MAX_STREAMS)
+    }
+}
+
+/// One open stream counted against [`MAX_STREAMS`] until dropped.
+#[derive(Debug)]
+pub struct StreamSlot(Arc<AtomicUsize>);
+
+impl Drop for StreamSlot {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::Relaxed);
+    }
 }
 
 /// How a drain ended.
@@ -283,6 +348,29 @@ pub enum Drained {
 }
 
 impl Feeds {
+    /// No feed yet; at most `limit` streams at once.
+    #[must_use]
+    pub fn with_limit(limit: usize) -> Self {
+        Self {
+            map: scc::HashMap::new(),
+            open: Arc::default(),
+            limit,
+        }
+    }
+
+    /// Counts one more open stream, unless the limit is reached.
+    #[must_use]
+    pub fn open_stream(&self) -> Option<StreamSlot> {
+        let slot = StreamSlot(self.open.clone());
+        (self.open.fetch_add(1, Ordering::Relaxed) < self.limit).then_some(slot)
+    }
+
+    /// Streams open now.
+    #[must_use]
+    pub fn open_streams(&self) -> usize {
+        self.open.load(Ordering::Relaxed)
+    }
+
     /// The feed of `id`, if the function is watched.
     #[must_use]
     pub fn get(&self, id: FunctionId) -> Option<Arc<Feed>> {
@@ -378,7 +466,7 @@ async fn run_feed(core: Arc<Core>, feed: Arc<Feed>, f: Function) {
     let stop = core.shutdown.token().clone();
     loop {
         let watched = feed.view.receiver_count() > 0;
-        if !watched && core.feeds.retire(&feed).await {
+        if !watched && core.cluster.feeds.retire(&feed).await {
             return;
         }
         tokio::select! {
@@ -414,41 +502,48 @@ pub async fn serve(
     let mut incoming = request.into_inner();
     let first = match tokio::time::timeout(FIRST_MESSAGE_TIMEOUT, incoming.message()).await {
         Ok(Ok(Some(m))) => m,
-        Ok(Ok(None)) => return Err(Error::MissingFunction.into()),
+        Ok(Ok(None)) => return Err(super::error::Error::MissingFunction.into()),
         Ok(Err(status)) => return Err(status),
-        Err(_) => return Err(Status::deadline_exceeded("no subscription message within 10s")),
+        Err(_) => return Err(Error::NoSubscription(FIRST_MESSAGE_TIMEOUT).into()),
     };
     let f = core.admit(first.function.as_ref())?;
     core.ensure_synced()?;
+    let Some(slot) = core.cluster.feeds.open_stream() else {
+        return Err(Error::TooManyStreams.into());
+    };
     let ring = core.ring.current();
     let owner = ring
         .owner(f.id())
         .map(str::to_owned)
-        .ok_or(Error::Ring(crate::ring::RingError::Empty(Duration::ZERO)))?;
+        .ok_or(super::error::Error::Ring(crate::ring::RingError::Empty(
+            Duration::ZERO,
+        )))?;
     let router = first.router_ip.clone().unwrap_or_default();
     if owner != core.config.pod_ip && hops < MAX_SCALE_HOPS {
         tracing::debug!(function = %f.id(), %owner, %router, "forwarding instance stream");
-        return forward(core, f, owner, first, incoming, hops + 1).await;
+        return forward(core, f, owner, first, incoming, hops + 1, slot).await;
     }
     tracing::debug!(function = %f.id(), %router, "serving instance stream");
-    let (member, view) = core.feeds.subscribe(&core, &f).await;
+    let (member, view) = core.cluster.feeds.subscribe(&core, &f).await;
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
-    core.shutdown.spawn(
-        "instance-stream",
-        stream_local(core.clone(), f.id(), owner, view, member, incoming, tx),
-    );
+    let stream = stream_local(core.clone(), f.id(), owner, view, member, incoming, tx);
+    core.shutdown.spawn("instance-stream", async move {
+        let _slot = slot;
+        stream.await;
+    });
     Ok(Response::new(Box::pin(ReceiverStream::new(rx))))
 }
 
-/// Why a stream ends on the controller's side.
 fn moved(id: FunctionId, owner: &str) -> Status {
-    Status::aborted(format!(
-        "function {id} moved on the hash ring (owner was {owner}); subscribe again"
-    ))
+    Error::Moved {
+        id,
+        owner: owner.to_owned(),
+    }
+    .into()
 }
 
 fn shutting_down() -> Status {
-    Status::unavailable("controller is shutting down")
+    Error::ShuttingDown.into()
 }
 
 async fn stream_local(
@@ -515,6 +610,7 @@ async fn forward(
     first: api::WatchInstancesRequest,
     mut incoming: Streaming<api::WatchInstancesRequest>,
     hops: u32,
+    slot: StreamSlot,
 ) -> Result<Response<ResponseStream>, Status> {
     let channel = core.peers.channel(&owner)?;
     let (up_tx, up_rx) = mpsc::channel(8);
@@ -529,18 +625,20 @@ async fn forward(
     {
         Ok(Ok(resp)) => resp.into_inner(),
         Ok(Err(status)) => {
-            return Err(Status::new(
-                match status.code() {
-                    tonic::Code::Internal | tonic::Code::Unknown => tonic::Code::Unavailable,
-                    c => c,
-                },
-                format!("peer controller {owner}: {}", status.message()),
-            ));
+            return Err(Error::Peer {
+                peer: owner,
+                code: status.code(),
+                message: status.message().to_owned(),
+            }
+            .into());
         }
         Err(_) => {
-            return Err(Status::unavailable(format!(
-                "peer controller {owner}: no answer within {FORWARD_OPEN_TIMEOUT:?}"
-            )));
+            return Err(Error::Peer {
+                peer: owner,
+                code: tonic::Code::DeadlineExceeded,
+                message: format!("no answer within {FORWARD_OPEN_TIMEOUT:?}"),
+            }
+            .into());
         }
     };
     let (tx, rx) = mpsc::channel(STREAM_BUFFER);
@@ -548,6 +646,7 @@ async fn forward(
     let stop = core.shutdown.token().clone();
     let mut ring = core.ring.subscribe();
     core.shutdown.spawn("instance-stream-forward", async move {
+        let _slot = slot;
         let mut reading = true;
         loop {
             tokio::select! {
@@ -668,6 +767,28 @@ mod tests {
             View::of(5, &[busy], &none).instances,
             View::of(5, &[inst("a", 1)], &none).instances
         );
+    }
+
+    #[test]
+    fn open_streams_are_bounded() {
+        let feeds = Feeds::with_limit(2);
+        let a = feeds.open_stream().unwrap();
+        let b = feeds.open_stream().unwrap();
+        assert!(feeds.open_stream().is_none());
+        assert_eq!(feeds.open_streams(), 2, "a refused stream is not counted");
+        drop(a);
+        let c = feeds.open_stream().unwrap();
+        drop((b, c));
+        assert_eq!(feeds.open_streams(), 0);
+        assert_eq!(
+            Status::from(Error::TooManyStreams).code(),
+            tonic::Code::ResourceExhausted
+        );
+        let moved = Status::from(Error::Moved {
+            id: FunctionId(9),
+            owner: "10.0.0.1".into(),
+        });
+        assert_eq!(moved.code(), tonic::Code::Aborted);
     }
 
     #[tokio::test(start_paused = true)]
