@@ -449,8 +449,7 @@ async fn kubectl_create(b: &Backend) {
 differential!(
     field_selectors_filter_and_unknown_fields_are_refused,
     field_selectors,
-    namespaces = [NS],
-    sim_deviation = "the simulator accepts unsupported field selectors"
+    namespaces = [NS]
 );
 
 async fn field_selectors(b: &Backend) {
@@ -1049,8 +1048,7 @@ async fn service_account_tokens(b: &Backend) {
 differential!(
     an_exact_list_at_a_compacted_resource_version_is_gone,
     compacted_list,
-    namespaces = [NS],
-    sim_deviation = "the simulator lists current data at a compacted resourceVersion"
+    namespaces = [NS]
 );
 
 /// After compaction, a list at an older resourceVersion with
