@@ -4,7 +4,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use crate::config::{format_duration, parse_positive_duration, split_list};
+use crate::config::{format_duration, parse_duration, parse_positive_duration, split_list};
 use crate::token::{SigningKey, Version};
 
 /// Flags of `skipper controller`.
@@ -88,9 +88,25 @@ pub struct Args {
     #[arg(long, env = "SKIPPER_FUNCTION_ASSIGN_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration)]
     pub function_assign_timeout: Duration,
 
+    /// Longest a scale-down waits for routers to stop using an instance before deleting its pod (0s = no wait)
+    #[arg(long, env = "SKIPPER_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
+
     /// Controller-wide limit on concurrent stale-instance replacements
     #[arg(long, env = "SKIPPER_MAX_CONCURRENT_STALE_REPLACEMENTS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent_stale_replacements: u32,
+
+    /// Most entries one Heartbeat call may carry (a larger batch is refused whole)
+    #[arg(long, env = "SKIPPER_MAX_HEARTBEAT_ENTRIES", default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_heartbeat_entries: u32,
+
+    /// Most functions one router may keep active on a controller; heartbeats for more are refused
+    #[arg(long, env = "SKIPPER_MAX_FUNCTIONS_PER_ROUTER", default_value_t = 50_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_functions_per_router: u32,
+
+    /// Most routers that may keep functions active on a controller at once
+    #[arg(long, env = "SKIPPER_MAX_HEARTBEAT_ROUTERS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_heartbeat_routers: u32,
 
     /// Skip a function namespace that answers Forbidden at start-up instead of failing
     #[arg(long, env = "SKIPPER_SKIP_FORBIDDEN_NAMESPACES", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -160,6 +176,27 @@ impl ScaleConfig {
     }
 }
 
+/// Bounds on what callers can make a controller hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Entries of one Heartbeat call.
+    pub heartbeat_entries: usize,
+    /// Functions one router keeps active.
+    pub functions_per_router: usize,
+    /// Routers keeping functions active at once.
+    pub heartbeat_routers: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            heartbeat_entries: 20_000,
+            functions_per_router: 50_000,
+            heartbeat_routers: 1024,
+        }
+    }
+}
+
 /// The validated controller configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -178,8 +215,11 @@ pub struct Config {
     pub function_namespaces: Vec<String>,
     pub assign_path: String,
     pub max_concurrent_stale_replacements: usize,
+    pub limits: Limits,
     pub skip_forbidden_namespaces: bool,
     pub single_controller_mode: bool,
+    /// Bound on waiting for routers to report a draining instance idle.
+    pub drain_timeout: Duration,
     pub telemetry: crate::telemetry::Args,
 }
 
@@ -235,8 +275,14 @@ impl TryFrom<Args> for Config {
             function_namespaces,
             assign_path: a.function_assign_path,
             max_concurrent_stale_replacements: a.max_concurrent_stale_replacements as usize,
+            limits: Limits {
+                heartbeat_entries: a.max_heartbeat_entries as usize,
+                functions_per_router: a.max_functions_per_router as usize,
+                heartbeat_routers: a.max_heartbeat_routers as usize,
+            },
             skip_forbidden_namespaces: a.skip_forbidden_namespaces,
             single_controller_mode: a.single_controller_mode,
+            drain_timeout: a.drain_timeout,
             telemetry: a.telemetry,
         };
         cfg.listen_addr()?;
@@ -276,8 +322,10 @@ impl Config {
             function_namespaces: function_namespaces.iter().map(|s| (*s).to_owned()).collect(),
             assign_path: crate::domain::DEFAULT_ASSIGN_PATH.into(),
             max_concurrent_stale_replacements: 10,
+            limits: Limits::default(),
             skip_forbidden_namespaces: false,
             single_controller_mode: false,
+            drain_timeout: Duration::from_secs(10),
             telemetry: crate::telemetry::Args::default(),
         }
     }
@@ -390,9 +438,29 @@ impl Config {
                 "Timeout of the assign request",
             ),
             (
+                "drain-timeout",
+                d(self.drain_timeout),
+                "Longest a scale-down waits for routers to stop using an instance",
+            ),
+            (
                 "max-concurrent-stale-replacements",
                 self.max_concurrent_stale_replacements.to_string(),
                 "Controller-wide limit on concurrent stale-instance replacements",
+            ),
+            (
+                "max-heartbeat-entries",
+                self.limits.heartbeat_entries.to_string(),
+                "Most entries one Heartbeat call may carry",
+            ),
+            (
+                "max-functions-per-router",
+                self.limits.functions_per_router.to_string(),
+                "Most functions one router may keep active on this controller",
+            ),
+            (
+                "max-heartbeat-routers",
+                self.limits.heartbeat_routers.to_string(),
+                "Most routers that may keep functions active at once",
             ),
             (
                 "skip-forbidden-namespaces",
@@ -452,9 +520,11 @@ mod tests {
         assert_eq!(cfg.function_namespaces, vec!["fns", "more"]);
         assert_eq!(cfg.assign_path, "/__skipper/assign");
         assert_eq!(cfg.max_concurrent_stale_replacements, 10);
+        assert_eq!(cfg.drain_timeout, Duration::from_secs(10));
         assert_eq!(cfg.paseto_version, Version::V2);
         assert!((cfg.scale.tolerance - 0.1).abs() < f64::EPSILON);
         assert_eq!(cfg.scale.protection_period(), Duration::from_secs(90));
+        assert_eq!(cfg.limits, Limits::default());
     }
 
     #[test]
@@ -467,6 +537,13 @@ mod tests {
                 "--max-concurrent-stale-replacements",
             ),
             (vec!["--paseto-version", "v3"], "--paseto-version"),
+            (vec!["--drain-timeout", "later"], "--drain-timeout"),
+            (vec!["--max-heartbeat-entries", "0"], "--max-heartbeat-entries"),
+            (
+                vec!["--max-functions-per-router", "0"],
+                "--max-functions-per-router",
+            ),
+            (vec!["--max-heartbeat-routers", "none"], "--max-heartbeat-routers"),
         ] {
             let err = parse(&argv).unwrap_err().to_string();
             assert!(err.contains(flag), "{err}");

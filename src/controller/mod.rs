@@ -6,14 +6,18 @@
 //! - [`error`]: the error type and its one mapping to gRPC status codes.
 //! - [`kube`]: watches and caches (reads) and [`kube::pods`] (all writes).
 //! - [`assign`]: claiming a pool pod and the assign request.
-//! - [`supervisor`]: one actor per function; [`supervisor::converge`] is
-//!   the pure scaling core.
+//! - [`supervisor`]: one actor per function over a narrow
+//!   [`supervisor::Context`]; [`supervisor::converge`] is the pure scaling
+//!   core; [`context`] is the controller's implementation of the context.
 //! - [`heartbeat`], [`events`], [`metrics`], [`peers`]: router activity, the
 //!   event log, Prometheus metrics, and clients of the other controllers.
-//! - [`core`]: the operations behind the RPCs; [`grpc`]: the service.
+//! - [`core`]: the operations behind the RPCs; [`grpc`]: the service;
+//!   [`watch`]: the `WatchInstances` streams that feed routers' tables, and
+//!   draining before a scale-down.
 
 pub mod assign;
 pub mod config;
+pub mod context;
 pub mod core;
 pub mod error;
 pub mod events;
@@ -23,6 +27,7 @@ pub mod kube;
 pub mod metrics;
 pub mod peers;
 pub mod supervisor;
+pub mod watch;
 
 use std::collections::HashSet;
 use std::process::ExitCode;
@@ -122,18 +127,43 @@ pub async fn run(
         events.clone(),
         shutdown.clone(),
     );
+    let started_at = SystemTime::now();
+    let cluster = Arc::new(context::Cluster {
+        settings: supervisor::Settings {
+            scale_interval: config.scale_interval,
+            scale: config.scale,
+        },
+        state: state.clone(),
+        ring: ring.clone(),
+        pod_ip: config.pod_ip.clone(),
+        assigner,
+        events: events.clone(),
+        metrics: metrics.clone(),
+        stale_permits: Arc::new(Semaphore::new(config.max_concurrent_stale_replacements)),
+        started_at,
+        feeds: Arc::new(watch::Feeds::default()),
+        drain_timeout: config.drain_timeout,
+    });
+    let supervisors = supervisor::Registry::new(
+        cluster.clone(),
+        shutdown.token().child_token(),
+        shutdown.tracker().clone(),
+    );
     let core = Arc::new(Core {
         config: config.clone(),
         state: state.clone(),
         ring: ring.clone(),
-        assigner,
+        cluster,
         events,
         metrics,
-        stale_permits: Arc::new(Semaphore::new(config.max_concurrent_stale_replacements)),
-        started_at: SystemTime::now(),
+        started_at,
         shutdown: shutdown.clone(),
         peers: peers::Peers::new(config.port),
-        supervisors: supervisor::Registry::default(),
+        supervisors,
+        routers: heartbeat::Routers::new(
+            config.limits.heartbeat_routers,
+            config.limits.functions_per_router,
+        ),
     });
 
     let (reporter, health) = tonic_health::server::health_reporter();
@@ -141,7 +171,12 @@ pub async fn run(
     let service = api_server(core.clone());
     let token = shutdown.token().clone();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // HTTP/2 pings keep long-lived instance streams honest: a router that
+    // vanished without a word is noticed and its stream ends. Generous, so
+    // a busy peer is not mistaken for a dead one.
     let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
         .add_service(health)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, token.clone().cancelled_owned());
