@@ -513,6 +513,17 @@ async fn a_router_keeps_at_most_its_limit_of_functions_active() {
     config.limits.functions_per_router = 3;
     config.limits.heartbeat_routers = 2;
     let ctl = Ctl::start(&sim, config, listener).await;
+    // Heartbeats for a Deployment the controller does not know yet are
+    // dropped, not counted against the router.
+    eventually(Duration::from_secs(10), "the pool's ReplicaSet", || async {
+        ctl.core
+            .namespace(NS)
+            .unwrap()
+            .replica_sets
+            .knows_deployment("pool")
+            .then_some(())
+    })
+    .await;
     let batch = |router: &str, tenants: std::ops::Range<usize>| api::HeartbeatRequest {
         router_ip: Some(router.into()),
         heartbeats: tenants
