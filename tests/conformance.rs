@@ -953,8 +953,7 @@ async fn rolling_update_surge(b: &Backend) {
 differential!(
     service_account_tokens_authenticate_under_rbac,
     service_account_tokens,
-    namespaces = [NS],
-    sim_deviation = "the simulator does not authorize (RBAC)"
+    namespaces = [NS]
 );
 
 /// A TokenRequest token authenticates as `system:serviceaccount:<ns>:<name>`
@@ -1128,8 +1127,7 @@ async fn compacted_list(b: &Backend) {
 differential!(
     a_node_may_only_touch_itself_and_its_pods,
     node_authorization,
-    namespaces = [NS],
-    sim_deviation = "the simulator has no Node authorizer or NodeRestriction admission"
+    namespaces = [NS]
 );
 
 /// What a kubelet (`system:node:<name>` in `system:nodes`) may do under

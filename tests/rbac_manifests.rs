@@ -153,8 +153,7 @@ async fn controller_serves_as_its_service_account(b: &Backend, limit: Duration) 
 differential!(
     the_controller_serves_under_the_manifest_roles,
     serves_under_manifest_roles,
-    namespaces = [],
-    sim_deviation = "the simulator does not authorize (RBAC)"
+    namespaces = []
 );
 
 async fn serves_under_manifest_roles(b: &Backend) {
@@ -195,8 +194,7 @@ async fn set_rules(b: &Backend, ns: &str, rules: &Value) {
 differential!(
     removing_a_start_up_verb_from_the_controller_roles_fails_with_403,
     verb_removal,
-    namespaces = [],
-    sim_deviation = "the simulator does not authorize (RBAC)"
+    namespaces = []
 );
 
 /// For each verb of the controller's Roles: without it, the named test
@@ -249,4 +247,110 @@ async fn verb_removal(b: &Backend) {
     controller_serves_as_its_service_account(b, Duration::from_secs(30))
         .await
         .unwrap();
+}
+
+// === The router ===
+
+const ROUTER_SA: &str = "skipper-router";
+
+/// An EndpointSlice of the controller Service with one ready endpoint
+/// (written by the administrator: the address is only read, never dialled).
+async fn controller_endpoint_slice(b: &Backend) {
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        Api::namespaced(b.client().await, CTL_NS);
+    slices
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "skipper-controller-test", "labels": {
+                    "kubernetes.io/service-name": "skipper-controller-headless",
+                    "endpointslice.kubernetes.io/managed-by": "skipper-tests"}},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true}, "zone": "zone-a"}],
+                "ports": [{"name": "grpc", "port": 50051, "protocol": "TCP"}],
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+}
+
+/// The named test: the router's discovery, as ServiceAccount
+/// `skipper/skipper-router`, finds the controller endpoint within `limit`.
+async fn router_discovers_as_its_service_account(b: &Backend, limit: Duration) -> Result<(), String> {
+    let log_start = logs().0.lock().unwrap().len();
+    let client = b.service_account_client(CTL_NS, ROUTER_SA).await;
+    let endpoints = skipper::client::Endpoints::new(skipper::client::ChannelSettings::default());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(skipper::router::discovery::run_endpoint_slices(
+        client,
+        CTL_NS.into(),
+        "skipper-controller-headless".into(),
+        50051,
+        "zone-a".into(),
+        endpoints.clone(),
+        stop.clone(),
+    ));
+    let want: Vec<std::net::SocketAddr> = vec!["10.0.0.1:50051".parse().unwrap()];
+    let found = tokio::time::timeout(limit, endpoints.wait_until(|a| a == want.as_slice())).await;
+    stop.cancel();
+    let _ = task.await;
+    let refusals = forbidden_lines(log_start)
+        .into_iter()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join("\n");
+    found.map_err(|_| format!("no controller endpoint after {limit:?}\n{refusals}"))
+}
+
+differential!(
+    removing_a_verb_from_the_router_role_fails_discovery_with_403,
+    router_verbs,
+    namespaces = [],
+    sim_deviation = "the simulator does not authorize (RBAC)"
+);
+
+/// With the manifests' router Role the named test passes; without `list`
+/// it fails with 403. `watch` is reported: discovery finds the first
+/// endpoints from the list alone.
+async fn router_verbs(b: &Backend) {
+    apply_rbac(b).await;
+    let admin = b.client().await;
+    for doc in manifest_documents(skipper::devcluster::playground::ROUTER_YAML).unwrap() {
+        if doc["kind"] == "ServiceAccount" {
+            create_object(&admin, &doc).await.unwrap();
+        }
+    }
+    controller_endpoint_slice(b).await;
+    router_discovers_as_its_service_account(b, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let roles: Api<Role> = Api::namespaced(admin, CTL_NS);
+    let original = serde_json::to_value(roles.get(ROUTER_SA).await.unwrap().rules.unwrap()).unwrap();
+    for verb in ["list", "watch"] {
+        let mut reduced = original.clone();
+        reduced[0]["verbs"].as_array_mut().unwrap().retain(|v| v != verb);
+        roles
+            .patch(
+                ROUTER_SA,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"rules": reduced})),
+            )
+            .await
+            .unwrap();
+        let result = router_discovers_as_its_service_account(b, Duration::from_secs(8)).await;
+        roles
+            .patch(
+                ROUTER_SA,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"rules": original})),
+            )
+            .await
+            .unwrap();
+        match (verb, result) {
+            ("list", Err(e)) => assert!(e.contains("403"), "without list: {e}"),
+            ("list", Ok(())) => panic!("discovery works without list"),
+            (_, r) => println!("without {verb}: {r:?}"),
+        }
+    }
 }

@@ -283,7 +283,15 @@ impl Store {
                 }
             },
         };
-        if !is_dns_subdomain(&name) {
+        if res.group == "rbac.authorization.k8s.io" {
+            // RBAC names are path segments (`system:discovery`).
+            if name == "." || name == ".." || name.contains('/') || name.contains('%') {
+                return Err(ApiError::Invalid(format!(
+                    "{}.{} \"{name}\" is invalid: metadata.name: Invalid value: \"{name}\": may not contain '/' or '%' or be '.' or '..'",
+                    res.kind, res.group
+                )));
+            }
+        } else if !is_dns_subdomain(&name) {
             return Err(ApiError::Invalid(format!(
                 "{} \"{name}\" is invalid: metadata.name: Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'",
                 res.kind
