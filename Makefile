@@ -73,7 +73,7 @@ bench-router:
 bench-sim:
 	$(CARGO) test --release --test devcluster_bench -- --ignored --nocapture --test-threads 1
 
-## bench-controller: controller figures (cold/warm GetInstance latency, converge CPU for 10,000 idle functions)
+## bench-controller: controller figures (cold/warm GetInstance latency; 100,000 idle functions: bytes per supervisor, RSS, converge CPU per tick)
 bench-controller:
 	$(CARGO) test --release --test controller_bench -- --ignored --nocapture --test-threads 1
 

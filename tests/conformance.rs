@@ -81,7 +81,8 @@ differential!(
     rbac_decisions_and_forbidden_texts,
     rbac,
     namespaces = [NS],
-    sim_deviation = "the simulator neither authenticates, impersonates nor authorizes"
+    sim_deviation =
+        "kubectl auth can-i sends a protobuf SelfSubjectAccessReview, which the simulator cannot decode"
 );
 
 async fn rbac(b: &Backend) {

@@ -2,7 +2,7 @@
 //! of `manifests/` (`rbac.yaml` and `example-pool.yaml`), and removing a
 //! verb those Roles grant makes the named start-up test fail with 403.
 //!
-//! Against the simulator these runs are ignored until it authorizes.
+//! Each runs against the simulator and the real control plane.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -306,8 +306,7 @@ async fn router_discovers_as_its_service_account(b: &Backend, limit: Duration) -
 differential!(
     removing_a_verb_from_the_router_role_fails_discovery_with_403,
     router_verbs,
-    namespaces = [],
-    sim_deviation = "the simulator does not authorize (RBAC)"
+    namespaces = []
 );
 
 /// With the manifests' router Role the named test passes; without `list`
