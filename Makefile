@@ -49,9 +49,10 @@ FUZZ_SECONDS ?= 600
 fuzz:
 	fuzz/run $(FUZZ_SECONDS)
 
-## fuzz-smoke: 20 seconds of each fuzz target (what CI runs)
+## fuzz-smoke: FUZZ_SMOKE_SECONDS (default 15) of each fuzz target (what CI runs)
+FUZZ_SMOKE_SECONDS ?= 15
 fuzz-smoke:
-	fuzz/run 20
+	fuzz/run $(FUZZ_SMOKE_SECONDS)
 
 ## lint: formatting and clippy with warnings as errors
 lint:
