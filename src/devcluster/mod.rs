@@ -116,6 +116,8 @@ pub mod pki;
 pub mod playground;
 /// Node and RBAC authorization.
 pub mod rbac;
+/// The ReplicaSet controller's decisions (which pods go first, availability, status).
+pub mod replicaset;
 /// Served resource kinds and discovery.
 pub mod resources;
 /// TokenRequest, TokenReview and the access reviews.
