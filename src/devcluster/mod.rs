@@ -100,6 +100,8 @@ pub mod auth;
 pub mod control_plane;
 /// Deployment, ReplicaSet, garbage-collection and EndpointSlice loops.
 pub mod controllers;
+/// The Deployment controller's decisions (rollouts, scaling, history, status).
+pub mod deployment;
 /// API errors and their `Status` mapping.
 pub mod error;
 /// The HTTPS listener.
