@@ -283,7 +283,10 @@ async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_controllers_claim_concurrently_without_double_assignment() {
-    const TENANTS: usize = 200;
+    // Twice the pool: half the claims race for pods that replace claimed
+    // ones. Every replacement is a real process that must pass its
+    // readiness probe, so the last claim waits for all of them.
+    const TENANTS: usize = 100;
     const POOL: i32 = 50;
     let sim = std::sync::Arc::new(Sim::start().await);
     sim.deploy_pool("race", POOL, &[]).await;
