@@ -8,6 +8,7 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod browser;
 mod harness;
 mod playground;
 mod scenarios;

@@ -150,7 +150,18 @@ async fn tick(core: &Arc<Core>, handle: &Handle, actor: &mut Actor) -> Result<bo
         started_at: core.started_at,
         owner: core.is_owner(f.id()),
     };
-    match converge::plan_tick(&input, &mut actor.window, &core.config.scale) {
+    let plan = converge::plan_tick(&input, &mut actor.window, &core.config.scale);
+    let recommended = match &plan {
+        TickPlan::Idle { decision, .. } => Some((decision.clone(), false)),
+        TickPlan::Act { decision, .. } => Some((decision.clone(), true)),
+        TickPlan::OneshotCleanup { .. } => None,
+    };
+    if let Some((decision, acted)) = recommended {
+        handle
+            .shared
+            .record_recommendation(super::Recommendation::new(input.now, decision, acted));
+    }
+    match plan {
         TickPlan::Idle { stop, .. } => Ok(stop),
         TickPlan::OneshotCleanup { delete } => {
             let ns = core.namespace(&f.namespace)?;
