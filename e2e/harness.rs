@@ -172,6 +172,14 @@ impl Dev {
         dev
     }
 
+    /// The pid of the `skipper dev` process.
+    pub fn pid(&self) -> u32 {
+        self.child
+            .as_ref()
+            .and_then(tokio::process::Child::id)
+            .unwrap_or(0)
+    }
+
     /// The output of `skipper dev` so far.
     pub fn output(&self) -> String {
         self.stdout.lock().unwrap().join("\n")

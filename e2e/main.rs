@@ -9,6 +9,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod browser;
+// Shared with the reliability suite (`chaos/`); each uses part of it.
+#[allow(dead_code)]
 mod harness;
 mod playground;
 mod scenarios;

@@ -81,7 +81,8 @@ differential!(
     rbac_decisions_and_forbidden_texts,
     rbac,
     namespaces = [NS],
-    sim_deviation = "the simulator neither authenticates, impersonates nor authorizes"
+    sim_deviation =
+        "kubectl auth can-i sends a protobuf SelfSubjectAccessReview, which the simulator cannot decode"
 );
 
 async fn rbac(b: &Backend) {
@@ -449,8 +450,7 @@ async fn kubectl_create(b: &Backend) {
 differential!(
     field_selectors_filter_and_unknown_fields_are_refused,
     field_selectors,
-    namespaces = [NS],
-    sim_deviation = "the simulator accepts unsupported field selectors"
+    namespaces = [NS]
 );
 
 async fn field_selectors(b: &Backend) {
@@ -953,8 +953,7 @@ async fn rolling_update_surge(b: &Backend) {
 differential!(
     service_account_tokens_authenticate_under_rbac,
     service_account_tokens,
-    namespaces = [NS],
-    sim_deviation = "the simulator does not authorize (RBAC)"
+    namespaces = [NS]
 );
 
 /// A TokenRequest token authenticates as `system:serviceaccount:<ns>:<name>`
@@ -1050,8 +1049,7 @@ async fn service_account_tokens(b: &Backend) {
 differential!(
     an_exact_list_at_a_compacted_resource_version_is_gone,
     compacted_list,
-    namespaces = [NS],
-    sim_deviation = "the simulator lists current data at a compacted resourceVersion"
+    namespaces = [NS]
 );
 
 /// After compaction, a list at an older resourceVersion with
@@ -1128,8 +1126,7 @@ async fn compacted_list(b: &Backend) {
 differential!(
     a_node_may_only_touch_itself_and_its_pods,
     node_authorization,
-    namespaces = [NS],
-    sim_deviation = "the simulator has no Node authorizer or NodeRestriction admission"
+    namespaces = [NS]
 );
 
 /// What a kubelet (`system:node:<name>` in `system:nodes`) may do under

@@ -180,6 +180,7 @@ async fn failed_assign_deletes_the_pod_and_reports_the_error() {
     let f = function("broken", "t2", 1);
     let err = ctl
         .core
+        .cluster
         .assigner
         .assign(ns, &f, tokio::time::Instant::now() + Duration::from_secs(5))
         .await
@@ -214,6 +215,7 @@ async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
         let waiting = tokio::spawn(async move {
             let ns = core.namespace(NS).unwrap();
             let r = core
+                .cluster
                 .assigner
                 .assign(ns, &f, tokio::time::Instant::now() + Duration::from_secs(30))
                 .await;
@@ -479,14 +481,13 @@ async fn a_pool_that_refuses_every_assignment_backs_off() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_oversized_heartbeat_batch_is_refused_whole() {
-    use skipper::controller::core::MAX_HEARTBEAT_ENTRIES;
     let sim = Sim::start().await;
     sim.deploy_pool("pool", 1, &[]).await;
     let ctl = Ctl::single(&sim).await;
     let one = harness::heartbeat("10.1.1.1", &function("pool", "t", 1), 0).heartbeats[0].clone();
     let req = api::HeartbeatRequest {
         router_ip: Some("10.1.1.1".into()),
-        heartbeats: vec![one; MAX_HEARTBEAT_ENTRIES + 1],
+        heartbeats: vec![one; ctl.core.config.limits.heartbeat_entries + 1],
         forwarded_for: vec![],
     };
     let err = ctl.grpc.clone().heartbeat(req).await.unwrap_err();
@@ -500,5 +501,59 @@ async fn an_oversized_heartbeat_batch_is_refused_whole() {
         ctl.core.supervisors.is_empty(),
         "nothing of a refused batch is recorded"
     );
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_router_keeps_at_most_its_limit_of_functions_active() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("pool", 1, &[]).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut config = sim.config("127.0.0.1");
+    config.limits.functions_per_router = 3;
+    config.limits.heartbeat_routers = 2;
+    let ctl = Ctl::start(&sim, config, listener).await;
+    let batch = |router: &str, tenants: std::ops::Range<usize>| api::HeartbeatRequest {
+        router_ip: Some(router.into()),
+        heartbeats: tenants
+            .flat_map(|i| harness::heartbeat(router, &function("pool", &format!("t{i}"), 1), 0).heartbeats)
+            .collect(),
+        forwarded_for: vec![],
+    };
+    let refused = || {
+        ctl.core
+            .metrics
+            .heartbeats_refused_total
+            .get_or_create(&skipper::controller::metrics::HeartbeatRefusedLabels {
+                reason: "router-limit",
+            })
+            .get()
+    };
+    let mut grpc = ctl.grpc.clone();
+    let err = grpc.heartbeat(batch("10.1.1.1", 0..5)).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("2 of 5 heartbeat entries refused")
+            && err.message().contains("router 10.1.1.1 keeps 3 functions active")
+            && err.message().contains("--max-functions-per-router"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(ctl.core.supervisors.len(), 3, "no supervisor for a refused entry");
+    assert_eq!(refused(), 2);
+    // Functions the router already keeps active are refreshed freely.
+    grpc.heartbeat(batch("10.1.1.1", 0..3)).await.unwrap();
+    // Another router has its own budget.
+    grpc.heartbeat(batch("10.1.1.2", 3..6)).await.unwrap();
+    assert_eq!(ctl.core.supervisors.len(), 6);
+    // A third router is over the number of routers.
+    let err = grpc.heartbeat(batch("10.1.1.3", 6..7)).await.unwrap_err();
+    assert_eq!(err.code(), Code::ResourceExhausted, "{err:?}");
+    assert!(
+        err.message().contains("--max-heartbeat-routers"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(ctl.core.supervisors.len(), 6);
     ctl.stop().await;
 }

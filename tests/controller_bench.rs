@@ -3,7 +3,10 @@
 //! - cold assignment: `GetInstance` for a new tenant with a free pool pod,
 //!   next to the fixture's own assign time for the same kind of pod;
 //! - warm `GetInstance` at 32 concurrent callers;
-//! - converge CPU per tick for 10,000 idle functions on one controller.
+//! - idle supervisors at scale (100,000 functions on one controller): live
+//!   heap bytes per supervisor (a counting global allocator), RSS per 10,000
+//!   supervisors, converge CPU per tick, and what is returned once the
+//!   supervisors stop.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
@@ -15,6 +18,28 @@ use std::time::{Duration, SystemTime};
 use harness::{Ctl, NS, Sim, eventually, function, get_instance};
 use skipper::domain::{HEADER_FUNCTION, HEADER_TOKEN};
 use tokio::time::Instant;
+
+// Counts every allocation of this test binary (the controller runs in it).
+#[global_allocator]
+static GLOBAL: &stats_alloc::StatsAlloc<std::alloc::System> = &stats_alloc::INSTRUMENTED_SYSTEM;
+
+/// Heap bytes currently allocated by this process.
+fn live_bytes() -> i64 {
+    let s = GLOBAL.stats();
+    s.bytes_allocated as i64 - s.bytes_deallocated as i64 + s.bytes_reallocated as i64
+}
+
+/// Resident set size of this process, in bytes.
+fn rss() -> i64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kib: i64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kib * 1024
+}
 
 fn percentile(sorted: &[Duration], p: f64) -> Duration {
     let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
@@ -154,39 +179,67 @@ async fn cold_and_warm_get_instance_latency() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "benchmark: run with make bench-controller"]
-async fn converge_cpu_for_ten_thousand_idle_functions() {
-    const FUNCTIONS: usize = 10_000;
+async fn idle_supervisors_at_scale() {
+    const FUNCTIONS: usize = 100_000;
+    const INTERVAL: Duration = Duration::from_secs(2);
     let sim = Sim::start().await;
     sim.deploy_pool("idle", 0, &[]).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut config = sim.config("127.0.0.1");
-    config.scale_interval = Duration::from_secs(1);
+    config.scale_interval = INTERVAL;
     // Idle and protected: every tick runs the whole plan and decides nothing.
     config.scale.heartbeat_timeout = Duration::from_secs(3600);
     let ctl = Ctl::start(&sim, config, listener).await;
+    // One supervisor first so one-off allocations (the map's first buckets,
+    // metric series) are outside the measurement.
+    ctl.core.supervisor(&function("idle", "warm-up", 1), false).await;
+    tokio::time::sleep(INTERVAL * 2).await;
+    let (bytes0, rss0) = (live_bytes(), rss());
     for i in 0..FUNCTIONS {
-        let f = function("idle", &format!("idle-{i}"), 1);
+        let f = function("idle", &format!("idle-{i:06}"), 1);
         ctl.core.supervisor(&f, false).await;
     }
-    assert_eq!(ctl.core.supervisors.len(), FUNCTIONS);
-    // Let the first ticks (spread by jitter) settle, then measure.
-    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(ctl.core.supervisors.len(), FUNCTIONS + 1);
+    // Let every supervisor run its first ticks.
+    tokio::time::sleep(INTERVAL * 2).await;
+    let (bytes1, rss1) = (live_bytes(), rss());
+    let per_supervisor = (bytes1 - bytes0) as f64 / FUNCTIONS as f64;
+    let rss_per_10k = (rss1 - rss0) as f64 / FUNCTIONS as f64 * 10_000.0;
+
     let cpu0 = process_cpu();
     let t0 = Instant::now();
-    tokio::time::sleep(Duration::from_secs(10)).await;
+    tokio::time::sleep(INTERVAL * 5).await;
     let cpu = process_cpu() - cpu0;
-    let ticks = t0.elapsed().as_secs_f64() / 1.0;
+    let ticks = t0.elapsed().as_secs_f64() / INTERVAL.as_secs_f64();
     assert_eq!(
         ctl.core.supervisors.len(),
-        FUNCTIONS,
+        FUNCTIONS + 1,
         "idle supervisors keep running while protected"
     );
+
+    ctl.core.supervisors.stop_all();
+    eventually(Duration::from_secs(60), "every supervisor to stop", || async {
+        ctl.core.supervisors.is_empty().then_some(())
+    })
+    .await;
+    let (bytes2, rss2) = (live_bytes(), rss());
     println!(
-        "converge: {FUNCTIONS} idle functions, {:.1} ticks each: {:.1} ms CPU per tick of all functions ({:.2} us per function tick), process CPU {:.1}% of one core",
+        "idle supervisors: {FUNCTIONS} functions: {per_supervisor:.0} heap bytes per supervisor, RSS {:.1} MiB per 10,000 supervisors",
+        rss_per_10k / 1024.0 / 1024.0
+    );
+    println!(
+        "converge: {:.1} ticks: {:.1} ms CPU per tick of all {FUNCTIONS} functions ({:.2} us per function tick), process CPU {:.1}% of one core",
         ticks,
         ms(cpu) / ticks,
         cpu.as_secs_f64() * 1e6 / ticks / FUNCTIONS as f64,
         cpu.as_secs_f64() / t0.elapsed().as_secs_f64() * 100.0
+    );
+    println!(
+        "after every supervisor stopped: heap {:.1} MiB above the start (of {:.1} MiB); RSS {:.1} MiB above the start (peak {:.1} MiB)",
+        (bytes2 - bytes0) as f64 / 1024.0 / 1024.0,
+        (bytes1 - bytes0) as f64 / 1024.0 / 1024.0,
+        (rss2 - rss0) as f64 / 1024.0 / 1024.0,
+        (rss1 - rss0) as f64 / 1024.0 / 1024.0,
     );
     ctl.stop().await;
 }

@@ -233,19 +233,38 @@ async fn stuck_instance_is_cleaned_up() {
         .patch(&victim, &PatchParams::default(), &patch)
         .await
         .unwrap();
-    let stop = keep_alive(&ctl, &f, Arc::new(AtomicU32::new(0)));
-    eventually(Duration::from_secs(10), "stuck pod deleted", || async {
-        sim.live_pod(&victim).await.is_none().then_some(())
+    // The first heartbeat must find the claim in the controller's pod cache:
+    // a tick that saw the heartbeat but not the claim would assign a second
+    // pod, and with two instances (scaling down) the start-up protection
+    // period holds the stuck cleanup back for 30 s.
+    let ns = ctl.core.state.namespace(NS).unwrap();
+    eventually(Duration::from_secs(10), "the claim in the pod cache", || async {
+        ns.pods
+            .get(&victim)
+            .is_some_and(|p| {
+                skipper::controller::kube::label(&p, skipper::domain::LABEL_TENANT) == Some("frozen")
+            })
+            .then_some(())
     })
     .await;
+    let stop = keep_alive(&ctl, &f, Arc::new(AtomicU32::new(0)));
+    // The event is recorded once the delete has returned, which may be after
+    // the test already sees the pod gone: wait for both.
     let message = format!("terminated stuck instance {victim}");
-    assert!(
-        ctl.core
-            .events
-            .snapshot()
-            .iter()
-            .any(|e| e.kind == EventType::StuckInstanceCleanup && e.message == message)
-    );
+    eventually(
+        Duration::from_secs(10),
+        "stuck pod deleted and its event",
+        || async {
+            let event = ctl
+                .core
+                .events
+                .snapshot()
+                .iter()
+                .any(|e| e.kind == EventType::StuckInstanceCleanup && e.message == message);
+            (event && sim.live_pod(&victim).await.is_none()).then_some(())
+        },
+    )
+    .await;
     // The function is served by a fresh instance.
     eventually(Duration::from_secs(10), "fresh instance", || async {
         let pods = sim.tenant_pods("frozen").await;

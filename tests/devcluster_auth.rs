@@ -133,12 +133,14 @@ async fn certificates_tokens_and_node_credentials_authenticate() {
             name: "robot".into(),
         },
     ];
-    for credential in &credentials {
+    for (credential, user) in credentials.iter().zip([
+        "kubernetes-admin",
+        "alice",
+        "system:node:sim-node-0",
+        "system:serviceaccount:auth:robot",
+    ]) {
         let client = cluster.client_for(credential).unwrap();
-        let cms: Api<ConfigMap> = Api::namespaced(client, NS);
-        cms.list(&ListParams::default())
-            .await
-            .unwrap_or_else(|e| panic!("{credential:?}: {e}"));
+        assert_eq!(whoami(&client).await["username"], user, "{credential:?}");
     }
     // A token stops working when its ServiceAccount is deleted.
     let robot = cluster
@@ -346,7 +348,11 @@ async fn token_requests_issue_bound_tokens_that_die_with_their_pod() {
         .bearer_auth(&api_token)
         .send()
     };
-    assert_eq!(get().await.unwrap().status(), 200);
+    assert_eq!(
+        get().await.unwrap().status(),
+        403,
+        "authenticated, not authorized"
+    );
     pods.delete("holder", &DeleteParams::default().grace_period(0))
         .await
         .unwrap();
@@ -419,6 +425,16 @@ async fn token_requests_are_validated_like_the_real_api() {
     );
 }
 
+/// The `userInfo` of a SelfSubjectReview (`kubectl auth whoami`) by `client`.
+async fn whoami(client: &kube::Client) -> Value {
+    let req = http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
+        .header("content-type", "application/json")
+        .body(br#"{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}"#.to_vec())
+        .unwrap();
+    let v: Value = serde_json::from_str(&client.request_text(req).await.unwrap()).unwrap();
+    v["status"]["userInfo"].clone()
+}
+
 #[tokio::test]
 async fn self_subject_review_names_the_caller() {
     let cluster = common::cluster(&[NS]).await;
@@ -428,13 +444,8 @@ async fn self_subject_review_names_the_caller() {
             group: Some("developers".into()),
         })
         .unwrap();
-    let req = http::Request::post("/apis/authentication.k8s.io/v1/selfsubjectreviews")
-        .header("content-type", "application/json")
-        .body(br#"{"apiVersion":"authentication.k8s.io/v1","kind":"SelfSubjectReview"}"#.to_vec())
-        .unwrap();
-    let v: Value = serde_json::from_str(&alice.request_text(req).await.unwrap()).unwrap();
     assert_eq!(
-        v["status"]["userInfo"],
+        whoami(&alice).await,
         json!({"username": "alice", "groups": ["developers", "system:authenticated"]})
     );
 }

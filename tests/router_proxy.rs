@@ -236,7 +236,7 @@ async fn connect_refused_is_retried_on_another_instance_with_the_body_intact() {
 }
 
 #[tokio::test]
-async fn upstream_reset_after_sending_is_502_after_one_attempt() {
+async fn upstream_reset_after_sending_a_body_is_502_after_one_attempt() {
     let w = world(|_| {}).await;
     // An instance that reads the request head and hangs up.
     let rude = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -254,7 +254,15 @@ async fn upstream_reset_after_sending_is_502_after_one_attempt() {
     w.fake.with(|s| {
         s.instances[0].addr = Some(rude_addr.to_string());
     });
-    let resp = w.get("/x").await;
+    // A request with a body is not replayed once sent (an idempotent one
+    // without a body is: see an_idempotent_request_is_retried_when_its_instance_dies_with_it).
+    let resp = http()
+        .post(w.router.url("/x"))
+        .header(HEADER_FUNCTION, header())
+        .body("payload")
+        .send()
+        .await
+        .unwrap();
     assert_eq!(resp.status(), 502);
     let body = resp.text().await.unwrap();
     assert!(body.contains("pod-1"), "{body}");
@@ -427,8 +435,9 @@ async fn oneshot_instance_is_released_after_an_upstream_failure() {
     });
     w.fake.with(|s| s.instances[0].addr = Some(rude_addr.to_string()));
     let resp = http()
-        .get(w.router.url("/x"))
+        .post(w.router.url("/x"))
         .header(HEADER_FUNCTION, function_header("app", "t1", true))
+        .body("payload")
         .send()
         .await
         .unwrap();
@@ -934,5 +943,76 @@ async fn a_pooled_connection_to_a_dead_instance_is_excluded_and_retried() {
     let reqs = fake.with(|s| s.get_instance_requests.clone());
     assert_eq!(reqs.len(), 2, "{reqs:?}");
     assert_eq!(reqs[1].exclude_instance_names, vec!["pod-dead".to_owned()]);
+    stop.cancel();
+}
+
+/// An instance that reads each request head and closes the connection
+/// without answering (a pod that dies with the request in flight); counts
+/// the heads it read.
+async fn dies_with_the_request() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use tokio::io::AsyncReadExt as _;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let heads = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = heads.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            let mut buf = Vec::new();
+            let mut chunk = [0u8; 1024];
+            while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                match s.read(&mut chunk).await {
+                    Ok(0) | Err(_) => break,
+                    Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                }
+            }
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        }
+    });
+    (addr, heads)
+}
+
+#[tokio::test]
+async fn an_idempotent_request_is_retried_when_its_instance_dies_with_it() {
+    let fake = FakeController::new();
+    let stop = CancellationToken::new();
+    let ctrl = fake.serve(stop.clone()).await;
+    let (dying, heads) = dies_with_the_request().await;
+    let upstream = start_upstream().await;
+    fake.add_instance("pod-dies", dying);
+    fake.add_instance("pod-2", upstream.addr);
+    let router = start_router(test_config(vec![ctrl])).await;
+
+    // A GET without a body goes to the next instance.
+    let resp = http()
+        .get(router.url("/hello"))
+        .header(HEADER_FUNCTION, header())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 200);
+    assert_eq!(resp.text().await.unwrap(), "hello world");
+    assert_eq!(
+        heads.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "pod-dies had the request"
+    );
+    let reqs = fake.with(|s| s.get_instance_requests.clone());
+    assert_eq!(reqs.len(), 2, "{reqs:?}");
+    assert_eq!(reqs[1].exclude_instance_names, vec!["pod-dies".to_owned()]);
+
+    // A POST is not replayed: the instance may have acted on it.
+    let resp = http()
+        .post(router.url("/hello"))
+        .header(HEADER_FUNCTION, header())
+        .body("payload")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(resp.status(), 502);
+    assert_eq!(heads.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(fake.with(|s| s.get_instance_requests.len()), 3);
     stop.cancel();
 }

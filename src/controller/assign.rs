@@ -68,6 +68,17 @@ impl PostError {
     }
 }
 
+/// Why a claimed pod did not become an instance.
+#[derive(Debug, thiserror::Error)]
+pub enum AssignError {
+    /// The assign request failed (the pod is deleted).
+    #[error(transparent)]
+    Post(#[from] PostError),
+    /// The pod accepted but cannot be read as an instance.
+    #[error(transparent)]
+    Instance(#[from] InvalidPod),
+}
+
 /// Consecutive failures of one deployment's assignments.
 #[derive(Debug, Default)]
 struct Streak {
@@ -283,7 +294,7 @@ impl Assigner {
                 );
                 return Err(Error::AssignFailed {
                     pod: name,
-                    reason: e.to_string(),
+                    source: e.into(),
                 });
             }
         };
@@ -307,7 +318,7 @@ impl Assigner {
         let mut instance =
             Instance::from_pod(&pod, Arc::new(function.clone())).map_err(|e| Error::AssignFailed {
                 pod: name.clone(),
-                reason: e.to_string(),
+                source: e.into(),
             })?;
         let secs = ready_at
             .duration_since(SystemTime::UNIX_EPOCH)

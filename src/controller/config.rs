@@ -93,6 +93,18 @@ pub struct Args {
     #[arg(long, env = "SKIPPER_MAX_CONCURRENT_STALE_REPLACEMENTS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_concurrent_stale_replacements: u32,
 
+    /// Most entries one Heartbeat call may carry (a larger batch is refused whole)
+    #[arg(long, env = "SKIPPER_MAX_HEARTBEAT_ENTRIES", default_value_t = 20_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_heartbeat_entries: u32,
+
+    /// Most functions one router may keep active on a controller; heartbeats for more are refused
+    #[arg(long, env = "SKIPPER_MAX_FUNCTIONS_PER_ROUTER", default_value_t = 50_000, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_functions_per_router: u32,
+
+    /// Most routers that may keep functions active on a controller at once
+    #[arg(long, env = "SKIPPER_MAX_HEARTBEAT_ROUTERS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
+    pub max_heartbeat_routers: u32,
+
     /// Skip a function namespace that answers Forbidden at start-up instead of failing
     #[arg(long, env = "SKIPPER_SKIP_FORBIDDEN_NAMESPACES", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
     pub skip_forbidden_namespaces: bool,
@@ -173,6 +185,27 @@ impl ScaleConfig {
     }
 }
 
+/// Bounds on what callers can make a controller hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Entries of one Heartbeat call.
+    pub heartbeat_entries: usize,
+    /// Functions one router keeps active.
+    pub functions_per_router: usize,
+    /// Routers keeping functions active at once.
+    pub heartbeat_routers: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            heartbeat_entries: 20_000,
+            functions_per_router: 50_000,
+            heartbeat_routers: 1024,
+        }
+    }
+}
+
 /// The validated controller configuration.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -191,6 +224,7 @@ pub struct Config {
     pub function_namespaces: Vec<String>,
     pub assign_path: String,
     pub max_concurrent_stale_replacements: usize,
+    pub limits: Limits,
     pub skip_forbidden_namespaces: bool,
     pub single_controller_mode: bool,
     /// Where the web UI listens (`None`: not served; tests and embedders).
@@ -259,6 +293,11 @@ impl TryFrom<Args> for Config {
             function_namespaces,
             assign_path: a.function_assign_path,
             max_concurrent_stale_replacements: a.max_concurrent_stale_replacements as usize,
+            limits: Limits {
+                heartbeat_entries: a.max_heartbeat_entries as usize,
+                functions_per_router: a.max_functions_per_router as usize,
+                heartbeat_routers: a.max_heartbeat_routers as usize,
+            },
             skip_forbidden_namespaces: a.skip_forbidden_namespaces,
             single_controller_mode: a.single_controller_mode,
             web_addr: Some(web_addr),
@@ -312,6 +351,7 @@ impl Config {
             function_namespaces: function_namespaces.iter().map(|s| (*s).to_owned()).collect(),
             assign_path: crate::domain::DEFAULT_ASSIGN_PATH.into(),
             max_concurrent_stale_replacements: 10,
+            limits: Limits::default(),
             skip_forbidden_namespaces: false,
             single_controller_mode: false,
             web_addr: None,
@@ -430,6 +470,21 @@ impl Config {
                 "Controller-wide limit on concurrent stale-instance replacements",
             ),
             (
+                "max-heartbeat-entries",
+                self.limits.heartbeat_entries.to_string(),
+                "Most entries one Heartbeat call may carry",
+            ),
+            (
+                "max-functions-per-router",
+                self.limits.functions_per_router.to_string(),
+                "Most functions one router may keep active on this controller",
+            ),
+            (
+                "max-heartbeat-routers",
+                self.limits.heartbeat_routers.to_string(),
+                "Most routers that may keep functions active at once",
+            ),
+            (
                 "skip-forbidden-namespaces",
                 self.skip_forbidden_namespaces.to_string(),
                 "Skip a function namespace that answers Forbidden at start-up",
@@ -505,6 +560,7 @@ mod tests {
         assert_eq!(cfg.web_template_dir, None);
         assert!((cfg.scale.tolerance - 0.1).abs() < f64::EPSILON);
         assert_eq!(cfg.scale.protection_period(), Duration::from_secs(90));
+        assert_eq!(cfg.limits, Limits::default());
     }
 
     #[test]
@@ -517,6 +573,12 @@ mod tests {
                 "--max-concurrent-stale-replacements",
             ),
             (vec!["--paseto-version", "v3"], "--paseto-version"),
+            (vec!["--max-heartbeat-entries", "0"], "--max-heartbeat-entries"),
+            (
+                vec!["--max-functions-per-router", "0"],
+                "--max-functions-per-router",
+            ),
+            (vec!["--max-heartbeat-routers", "none"], "--max-heartbeat-routers"),
         ] {
             let err = parse(&argv).unwrap_err().to_string();
             assert!(err.contains(flag), "{err}");

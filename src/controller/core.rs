@@ -1,6 +1,6 @@
-//! [`Core`]: what the RPC handlers and the supervisors share, and the
-//! controller's operations (get an instance, scale via the ring owner, record
-//! heartbeats, release, snapshot the state).
+//! [`Core`]: what the RPC handlers share, and the controller's operations
+//! (get an instance, scale via the ring owner, record heartbeats, release,
+//! snapshot the state). Supervisors see only [`Cluster`], their context.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -10,14 +10,14 @@ use rand::seq::IndexedRandom;
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-use super::assign::Assigner;
 use super::config::Config;
+use super::context::Cluster;
 use super::error::{Error, Result};
 use super::events;
-use super::heartbeat::{Report, forward_plan};
+use super::heartbeat::{Refused, Report, Routers, forward_plan};
+use super::kube::Instance;
 use super::kube::stores::{Namespace, State};
-use super::kube::{Instance, is_running};
-use super::metrics::Metrics;
+use super::metrics::{HeartbeatRefusedLabels, Metrics};
 use super::peers::Peers;
 use super::supervisor::converge::Decision;
 use super::supervisor::{Handle, Registry};
@@ -30,9 +30,6 @@ use crate::shutdown::Shutdown;
 /// executes it itself (rings that disagree cannot bounce it forever).
 pub const MAX_SCALE_HOPS: u32 = 1;
 
-/// Most entries one `Heartbeat` call may carry (a router sends one entry
-/// per active function every interval; larger fleets split their batch).
-pub const MAX_HEARTBEAT_ENTRIES: usize = 20_000;
 /// Bound on concurrent heartbeat forwards per batch.
 const FORWARD_CONCURRENCY: usize = 16;
 /// Deadline of one forwarded heartbeat batch.
@@ -44,14 +41,16 @@ pub struct Core {
     pub config: Arc<Config>,
     pub state: State,
     pub ring: RingHandle,
-    pub assigner: Assigner,
+    /// The supervisors' context (also the assigner and the instance reads).
+    pub cluster: Arc<Cluster>,
     pub events: Arc<events::Log>,
     pub metrics: Metrics,
-    pub stale_permits: Arc<Semaphore>,
     pub started_at: SystemTime,
     pub shutdown: Shutdown,
     pub peers: Peers,
-    pub supervisors: Registry,
+    pub supervisors: Registry<Cluster>,
+    /// The routers keeping functions active here, with their counts.
+    pub routers: Routers,
 }
 
 impl Core {
@@ -104,8 +103,8 @@ impl Core {
     }
 
     /// The supervisor of a validated, managed function.
-    pub async fn supervisor(self: &Arc<Self>, f: &Function, update_spec: bool) -> Handle {
-        self.supervisors.get_or_spawn(self, f, update_spec).await
+    pub async fn supervisor(&self, f: &Function, update_spec: bool) -> Handle {
+        self.supervisors.get_or_spawn(f, update_spec).await
     }
 
     /// The running instances of a function from the pod cache (spec §4.3).
@@ -114,29 +113,7 @@ impl Core {
     /// # Errors
     /// [`Error::UnmanagedNamespace`].
     pub async fn read_instances(&self, f: &Function, mutate: bool) -> Result<Vec<Instance>> {
-        let ns = self.namespace(&f.namespace)?;
-        let mut out = Vec::new();
-        for (pod, function) in ns.pods.of_function(f.id()) {
-            if !is_running(&pod) {
-                continue;
-            }
-            match Instance::from_pod(&pod, function) {
-                Ok(mut i) => {
-                    (i.cpu_milli, i.memory_mib) = self.state.usage.get(&i.namespace, &i.name);
-                    out.push(i);
-                }
-                Err(e) => {
-                    let name = pod.metadata.name.clone().unwrap_or_default();
-                    if mutate {
-                        tracing::warn!(pod = %name, error = %e, "failed to get instance from pod, deleting invalid pod");
-                        if let Err(e) = ns.writer.delete(&name).await {
-                            tracing::warn!(pod = %name, error = %e, "failed to delete invalid pod");
-                        }
-                    }
-                }
-            }
-        }
-        Ok(out)
+        self.cluster.read_instances(f, mutate).await
     }
 
     /// `GetInstance` (spec §2.4, §5.10).
@@ -155,7 +132,7 @@ impl Core {
         self.supervisor(&f, true).await;
         let ns = self.namespace(&f.namespace)?;
         if f.is_oneshot() {
-            return self.assigner.assign(ns, &f, deadline).await;
+            return self.cluster.assigner.assign(ns, &f, deadline).await;
         }
         let mut changes = ns.pods.subscribe();
         loop {
@@ -216,8 +193,13 @@ impl Core {
                     .collect())
             }
             _ => loop {
+                if self.shutdown.is_shutting_down() {
+                    return Err(Error::ShuttingDown);
+                }
                 let handle = self.supervisor(&f, true).await;
                 match handle.scale(decision.clone(), deadline).await {
+                    // The actor stopped between lookup and send: a fresh
+                    // handle spawns a new one.
                     Err(Error::SupervisorStopped) if Instant::now() < deadline => {}
                     other => return other,
                 }
@@ -243,29 +225,41 @@ impl Core {
 
     /// `Heartbeat` (spec §2.4, §5.2): records each entry on its supervisor
     /// and forwards the batch to the ring peers not yet in the chain.
-    /// Entries with an invalid function or an unmanaged namespace are
-    /// dropped (no supervisor is created for them).
+    /// Entries with an invalid function, an unmanaged namespace or a
+    /// Deployment that does not exist are dropped (no supervisor is created
+    /// for them). A router keeps at most `--max-functions-per-router`
+    /// functions active here: entries for more are refused (no supervisor,
+    /// not forwarded), the rest are recorded, and the call answers
+    /// `RESOURCE_EXHAUSTED` naming the limit.
     ///
     /// # Errors
-    /// [`Error::MissingRouterIp`], [`Error::HeartbeatBatchTooLarge`].
-    pub async fn heartbeat(self: &Arc<Self>, req: api::HeartbeatRequest) -> Result<()> {
-        let router = req
+    /// [`Error::MissingRouterIp`], [`Error::HeartbeatBatchTooLarge`],
+    /// [`Error::HeartbeatsRefused`].
+    pub async fn heartbeat(self: &Arc<Self>, mut req: api::HeartbeatRequest) -> Result<()> {
+        let router_ip = req
             .router_ip
             .clone()
             .filter(|r| !r.is_empty())
             .ok_or(Error::MissingRouterIp)?;
-        if req.heartbeats.len() > MAX_HEARTBEAT_ENTRIES {
-            return Err(Error::HeartbeatBatchTooLarge {
-                got: req.heartbeats.len(),
-                limit: MAX_HEARTBEAT_ENTRIES,
-            });
+        let got = req.heartbeats.len();
+        let limit = self.config.limits.heartbeat_entries;
+        if got > limit {
+            return Err(Error::HeartbeatBatchTooLarge { got, limit });
         }
+        let router = match self.routers.get(&router_ip) {
+            Ok(r) => r,
+            Err(reason) => return Err(self.refused(got, got, reason)),
+        };
         let now = SystemTime::now();
-        for hb in &req.heartbeats {
+        let timeout = self.config.scale.heartbeat_timeout;
+        let mut refused: Option<(usize, Refused)> = None;
+        let mut forward = Vec::with_capacity(got);
+        for hb in std::mem::take(&mut req.heartbeats) {
             let f = match self.admit(hb.function.as_ref()) {
                 Ok(f) => f,
                 Err(e) => {
                     tracing::debug!(error = %e, "ignoring heartbeat");
+                    forward.push(hb);
                     continue;
                 }
             };
@@ -273,22 +267,63 @@ impl Core {
                 .heartbeats_total
                 .get_or_create(&Metrics::function(&f.deployment))
                 .inc();
-            let timestamp = hb
-                .timestamp
-                .and_then(|t| SystemTime::try_from(t).ok())
-                .unwrap_or(SystemTime::UNIX_EPOCH);
-            let report = Report {
-                timestamp,
-                in_flight: hb.in_flight_requests.unwrap_or(0),
+            // A router at its limit gets no new function: not even a
+            // supervisor is created for it.
+            let known = || {
+                self.supervisors
+                    .get(f.id())
+                    .is_some_and(|h| h.shared.with_heartbeats(|s| s.has(&router)))
             };
-            let handle = self.supervisor(&f, true).await;
-            let timeout = self.config.scale.heartbeat_timeout;
-            handle
-                .shared
-                .with_heartbeats(|s| s.record(&router, report, now, timeout));
+            let recorded = if router.is_at_limit() && !known() {
+                Err(Refused::RouterLimit {
+                    router: router_ip.clone(),
+                    limit: self.config.limits.functions_per_router,
+                })
+            } else {
+                let report = Report {
+                    timestamp: hb
+                        .timestamp
+                        .and_then(|t| SystemTime::try_from(t).ok())
+                        .unwrap_or(SystemTime::UNIX_EPOCH),
+                    in_flight: hb.in_flight_requests.unwrap_or(0),
+                };
+                let handle = self.supervisor(&f, true).await;
+                handle
+                    .shared
+                    .with_heartbeats(|s| s.record(&router, report, now, timeout))
+            };
+            match recorded {
+                Ok(()) => forward.push(hb),
+                Err(reason) => {
+                    let n = refused.as_ref().map_or(0, |(n, _)| *n);
+                    refused = Some((n + 1, reason));
+                }
+            }
         }
-        self.forward_heartbeats(req, router);
-        Ok(())
+        req.heartbeats = forward;
+        if !req.heartbeats.is_empty() {
+            self.forward_heartbeats(req, router_ip);
+        }
+        match refused {
+            Some((n, reason)) => Err(self.refused(n, got, reason)),
+            None => Ok(()),
+        }
+    }
+
+    /// Counts `n` refused heartbeat entries and the error answering them.
+    fn refused(&self, n: usize, got: usize, reason: Refused) -> Error {
+        self.metrics
+            .heartbeats_refused_total
+            .get_or_create(&HeartbeatRefusedLabels {
+                reason: reason.reason(),
+            })
+            .inc_by(n as u64);
+        tracing::debug!(refused = n, got, %reason, "refusing heartbeats");
+        Error::HeartbeatsRefused {
+            refused: n,
+            got,
+            reason,
+        }
     }
 
     fn forward_heartbeats(self: &Arc<Self>, req: api::HeartbeatRequest, router: String) {

@@ -8,8 +8,9 @@
 //! requests, including functions in a namespace this controller does not
 //! manage; `NOT_FOUND` for a Deployment that does not exist;
 //! `FAILED_PRECONDITION` for releasing a pod Skipper did not assign;
-//! `RESOURCE_EXHAUSTED` when no pool pod arrived before the deadline;
-//! `INTERNAL` only for bugs.
+//! `RESOURCE_EXHAUSTED` when no pool pod arrived before the deadline, a
+//! deployment backs off, a function's supervisor has its mailbox full, or a
+//! caller is over one of its limits; `INTERNAL` only for bugs.
 
 use crate::domain::ValidationError;
 
@@ -32,8 +33,17 @@ pub enum Error {
         "deployment {namespace}/{deployment} does not exist (no ReplicaSet or pod carries skipper/deployment={deployment})"
     )]
     DeploymentNotFound { namespace: String, deployment: String },
-    #[error("heartbeat batch of {got} entries is over the limit of {limit}; split it")]
+    #[error(
+        "heartbeat batch of {got} entries is over the limit of {limit} (--max-heartbeat-entries); split it"
+    )]
     HeartbeatBatchTooLarge { got: usize, limit: usize },
+    #[error("{refused} of {got} heartbeat entries refused: {reason}")]
+    HeartbeatsRefused {
+        refused: usize,
+        got: usize,
+        #[source]
+        reason: super::heartbeat::Refused,
+    },
     #[error("controller is starting: the Kubernetes caches have not synced yet")]
     NotSynced,
     #[error(transparent)]
@@ -42,8 +52,12 @@ pub enum Error {
     Kube(#[source] Box<kube::Error>),
     #[error("no unassigned pod of deployment {namespace}/{deployment} became available before the deadline")]
     NoPoolPod { namespace: String, deployment: String },
-    #[error("failed to assign pod {pod}: {reason}")]
-    AssignFailed { pod: String, reason: String },
+    #[error("failed to assign pod {pod}: {source}")]
+    AssignFailed {
+        pod: String,
+        #[source]
+        source: super::assign::AssignError,
+    },
     #[error("pod {name} is no longer claimable")]
     Conflict { name: String },
     #[error(
@@ -66,6 +80,15 @@ pub enum Error {
     },
     #[error("the function's supervisor stopped; retry")]
     SupervisorStopped,
+    #[error(
+        "the supervisor of {namespace}/{deployment} tenant {tenant} already has {capacity} scale requests waiting, its limit; try again later"
+    )]
+    MailboxFull {
+        namespace: String,
+        deployment: String,
+        tenant: String,
+        capacity: usize,
+    },
     #[error("controller is shutting down")]
     ShuttingDown,
 }
@@ -95,7 +118,10 @@ impl Error {
             | Self::UnmanagedNamespace(_) => Code::InvalidArgument,
             Self::NotAssigned { .. } => Code::FailedPrecondition,
             Self::DeploymentNotFound { .. } => Code::NotFound,
-            Self::HeartbeatBatchTooLarge { .. } => Code::ResourceExhausted,
+            Self::HeartbeatBatchTooLarge { .. } | Self::HeartbeatsRefused { .. } => Code::ResourceExhausted,
+            // The function has more scale requests waiting than its actor
+            // queues: one more caller would not be served sooner.
+            Self::MailboxFull { .. } => Code::ResourceExhausted,
             // A pod refused or failed its assignment (it is deleted): asking
             // again at once would only burn the next pod, so clients must
             // not retry this transparently.
@@ -160,7 +186,12 @@ mod tests {
         assert_eq!(peer.code(), Code::Unavailable);
         let refused = Error::AssignFailed {
             pod: "p".into(),
-            reason: "status=401".into(),
+            source: crate::controller::assign::AssignError::Post(
+                crate::controller::assign::PostError::Refused {
+                    status: 401,
+                    body: "expired".into(),
+                },
+            ),
         };
         assert_ne!(
             refused.code(),
@@ -174,6 +205,18 @@ mod tests {
             }
             .code(),
             Code::NotFound
+        );
+        let full = Error::MailboxFull {
+            namespace: "n".into(),
+            deployment: "d".into(),
+            tenant: "t".into(),
+            capacity: 1024,
+        };
+        assert_eq!(full.code(), Code::ResourceExhausted);
+        assert_ne!(
+            full.code(),
+            Error::NoReadyInstance.code(),
+            "a full mailbox is not a missing instance"
         );
     }
 }

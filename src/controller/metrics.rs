@@ -24,6 +24,12 @@ pub struct AssignFailureLabels {
     pub reason: &'static str,
 }
 
+/// Label set of refused heartbeat entries: which limit refused them.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct HeartbeatRefusedLabels {
+    pub reason: &'static str,
+}
+
 /// Label set of informer metrics.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct InformerLabels {
@@ -49,6 +55,7 @@ pub struct Metrics {
     pub informer_last_event_time_seconds: Gauge<f64, std::sync::atomic::AtomicU64>,
     pub heartbeats_total: Family<FunctionLabels, Counter>,
     pub assignment_failures_total: Family<AssignFailureLabels, Counter>,
+    pub heartbeats_refused_total: Family<HeartbeatRefusedLabels, Counter>,
 }
 
 /// `(name without the skipper_controller_ prefix, help)` of every metric, in
@@ -87,6 +94,10 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
         "assignment_failures",
         "Assignments a pod refused or failed, by the pod's status and the reason.",
     ),
+    (
+        "heartbeats_refused",
+        "Heartbeat entries refused: a router over its limit of active functions, or too many routers.",
+    ),
 ];
 
 impl Metrics {
@@ -102,6 +113,7 @@ impl Metrics {
             informer_last_event_time_seconds: Gauge::default(),
             heartbeats_total: Family::default(),
             assignment_failures_total: Family::default(),
+            heartbeats_refused_total: Family::default(),
         };
         let sub = registry
             .sub_registry_with_prefix("skipper")
@@ -124,6 +136,7 @@ impl Metrics {
         );
         sub.register(DESCRIPTIONS[7].0, help(7), m.heartbeats_total.clone());
         sub.register(DESCRIPTIONS[8].0, help(8), m.assignment_failures_total.clone());
+        sub.register(DESCRIPTIONS[9].0, help(9), m.heartbeats_refused_total.clone());
         m
     }
 

@@ -6,8 +6,9 @@
 //! - [`error`]: the error type and its one mapping to gRPC status codes.
 //! - [`kube`]: watches and caches (reads) and [`kube::pods`] (all writes).
 //! - [`assign`]: claiming a pool pod and the assign request.
-//! - [`supervisor`]: one actor per function; [`supervisor::converge`] is
-//!   the pure scaling core.
+//! - [`supervisor`]: one actor per function over a narrow
+//!   [`supervisor::Context`]; [`supervisor::converge`] is the pure scaling
+//!   core; [`context`] is the controller's implementation of the context.
 //! - [`heartbeat`], [`events`], [`metrics`], [`peers`]: router activity, the
 //!   event log, Prometheus metrics, and clients of the other controllers.
 //! - [`core`]: the operations behind the RPCs; [`grpc`]: the service.
@@ -15,6 +16,7 @@
 
 pub mod assign;
 pub mod config;
+pub mod context;
 pub mod core;
 pub mod error;
 pub mod events;
@@ -129,18 +131,41 @@ pub async fn run(
         events.clone(),
         shutdown.clone(),
     );
+    let started_at = SystemTime::now();
+    let cluster = Arc::new(context::Cluster {
+        settings: supervisor::Settings {
+            scale_interval: config.scale_interval,
+            scale: config.scale,
+        },
+        state: state.clone(),
+        ring: ring.clone(),
+        pod_ip: config.pod_ip.clone(),
+        assigner,
+        events: events.clone(),
+        metrics: metrics.clone(),
+        stale_permits: Arc::new(Semaphore::new(config.max_concurrent_stale_replacements)),
+        started_at,
+    });
+    let supervisors = supervisor::Registry::new(
+        cluster.clone(),
+        shutdown.token().child_token(),
+        shutdown.tracker().clone(),
+    );
     let core = Arc::new(Core {
         config: config.clone(),
         state: state.clone(),
         ring: ring.clone(),
-        assigner,
+        cluster,
         events,
         metrics,
-        stale_permits: Arc::new(Semaphore::new(config.max_concurrent_stale_replacements)),
-        started_at: SystemTime::now(),
+        started_at,
         shutdown: shutdown.clone(),
         peers: peers::Peers::new(config.port),
-        supervisors: supervisor::Registry::default(),
+        supervisors,
+        routers: heartbeat::Routers::new(
+            config.limits.heartbeat_routers,
+            config.limits.functions_per_router,
+        ),
     });
 
     // The web UI answers from the start (its pages show what the caches

@@ -15,9 +15,9 @@
 //! - **kube-apiserver**: HTTPS only, client certificates and ServiceAccount
 //!   tokens (issuer, JWKS) for authentication, `--authorization-mode=Node,RBAC`,
 //!   the default admission plugins plus `NodeRestriction` (as kubeadm
-//!   enables it), the aggregation layer's front-proxy certificates with
-//!   `--enable-aggregator-routing` (there is no kube-proxy: extension API
-//!   servers are reached at their endpoints).
+//!   enables it), the aggregation layer's front-proxy certificates (an
+//!   extension API server is registered by [`super::metrics_api`]), and
+//!   Service cluster IPs on loopback ([`SERVICE_CLUSTER_IP_RANGE`]).
 //! - **kube-controller-manager**: the deployment, replicaset,
 //!   endpointslice, garbage-collector, namespace, serviceaccount,
 //!   serviceaccount-token and root-ca-certificate-publisher controllers,
@@ -73,8 +73,11 @@ pub const CONTROLLERS: [&str; 8] = [
 /// built by kubeadm names it.
 pub const SERVICE_ACCOUNT_ISSUER: &str = "https://kubernetes.default.svc.cluster.local";
 
-/// The Service cluster IP range (kubeadm's default).
-pub const SERVICE_CLUSTER_IP_RANGE: &str = "10.96.0.0/16";
+/// The Service cluster IP range: loopback addresses (the node agent's pods
+/// use `127.a.b.c` with `a` ≠ 0, so they never collide). There is no
+/// kube-proxy, so a cluster IP reaches only a process that binds it; on
+/// loopback a stray connection stays on this machine.
+pub const SERVICE_CLUSTER_IP_RANGE: &str = "127.0.128.0/17";
 
 /// The user the aggregation layer's front proxy authenticates as.
 pub const FRONT_PROXY_CLIENT: &str = "front-proxy-client";
@@ -173,6 +176,7 @@ pub struct ControlPlane {
     pki: ClusterPki,
     files: PkiFiles,
     front_proxy_ca: PathBuf,
+    front_proxy_ca_pem: String,
     work_dir: PathBuf,
     owns_work_dir: bool,
     admin_kubeconfig: PathBuf,
@@ -463,6 +467,7 @@ impl ControlPlane {
                 admin_key: PathBuf::new(),
             },
             front_proxy_ca: work_dir.join("pki/front-proxy-ca.crt"),
+            front_proxy_ca_pem: String::new(),
             admin_kubeconfig: work_dir.join("admin.kubeconfig"),
             work_dir,
             owns_work_dir,
@@ -531,6 +536,7 @@ impl ControlPlane {
         let front_proxy_ca = Ca::generate("front-proxy-ca")?;
         let front_proxy_client = front_proxy_ca.issue_client(FRONT_PROXY_CLIENT, &[])?;
         write(&self.front_proxy_ca, front_proxy_ca.cert_pem(), false)?;
+        self.front_proxy_ca_pem = front_proxy_ca.cert_pem().to_owned();
         let proxy_cert = pki_dir.join("front-proxy-client.crt");
         let proxy_key = pki_dir.join("front-proxy-client.key");
         write(&proxy_cert, &front_proxy_client.cert_pem, false)?;
@@ -570,7 +576,6 @@ impl ControlPlane {
             flag("requestheader-extra-headers-prefix", "X-Remote-Extra-"),
             path_flag("proxy-client-cert-file", &proxy_cert),
             path_flag("proxy-client-key-file", &proxy_key),
-            flag("enable-aggregator-routing", true),
         ];
         args.extend(config.apiserver_args.iter().cloned());
         let admin = kubeconfig_text(
@@ -653,6 +658,16 @@ impl ControlPlane {
     #[must_use]
     pub fn ca_cert(&self) -> &Path {
         &self.files.ca_cert
+    }
+
+    /// Who an extension API server accepts requests from: the aggregation
+    /// layer's front proxy (its CA and client certificate name).
+    #[must_use]
+    pub fn front_proxy(&self) -> super::metrics_api::FrontProxy {
+        super::metrics_api::FrontProxy {
+            ca_pem: self.front_proxy_ca_pem.clone(),
+            allowed_names: vec![FRONT_PROXY_CLIENT.to_owned()],
+        }
     }
 
     /// The administrator's kubeconfig (`kubernetes-admin`, `system:masters`).

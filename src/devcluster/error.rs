@@ -31,12 +31,6 @@ pub enum ApiError {
     Invalid(String),
     #[error("Unauthorized")]
     Unauthorized,
-    #[error("forbidden: User \"{user}\" cannot {verb} path \"{path}\"")]
-    ForbiddenPath {
-        user: String,
-        verb: String,
-        path: String,
-    },
     #[error("{0}")]
     Internal(String),
     #[error("{0}")]
@@ -51,10 +45,29 @@ pub enum ApiError {
     Injected(StatusCode),
     #[error("too old resource version: {requested} ({oldest})")]
     Gone { requested: u64, oldest: u64 },
+    #[error("The resourceVersion for the provided list is too old.")]
+    ListTooOld,
+    #[error(
+        "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list."
+    )]
+    ContinueTooOld,
     #[error("namespace {0} is being terminated")]
     Terminating(String),
-    #[error("{} is forbidden: User \"system:serviceaccount:skipper:controller\" cannot access resource \"{}\" in API group \"{}\" in the namespace \"{ns}\"", res.group_resource(), res.plural, res.group)]
-    Forbidden { res: &'static ResourceDef, ns: String },
+    /// A request the authorizer (or an admission rule) refused. `message`
+    /// is the part after `is forbidden: `.
+    #[error("{}", forbidden_text(group_resource, name, message))]
+    Forbidden {
+        /// `pods`, `deployments.apps`; empty for a non-resource path.
+        group_resource: String,
+        /// The object's name, when the request named one.
+        name: String,
+        /// API group (for `details.group`).
+        group: String,
+        /// Plural resource (for `details.kind`).
+        resource: String,
+        /// Why.
+        message: String,
+    },
 }
 
 impl ApiError {
@@ -73,10 +86,8 @@ impl ApiError {
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "BadRequest"),
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
             Self::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType"),
-            Self::Gone { .. } => (StatusCode::GONE, "Expired"),
-            Self::Terminating(_) | Self::Forbidden { .. } | Self::ForbiddenPath { .. } => {
-                (StatusCode::FORBIDDEN, "Forbidden")
-            }
+            Self::Gone { .. } | Self::ListTooOld | Self::ContinueTooOld => (StatusCode::GONE, "Expired"),
+            Self::Terminating(_) | Self::Forbidden { .. } => (StatusCode::FORBIDDEN, "Forbidden"),
             Self::Injected(code) => (*code, reason_for(*code)),
         }
     }
@@ -95,6 +106,22 @@ impl ApiError {
                     details.insert("group".into(), json!(res.group));
                 }
                 details.insert("kind".into(), json!(res.plural));
+            }
+            Self::Forbidden {
+                name,
+                group,
+                resource,
+                ..
+            } => {
+                if !name.is_empty() {
+                    details.insert("name".into(), json!(name));
+                }
+                if !group.is_empty() {
+                    details.insert("group".into(), json!(group));
+                }
+                if !resource.is_empty() {
+                    details.insert("kind".into(), json!(resource));
+                }
             }
             Self::NamespaceNotFound(name) => {
                 details.insert("name".into(), json!(name));
@@ -115,6 +142,45 @@ impl ApiError {
             status["details"] = Value::Object(details);
         }
         status
+    }
+}
+
+fn forbidden_text(group_resource: &str, name: &str, message: &str) -> String {
+    match (group_resource.is_empty(), name.is_empty()) {
+        (true, _) => format!("forbidden: {message}"),
+        (false, true) => format!("{group_resource} is forbidden: {message}"),
+        (false, false) => format!("{group_resource} \"{name}\" is forbidden: {message}"),
+    }
+}
+
+impl ApiError {
+    /// The 403 of a request `attrs` that `user` may not make.
+    #[must_use]
+    pub fn forbidden(user: &str, attrs: &super::rbac::Attributes) -> Self {
+        Self::forbidden_because(user, attrs, "")
+    }
+
+    /// [`ApiError::forbidden`] with the authorizer's reason appended (`: reason`).
+    #[must_use]
+    pub fn forbidden_because(user: &str, attrs: &super::rbac::Attributes, reason: &str) -> Self {
+        let mut message = super::rbac::forbidden_message(user, attrs);
+        if !reason.is_empty() {
+            message = format!("{message}: {reason}");
+        }
+        let group_resource = if !attrs.resource_request {
+            String::new()
+        } else if attrs.api_group.is_empty() {
+            attrs.resource.clone()
+        } else {
+            format!("{}.{}", attrs.resource, attrs.api_group)
+        };
+        Self::Forbidden {
+            group_resource,
+            name: attrs.name.clone(),
+            group: attrs.api_group.clone(),
+            resource: attrs.resource.clone(),
+            message,
+        }
     }
 }
 

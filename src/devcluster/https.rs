@@ -2,7 +2,7 @@
 //! certificate, client certificates verified against the cluster CA when a
 //! client offers one (as kube-apiserver's `--client-ca-file`), and the
 //! verified certificate's user attached to every request of the connection
-//! ([`PeerCertificate`]). HTTP/1.1 only.
+//! ([`PeerCertificate`](crate::devcluster::auth::PeerCertificate)). HTTP/1.1 only.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -73,7 +73,7 @@ fn peer_identity(conn: &rustls::ServerConnection) -> Option<UserInfo> {
 }
 
 /// Serves `app` over TLS on `listener` until `shutdown`, then gives open
-/// connections [`DRAIN_TIMEOUT`] to finish.
+/// connections five seconds to finish.
 pub async fn serve(
     listener: TcpListener,
     config: Arc<rustls::ServerConfig>,

@@ -64,17 +64,34 @@
 //! `/_sim/fail-writes?count=N&status=S`, `/_sim/latency?ms=N`,
 //! `/_sim/forbid?namespace=NS[&allow=true]` (administrators only).
 //!
-//! Differences from a real cluster worth knowing: no RBAC
-//! (use [`Cluster::forbid_namespace`] for `403`), no admission or schema
-//! validation beyond names, selectors and required containers, no
-//! server-side apply, rollouts replace all pods at once, a
-//! crashed container is not restarted (the pod stays Running and unready),
-//! only the first container of a pod runs, and there is no cluster DNS and
-//! no Service virtual IP (reach pods by IP or through EndpointSlices). A
-//! normal exit, a panic (drop) or
-//! Ctrl-C stops every pod process; after a SIGKILL of the simulator only
-//! `skipper fixture` pods notice (`SKIPPER_EXIT_WITH_PARENT`) and exit,
-//! other programs are left running.
+//! Requests are authorized as with `--authorization-mode=Node,RBAC`
+//! ([`rbac`]): `system:masters` always, nodes by the Node authorizer, everyone
+//! else by the Roles and bindings in the store (the bootstrap ClusterRoles
+//! `cluster-admin`, `system:discovery`, `system:basic-user`,
+//! `system:public-info-viewer`, `view`, `edit` and `admin` exist from the
+//! start). `Impersonate-*` headers (`kubectl --as`) are honoured for callers
+//! allowed to `impersonate`. [`Cluster::forbid_namespace`] remains a fault
+//! that answers `403` regardless.
+//!
+//! # Deviations from a real cluster
+//!
+//! | Feature | Real cluster | Simulator |
+//! |---|---|---|
+//! | Anonymous requests | `system:anonymous` unless `--anonymous-auth=false` | always `401` (as with `--anonymous-auth=false`) |
+//! | Client certificate groups | any number of `O` | at most one `O` in certificates the simulator issues |
+//! | HTTP/2 | offered by ALPN | HTTP/1.1 only |
+//! | RBAC escalation checks | creating a Role or binding needs the rights it grants (or `escalate`/`bind`) | not checked |
+//! | Aggregated ClusterRoles | `view`/`edit`/`admin` aggregate labelled roles | fixed rules (core, apps, batch, discovery, policy, coordination, events, metrics) |
+//! | Node authorizer | graph of pods, volumes, PVs, ResourceClaims, ... | pods, secrets, configmaps, PVCs and ServiceAccounts referenced by pods bound to the node |
+//! | Admission and schema validation | full | names, selectors and required containers |
+//! | Server-side apply | yes | no (`415`) |
+//! | Rollouts | surge and unavailability bounds | all pods replaced at once |
+//! | Cluster DNS, Service virtual IPs | yes | none (reach pods by IP or through EndpointSlices) |
+//!
+//! The pod runtime's own differences are listed in [`kubelet`]. A normal
+//! exit, a panic (drop) or Ctrl-C stops every pod process; after a SIGKILL
+//! of the simulator only `skipper fixture` pods notice
+//! (`SKIPPER_EXIT_WITH_PARENT`) and exit, other programs are left running.
 
 /// Authentication: client certificates and ServiceAccount tokens.
 pub mod auth;
@@ -89,12 +106,16 @@ pub mod error;
 pub mod https;
 /// The pod runtime.
 pub mod kubelet;
+/// `metrics.k8s.io` as an aggregated API (an APIService), as metrics-server.
+pub mod metrics_api;
 /// JSON, merge and strategic-merge patches.
 pub mod patch;
 /// CA, certificates and the ServiceAccount token key.
 pub mod pki;
 /// The local playground (`skipper dev`).
 pub mod playground;
+/// Node and RBAC authorization.
+pub mod rbac;
 /// Served resource kinds and discovery.
 pub mod resources;
 /// TokenRequest, TokenReview and the access reviews.
@@ -330,6 +351,10 @@ impl Cluster {
         }
         for ns in &namespaces {
             store.create(by_kind("Namespace"), "", json!({"metadata": {"name": ns}}))?;
+        }
+        for obj in rbac::bootstrap_policy() {
+            let kind = obj["kind"].as_str().unwrap_or_default().to_owned();
+            store.create(by_kind(&kind), "", obj)?;
         }
         let mut nodes = Vec::new();
         for (i, zone) in config.zones.iter().enumerate() {

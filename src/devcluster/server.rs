@@ -26,6 +26,7 @@ use super::reviews;
 use super::selector::{FieldSelector, LabelSelector};
 use super::store::{EventType, Store, name_of, namespace_of, uid_of};
 use super::table;
+use super::{auth, rbac};
 
 /// Injected faults, shared by the Rust API and `/_sim/`.
 #[derive(Debug, Default)]
@@ -247,18 +248,23 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
             return ApiError::Unauthorized.into_response();
         }
     };
+    let user = match impersonate(&shared.store, user, req.headers()) {
+        Ok(u) => u,
+        Err(e) => return e.into_response(),
+    };
     let path = req.uri().path().to_owned();
+    let q = query_map(req.uri().query());
     if let Some(rest) = path.strip_prefix("/_sim/") {
         if !user.in_group(MASTERS_GROUP) {
-            return ApiError::ForbiddenPath {
-                user: user.name,
-                verb: req.method().as_str().to_lowercase(),
-                path,
-            }
-            .into_response();
+            let attrs = rbac::Attributes::non_resource(&req.method().as_str().to_lowercase(), &path);
+            return ApiError::forbidden(&user.name, &attrs).into_response();
         }
-        let q = query_map(req.uri().query());
         return sim_endpoint(&shared, req.method(), rest, &q);
+    }
+    let attrs = request_attributes(req.method(), &path, &q);
+    let decision = rbac::authorize(&shared.store, &user, &attrs);
+    if !decision.allowed {
+        return ApiError::forbidden_because(&user.name, &attrs, &decision.reason).into_response();
     }
     let latency = shared.faults.latency_ms.load(Ordering::SeqCst);
     if latency > 0 {
@@ -269,11 +275,257 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
         Ok(b) => b,
         Err(e) => return ApiError::BadRequest(format!("reading the request body: {e}")).into_response(),
     };
-    let q = query_map(parts.uri.query());
-    match serve(&shared, &user, &parts.method, &path, &q, &parts.headers, body) {
+    if let Some(node) = user.node_name()
+        && matches!(
+            parts.method,
+            Method::POST | Method::PUT | Method::PATCH | Method::DELETE
+        )
+    {
+        let parsed: Option<Value> = serde_json::from_slice(&body).ok();
+        if let Err(why) = rbac::node_restriction(&shared.store, node, &attrs, parsed.as_ref()) {
+            let mut e = ApiError::forbidden(&user.name, &attrs);
+            if let ApiError::Forbidden { message, name, .. } = &mut e {
+                *message = why;
+                if name.is_empty()
+                    && let Some(n) = parsed
+                        .as_ref()
+                        .and_then(|b| b.pointer("/metadata/name"))
+                        .and_then(Value::as_str)
+                {
+                    *name = n.to_owned();
+                }
+            }
+            return e.into_response();
+        }
+    }
+    let request = Req {
+        user: &user,
+        attrs: &attrs,
+        method: &parts.method,
+        path: &path,
+        q: &q,
+        headers: &parts.headers,
+    };
+    match serve(&shared, &request, body) {
         Ok(r) => r,
         Err(e) => e.into_response(),
     }
+}
+
+/// What kube-apiserver's RequestInfo makes of a request: a resource request
+/// under `/api/v1/...` or `/apis/<group>/<version>/...` (namespace, resource,
+/// name, subresource, verb from the method), or a non-resource path.
+#[must_use]
+pub fn request_attributes(method: &Method, path: &str, q: &HashMap<String, String>) -> rbac::Attributes {
+    let lower = method.as_str().to_lowercase();
+    let parts: Vec<&str> = path
+        .trim_matches('/')
+        .split('/')
+        .filter(|s| !s.is_empty())
+        .collect();
+    let (group, mut rest): (&str, &[&str]) = match parts.as_slice() {
+        ["api", _version, rest @ ..] if !rest.is_empty() => ("", rest),
+        ["apis", group, _version, rest @ ..] if !rest.is_empty() => (group, rest),
+        _ => {
+            let verb = if *method == Method::HEAD {
+                "get"
+            } else {
+                lower.as_str()
+            };
+            return rbac::Attributes::non_resource(verb, path);
+        }
+    };
+    let mut legacy_watch = false;
+    if rest.first() == Some(&"watch") {
+        legacy_watch = true;
+        rest = &rest[1..];
+    }
+    let mut namespace = "";
+    if rest.first() == Some(&"namespaces") && rest.len() > 1 {
+        namespace = rest[1];
+        if rest.len() > 2 && !matches!(rest[2], "status" | "finalize") {
+            rest = &rest[2..];
+        }
+    }
+    let resource = rest.first().copied().unwrap_or("");
+    let name = rest.get(1).copied().unwrap_or("");
+    let subresource = rest.get(2).copied().unwrap_or("");
+    let watch = legacy_watch || q.get("watch").is_some_and(|w| w == "1" || w == "true");
+    let verb = match *method {
+        Method::GET | Method::HEAD if watch => "watch",
+        Method::GET | Method::HEAD if name.is_empty() => "list",
+        Method::GET | Method::HEAD => "get",
+        Method::POST => "create",
+        Method::PUT => "update",
+        Method::PATCH => "patch",
+        Method::DELETE if name.is_empty() => "deletecollection",
+        Method::DELETE => "delete",
+        _ => lower.as_str(),
+    };
+    let field_selector = q.get("fieldSelector").cloned().unwrap_or_default();
+    // A list or watch of one object by `metadata.name=` names it (RequestInfo does the same).
+    let selected = if matches!(verb, "list" | "watch") && name.is_empty() {
+        field_selector.split(',').find_map(|r| {
+            let (f, v) = r.split_once('=')?;
+            (f.trim() == "metadata.name").then(|| v.trim_start_matches('=').trim().to_owned())
+        })
+    } else {
+        None
+    };
+    let mut attrs = rbac::Attributes::resource(
+        verb,
+        namespace,
+        group,
+        resource,
+        subresource,
+        selected.as_deref().unwrap_or(name),
+    );
+    attrs.field_selector = field_selector;
+    attrs
+}
+
+/// Applies `Impersonate-*` headers: the caller must be allowed to
+/// `impersonate` each requested user (or ServiceAccount), group, uid and extra.
+///
+/// # Errors
+/// `Forbidden` for a missing permission; `BadRequest` for groups or extras without a user.
+fn impersonate(store: &Store, user: UserInfo, headers: &HeaderMap) -> Result<UserInfo, ApiError> {
+    let values = |name: &str| -> Vec<String> {
+        headers
+            .get_all(name)
+            .iter()
+            .filter_map(|v| v.to_str().ok())
+            .map(str::to_owned)
+            .collect()
+    };
+    let target = values("impersonate-user").into_iter().next();
+    let groups = values("impersonate-group");
+    let uid = values("impersonate-uid").into_iter().next();
+    let mut extra: std::collections::BTreeMap<String, Vec<String>> = std::collections::BTreeMap::new();
+    for (k, v) in headers {
+        if let Some(key) = k.as_str().strip_prefix("impersonate-extra-")
+            && let Ok(v) = v.to_str()
+        {
+            let key = percent_decode(key);
+            extra.entry(key).or_default().push(v.to_owned());
+        }
+    }
+    let Some(target) = target else {
+        if !groups.is_empty() || uid.is_some() || !extra.is_empty() {
+            return Err(ApiError::BadRequest(format!(
+                "requested {groups:?} without impersonating a user"
+            )));
+        }
+        return Ok(user);
+    };
+    let check = |attrs: rbac::Attributes| {
+        if rbac::authorize(store, &user, &attrs).allowed {
+            Ok(())
+        } else {
+            Err(ApiError::forbidden(&user.name, &attrs))
+        }
+    };
+    let service_account = target
+        .strip_prefix(auth::SERVICE_ACCOUNT_USER_PREFIX)
+        .and_then(|r| r.split_once(':'));
+    match service_account {
+        Some((ns, name)) => check(rbac::Attributes::resource(
+            "impersonate",
+            ns,
+            "",
+            "serviceaccounts",
+            "",
+            name,
+        ))?,
+        None => check(rbac::Attributes::resource(
+            "impersonate",
+            "",
+            "",
+            "users",
+            "",
+            &target,
+        ))?,
+    }
+    for g in &groups {
+        check(rbac::Attributes::resource("impersonate", "", "", "groups", "", g))?;
+    }
+    if let Some(u) = &uid {
+        check(rbac::Attributes::resource(
+            "impersonate",
+            "",
+            "authentication.k8s.io",
+            "uids",
+            "",
+            u,
+        ))?;
+    }
+    for (k, vs) in &extra {
+        for v in vs {
+            check(rbac::Attributes::resource(
+                "impersonate",
+                "",
+                "authentication.k8s.io",
+                "userextras",
+                k,
+                v,
+            ))?;
+        }
+    }
+    let mut groups = groups;
+    if groups.is_empty()
+        && let Some((ns, _)) = service_account
+    {
+        groups = vec![
+            auth::SERVICE_ACCOUNTS_GROUP.to_owned(),
+            format!("{}:{ns}", auth::SERVICE_ACCOUNTS_GROUP),
+        ];
+    }
+    let mut out = if target == "system:anonymous" {
+        let mut u = UserInfo {
+            name: target,
+            groups,
+            ..UserInfo::default()
+        };
+        if !u.in_group("system:unauthenticated") {
+            u.groups.push("system:unauthenticated".into());
+        }
+        u
+    } else {
+        UserInfo::new(&target, &groups)
+    };
+    out.uid = uid.unwrap_or_default();
+    out.extra = extra;
+    Ok(out)
+}
+
+/// Decodes `%XX` escapes (impersonation extra keys are percent-encoded).
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Ok(b) = u8::from_str_radix(&s[i + 1..i + 3], 16)
+        {
+            out.push(b);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The parts of one authenticated, authorized request.
+struct Req<'a> {
+    user: &'a UserInfo,
+    attrs: &'a rbac::Attributes,
+    method: &'a Method,
+    path: &'a str,
+    q: &'a HashMap<String, String>,
+    headers: &'a HeaderMap,
 }
 
 fn sim_endpoint(shared: &Shared, method: &Method, rest: &str, q: &HashMap<String, String>) -> Response {
@@ -326,16 +578,15 @@ fn sim_endpoint(shared: &Shared, method: &Method, rest: &str, q: &HashMap<String
     }
 }
 
-#[allow(clippy::too_many_arguments)] // the parts of one request
-fn serve(
-    shared: &Arc<Shared>,
-    user: &UserInfo,
-    method: &Method,
-    path: &str,
-    q: &HashMap<String, String>,
-    headers: &HeaderMap,
-    body: Bytes,
-) -> Result<Response, ApiError> {
+fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, ApiError> {
+    let Req {
+        user,
+        attrs,
+        method,
+        path,
+        q,
+        headers,
+    } = *req;
     if path == "/openapi/v3" || path == "/openapi/v3/" {
         return Ok(json_response(StatusCode::OK, &resources::openapi_v3_root()));
     }
@@ -354,10 +605,7 @@ fn serve(
     if let Some(ns) = ns.as_deref()
         && shared.faults.is_forbidden(ns)
     {
-        return Err(ApiError::Forbidden {
-            res,
-            ns: ns.to_owned(),
-        });
+        return Err(ApiError::forbidden(&user.name, attrs));
     }
     let accept = headers
         .get(header::ACCEPT)
@@ -384,6 +632,10 @@ fn serve(
         let answer = match res.kind {
             "TokenReview" => reviews::token_review(&shared.auth, &shared.store, &obj)?,
             "SelfSubjectReview" => reviews::self_subject_review(user),
+            "SelfSubjectAccessReview" => reviews::self_subject_access_review(&shared.store, user, &obj)?,
+            "SelfSubjectRulesReview" => reviews::self_subject_rules_review(&shared.store, user, &obj)?,
+            "SubjectAccessReview" => reviews::subject_access_review(&shared.store, None, &obj)?,
+            "LocalSubjectAccessReview" => reviews::subject_access_review(&shared.store, ns.as_deref(), &obj)?,
             _ => return Err(ApiError::UnknownPath),
         };
         return Ok(json_response(StatusCode::CREATED, &answer));
@@ -396,6 +648,9 @@ fn serve(
             return Err(ApiError::MethodNotAllowed);
         }
         let obj = parse_object(&body)?;
+        if let Some(node) = user.node_name() {
+            reviews::node_may_request_token(&shared.store, node, ns, &obj)?;
+        }
         let answer = reviews::token_request(&shared.auth, &shared.store, ns, name, &obj)?;
         return Ok(json_response(StatusCode::CREATED, &answer));
     }
@@ -550,7 +805,7 @@ fn serve(
         (Method::DELETE, None, None) => {
             let opts = delete_options(&body, q)?;
             let (items, rv) = store.list(res, ns.as_deref());
-            let items = filter(items, q)?;
+            let items = filter(res, items, q)?;
             if dry_run || opts.dry_run {
                 return Ok(json_response(StatusCode::OK, &list_doc(res, items, rv, None)));
             }
@@ -864,10 +1119,10 @@ fn delete_one(
     }
 }
 
-fn filter(items: Vec<Value>, q: &HashMap<String, String>) -> Result<Vec<Value>, ApiError> {
+fn filter(res: &ResourceDef, items: Vec<Value>, q: &HashMap<String, String>) -> Result<Vec<Value>, ApiError> {
     let labels = LabelSelector::parse(q.get("labelSelector").map_or("", String::as_str))
         .map_err(ApiError::BadRequest)?;
-    let fields = FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str))
+    let fields = FieldSelector::parse_for(res.kind, q.get("fieldSelector").map_or("", String::as_str))
         .map_err(ApiError::BadRequest)?;
     Ok(items
         .into_iter()
@@ -890,26 +1145,73 @@ fn list(
     q: &HashMap<String, String>,
     format: Format,
 ) -> Result<Response, ApiError> {
+    let requested_rv = q.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let version_match = q.get("resourceVersionMatch").map(String::as_str).unwrap_or("");
+    let continue_token = q.get("continue").filter(|c| !c.is_empty());
+    match version_match {
+        "" => {}
+        _ if requested_rv.is_empty() => {
+            return Err(ApiError::BadRequest(
+                "resourceVersionMatch is forbidden unless resourceVersion is provided".into(),
+            ));
+        }
+        _ if continue_token.is_some() => {
+            return Err(ApiError::BadRequest(
+                "resourceVersionMatch is forbidden when continue is provided".into(),
+            ));
+        }
+        "Exact" if requested_rv == "0" => {
+            return Err(ApiError::BadRequest(
+                "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"".into(),
+            ));
+        }
+        "Exact" | "NotOlderThan" => {}
+        other => {
+            return Err(ApiError::BadRequest(format!(
+                "resourceVersionMatch: Unsupported value: {other:?}: supported values: \"Exact\", \"NotOlderThan\""
+            )));
+        }
+    }
+    let parse_rv = |v: &str| {
+        v.parse::<u64>().map_err(|_| {
+            ApiError::BadRequest(format!("resourceVersion: Invalid value: {v:?}: must be a number"))
+        })
+    };
+    // A continue token carries the resourceVersion of the first page, so
+    // every page is the same snapshot and a watch from it misses nothing.
+    let decoded = match continue_token {
+        None => None,
+        Some(token) => Some(
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(token)
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .and_then(|t| {
+                    let (first_rv, after) = t.split_once('|')?;
+                    Some((first_rv.parse::<u64>().ok()?, after.to_owned()))
+                })
+                .ok_or_else(|| ApiError::BadRequest("continue key is not valid".into()))?,
+        ),
+    };
     let (items, rv) = if res.computed {
         (pod_metrics(shared, ns), shared.store.current_rv())
+    } else if let Some((first_rv, _)) = &decoded {
+        let items = shared.store.list_at(res, ns, *first_rv).map_err(|e| match e {
+            ApiError::ListTooOld => ApiError::ContinueTooOld,
+            other => other,
+        })?;
+        (items, *first_rv)
+    } else if version_match == "Exact" {
+        let at = parse_rv(requested_rv)?;
+        (shared.store.list_at(res, ns, at)?, at)
     } else {
+        if !requested_rv.is_empty() {
+            parse_rv(requested_rv)?;
+        }
         shared.store.list(res, ns)
     };
-    let mut items = filter(items, q)?;
-    // A continue token carries the resourceVersion of the first page, so a
-    // paged list reports one resourceVersion and a watch from it misses nothing.
-    let mut rv = rv;
-    if let Some(token) = q.get("continue").filter(|c| !c.is_empty()) {
-        let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(token)
-            .ok()
-            .and_then(|b| String::from_utf8(b).ok())
-            .and_then(|t| {
-                let (first_rv, after) = t.split_once('|')?;
-                Some((first_rv.parse::<u64>().ok()?, after.to_owned()))
-            })
-            .ok_or_else(|| ApiError::BadRequest("continue key is not valid".into()))?;
-        rv = decoded.0;
+    let mut items = filter(res, items, q)?;
+    if let Some(decoded) = decoded {
         items.retain(|o| format!("{}/{}", namespace_of(o), name_of(o)) > decoded.1);
     }
     let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
@@ -1066,7 +1368,7 @@ fn watch_response(
         Ok(l) => l,
         Err(e) => return ApiError::BadRequest(e).into_response(),
     };
-    let fields = match FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str)) {
+    let fields = match FieldSelector::parse_for(res.kind, q.get("fieldSelector").map_or("", String::as_str)) {
         Ok(f) => f,
         Err(e) => return ApiError::BadRequest(e).into_response(),
     };

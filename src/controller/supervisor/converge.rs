@@ -191,7 +191,10 @@ pub fn desire(
     }
 }
 
-/// Recent recommendations, for the downscale stabilization maximum.
+/// Recent recommendations, for the downscale stabilization maximum. Only
+/// the recommendations that can still be the maximum are kept: each is
+/// larger than every newer one (a monotonic queue), so a function whose
+/// recommendation does not change holds one entry.
 #[derive(Debug, Clone, Default)]
 pub struct Window {
     entries: VecDeque<(u32, SystemTime)>,
@@ -201,12 +204,21 @@ impl Window {
     /// Records `desired` at `now`, drops entries older than `now - window`
     /// and returns the maximum of what remains (the new entry included).
     pub fn record(&mut self, desired: u32, now: SystemTime, window: Duration) -> u32 {
+        // Older entries no larger than `desired` can never be the maximum
+        // again: `desired` outlives them.
+        while self.entries.back().is_some_and(|(d, _)| *d <= desired) {
+            self.entries.pop_back();
+        }
+        // Grow one at a time while small: a steady function holds one entry.
+        if self.entries.len() == self.entries.capacity() && self.entries.len() < 4 {
+            self.entries.reserve_exact(1);
+        }
         self.entries.push_back((desired, now));
         let cutoff = now.checked_sub(window).unwrap_or(SystemTime::UNIX_EPOCH);
         while self.entries.front().is_some_and(|(_, t)| *t < cutoff) {
             self.entries.pop_front();
         }
-        self.entries.iter().map(|(d, _)| *d).max().unwrap_or(desired)
+        self.entries.front().map_or(desired, |(d, _)| *d)
     }
 
     /// Number of recommendations held.

@@ -1,21 +1,18 @@
 //! The supervisor actor: converge ticks and `Scale` commands, one at a time.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
-use tokio::sync::mpsc;
 use tokio::time::Instant;
-use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 use super::converge::{self, Decision, TickInput, TickPlan, Window};
-use super::{Command, Handle, now};
+use super::{Command, Context, Handle, Registry, Scaled};
 use crate::api::{EventSeverity, EventType};
-use crate::controller::core::Core;
-use crate::controller::error::Result;
+use crate::controller::error::{Error, Result};
+use crate::controller::heartbeat::Store;
 use crate::controller::kube::Instance;
-use crate::controller::metrics::Metrics;
-use crate::domain::Function;
+use crate::domain::{Function, FunctionId};
 
 /// The actor's own state.
 #[derive(Debug, Default)]
@@ -25,29 +22,19 @@ struct Actor {
 }
 
 /// Runs the actor until it decides to stop, is cancelled or panics, then
-/// removes its own handle.
-pub(super) async fn run(
-    core: Arc<Core>,
-    handle: Handle,
-    mut rx: mpsc::Receiver<Command>,
-    cancel: CancellationToken,
-) {
-    let id = handle.id;
-    contain(id, actor_loop(&core, &handle, &mut rx, &cancel)).await;
-    rx.close();
-    core.supervisors.remove(&handle).await;
-    // Answer commands that arrived while stopping so no caller waits in vain.
-    while let Ok(Command::Scale { reply, .. }) = rx.try_recv() {
-        let _ = reply.send(Err(crate::controller::error::Error::SupervisorStopped));
+/// removes its own handle and answers the commands still waiting.
+pub(super) async fn run<C: Context>(registry: Registry<C>, handle: Handle) {
+    contain(handle.id, actor_loop(&registry, &handle)).await;
+    let waiting = handle.shared.mailbox.close();
+    registry.remove(&handle).await;
+    for Command::Scale { reply, .. } in waiting {
+        let _ = reply.send(Err(Error::SupervisorStopped));
     }
 }
 
 /// Runs `fut`, catching a panic: it is logged and ends only this future.
 /// Returns whether `fut` completed without panicking.
-pub(super) async fn contain(
-    id: crate::domain::FunctionId,
-    fut: impl std::future::Future<Output = ()>,
-) -> bool {
+pub(super) async fn contain(id: FunctionId, fut: impl std::future::Future<Output = ()>) -> bool {
     match std::panic::AssertUnwindSafe(fut).catch_unwind().await {
         Ok(()) => true,
         Err(panic) => {
@@ -62,30 +49,45 @@ pub(super) async fn contain(
     }
 }
 
-async fn actor_loop(
-    core: &Arc<Core>,
-    handle: &Handle,
-    rx: &mut mpsc::Receiver<Command>,
-    cancel: &CancellationToken,
-) {
-    let interval = core.config.scale_interval;
+/// The loop keeps only what an idle supervisor needs across awaits; the
+/// tick and the command execution are boxed while they run.
+async fn actor_loop<C: Context>(registry: &Registry<C>, handle: &Handle) {
+    let ctx = registry.context();
+    let token = &registry.inner.token;
+    let interval = ctx.settings().scale_interval;
     let mut actor = Actor::default();
     let mut next_tick = Instant::now() + jittered(interval);
     loop {
-        tokio::select! {
-            biased;
-            () = cancel.cancelled() => return,
-            cmd = rx.recv() => match cmd {
-                None => return,
-                Some(Command::Scale { decision, deadline, reply }) => {
-                    let f = handle.shared.spec();
-                    let result = scale_locally(core, &f, &decision, deadline).await;
+        while let Some(Command::Scale {
+            decision,
+            deadline,
+            reply,
+        }) = handle.shared.mailbox.pop()
+        {
+            let f = handle.shared.spec();
+            tokio::select! {
+                biased;
+                () = token.cancelled() => {
+                    let _ = reply.send(Err(Error::ShuttingDown));
+                    return;
+                }
+                result = Box::pin(scale_locally(ctx.as_ref(), &f, &decision, deadline)) => {
                     let _ = reply.send(result);
                 }
-            },
+            }
+        }
+        tokio::select! {
+            biased;
+            () = token.cancelled() => return,
+            () = handle.shared.mailbox.woken() => {}
             () = tokio::time::sleep_until(next_tick) => {
                 next_tick = Instant::now() + jittered(interval);
-                match tick(core, handle, &mut actor).await {
+                let result = tokio::select! {
+                    biased;
+                    () = token.cancelled() => return,
+                    r = Box::pin(tick(ctx.as_ref(), handle, &mut actor)) => r,
+                };
+                match result {
                     Ok(true) => return,
                     Ok(false) => {}
                     Err(e) => tracing::warn!(function = %handle.id, error = %e, "failed to converge"),
@@ -124,33 +126,36 @@ fn observe(instances: &[Instance]) -> Vec<converge::Observed> {
         .collect()
 }
 
-/// One converge tick. Returns whether the supervisor should stop.
-#[tracing::instrument(name = "controller.supervisor.converge", skip_all, fields(function = %handle.id))]
-async fn tick(core: &Arc<Core>, handle: &Handle, actor: &mut Actor) -> Result<bool> {
+/// One converge tick. Returns whether the supervisor should stop. A tick
+/// with nothing to do (the common case) allocates nothing that outlives it
+/// and opens no span; one that acts runs in a span.
+async fn tick<C: Context>(ctx: &C, handle: &Handle, actor: &mut Actor) -> Result<bool> {
     let f = handle.shared.spec();
-    let mut instances = core.read_instances(&f, true).await?;
+    let instances = ctx.instances(&f).await?;
     if instances.is_empty() {
         if actor.had_instances {
-            handle
-                .shared
-                .with_heartbeats(crate::controller::heartbeat::Store::clear);
+            handle.shared.with_heartbeats(Store::clear);
         }
     } else {
         actor.had_instances = true;
     }
-    let combined = handle
-        .shared
-        .with_heartbeats(|s| s.combined(instances.iter().map(|i| i.assigned_at)));
+    let now = ctx.now();
+    let timeout = ctx.settings().scale.heartbeat_timeout;
+    let combined = handle.shared.with_heartbeats(|s| {
+        // Reports of routers that went quiet stop counting against them.
+        s.expire(now, timeout);
+        s.combined(instances.iter().map(|i| i.assigned_at))
+    });
     let observed = observe(&instances);
     let input = TickInput {
         function: &f,
         instances: &observed,
         heartbeat: combined,
-        now: now(),
-        started_at: core.started_at,
-        owner: core.is_owner(f.id()),
+        now,
+        started_at: ctx.started_at(),
+        owner: ctx.is_owner(f.id()),
     };
-    let plan = converge::plan_tick(&input, &mut actor.window, &core.config.scale);
+    let plan = converge::plan_tick(&input, &mut actor.window, &ctx.settings().scale);
     let recommended = match &plan {
         TickPlan::Idle { decision, .. } => Some((decision.clone(), false)),
         TickPlan::Act { decision, .. } => Some((decision.clone(), true)),
@@ -161,12 +166,53 @@ async fn tick(core: &Arc<Core>, handle: &Handle, actor: &mut Actor) -> Result<bo
             .shared
             .record_recommendation(super::Recommendation::new(input.now, decision, acted));
     }
+    let busy = match &plan {
+        TickPlan::Idle { .. } => false,
+        TickPlan::OneshotCleanup { .. } => true,
+        TickPlan::Act {
+            decision,
+            event,
+            stuck,
+            replace_stale,
+            ..
+        } => {
+            event.is_some()
+                || !stuck.is_empty()
+                || !matches!(
+                    converge::execute(&f, decision, &observed),
+                    converge::Execution::Noop | converge::Execution::Guarded
+                )
+                || (*replace_stale && instances.iter().any(|i| is_stale(ctx, &f, i)))
+        }
+    };
+    match plan {
+        TickPlan::Idle { stop, .. } => Ok(stop),
+        TickPlan::Act { stop, .. } if !busy => Ok(stop),
+        plan => {
+            let span = tracing::info_span!("controller.supervisor.converge", function = %handle.id);
+            act(ctx, &f, plan, instances).instrument(span).await
+        }
+    }
+}
+
+/// A ready instance whose ReplicaSet was scaled to zero or is gone, or
+/// whose spec differs from the current one.
+fn is_stale<C: Context>(ctx: &C, f: &Function, i: &Instance) -> bool {
+    i.ready_at.is_some() && (ctx.replica_set_retired(f, &i.replica_set) || !i.function.same_config(f))
+}
+
+/// Carries out a tick's plan other than [`TickPlan::Idle`].
+async fn act<C: Context>(
+    ctx: &C,
+    f: &Function,
+    plan: TickPlan,
+    mut instances: Vec<Instance>,
+) -> Result<bool> {
     match plan {
         TickPlan::Idle { stop, .. } => Ok(stop),
         TickPlan::OneshotCleanup { delete } => {
-            let ns = core.namespace(&f.namespace)?;
             for name in delete {
-                if let Err(e) = ns.writer.delete(&name).await {
+                if let Err(e) = ctx.delete(f, &name).await {
                     tracing::warn!(pod = %name, error = %e, "failed to delete orphaned oneshot pod");
                 }
             }
@@ -180,15 +226,14 @@ async fn tick(core: &Arc<Core>, handle: &Handle, actor: &mut Actor) -> Result<bo
             stop,
         } => {
             if let Some(ev) = event {
-                core.events.push(&f, ev.kind, ev.severity, ev.message);
+                ctx.event(f, ev.kind, ev.severity, ev.message);
             }
-            let ns = core.namespace(&f.namespace)?;
             for name in stuck {
                 tracing::warn!(pod = %name, "terminating instance stuck in assigned state");
-                match ns.writer.delete(&name).await {
+                match ctx.delete(f, &name).await {
                     Ok(_) => {
-                        core.events.push(
-                            &f,
+                        ctx.event(
+                            f,
                             EventType::StuckInstanceCleanup,
                             EventSeverity::Warn,
                             format!("terminated stuck instance {name}"),
@@ -198,38 +243,38 @@ async fn tick(core: &Arc<Core>, handle: &Handle, actor: &mut Actor) -> Result<bo
                     Err(e) => tracing::warn!(pod = %name, error = %e, "failed to delete stuck instance"),
                 }
             }
-            let deadline = Instant::now() + core.config.scale.assign_timeout;
-            let after = execute(core, &f, &decision, instances, deadline).await?;
+            let deadline = Instant::now() + ctx.settings().scale.assign_timeout;
+            let after = execute(ctx, f, &decision, instances, deadline).await?;
             if replace_stale {
-                replace_stale_instances(core, &f, after).await;
+                replace_stale_instances(ctx, f, after).await;
             }
             Ok(stop)
         }
     }
 }
 
-/// Reads the instances and executes `decision` (the `Scale` path).
-pub(crate) async fn scale_locally(
-    core: &Arc<Core>,
+/// Reads the instances and executes `decision` (the `Scale` path); answers
+/// the ready instances afterwards.
+#[tracing::instrument(name = "controller.supervisor.command", skip_all, fields(function = %f.id()))]
+async fn scale_locally<C: Context>(
+    ctx: &C,
     f: &Function,
     decision: &Decision,
     deadline: Instant,
 ) -> Result<Vec<Instance>> {
-    let instances = core.read_instances(f, true).await?;
-    let after = execute(core, f, decision, instances, deadline).await?;
+    let instances = ctx.instances(f).await?;
+    let after = execute(ctx, f, decision, instances, deadline).await?;
     Ok(after.into_iter().filter(|i| i.ready_at.is_some()).collect())
 }
 
 /// Executes a decision over `instances`; returns the instances afterwards.
-#[tracing::instrument(name = "controller.supervisor.scale", skip_all, fields(function = %f.id(), desired = decision.desired))]
-async fn execute(
-    core: &Arc<Core>,
+async fn execute<C: Context>(
+    ctx: &C,
     f: &Function,
     decision: &Decision,
     mut instances: Vec<Instance>,
     deadline: Instant,
 ) -> Result<Vec<Instance>> {
-    let labels = Metrics::function(&f.deployment);
     let max = f.scale_or_default().max_instances();
     if max > 1 && decision.unclamped > decision.desired {
         tracing::info!(function = %f.id(), desired = decision.desired, unclamped = decision.unclamped, "scaling decision was clamped");
@@ -241,20 +286,16 @@ async fn execute(
             tracing::info!(function = %f.id(), "skipping scale up because function has too many instances");
         }
         converge::Execution::ScaleUp { count } => {
-            core.metrics
-                .scale_ups_total
-                .get_or_create(&labels)
-                .inc_by(u64::from(count));
-            core.events.push(
+            ctx.count(f, Scaled::Up, u64::from(count));
+            ctx.event(
                 f,
                 EventType::ScaleUp,
                 EventSeverity::Info,
                 format!("scaling up from {ready} to {} instances", decision.desired),
             );
-            let ns = core.namespace(&f.namespace)?;
             for _ in 0..count {
-                let inst = core.assigner.assign(ns, f, deadline).await?;
-                core.events.push(
+                let inst = ctx.assign(f, deadline).await?;
+                ctx.event(
                     f,
                     EventType::PodAssigned,
                     EventSeverity::Info,
@@ -264,7 +305,7 @@ async fn execute(
             }
         }
         converge::Execution::ScaleDown { delete } => {
-            core.events.push(
+            ctx.event(
                 f,
                 EventType::ScaleDown,
                 EventSeverity::Info,
@@ -274,14 +315,10 @@ async fn execute(
                     decision.desired
                 ),
             );
-            core.metrics
-                .scale_downs_total
-                .get_or_create(&labels)
-                .inc_by(delete.len() as u64);
-            let ns = core.namespace(&f.namespace)?;
+            ctx.count(f, Scaled::Down, delete.len() as u64);
             for name in delete {
-                ns.writer.delete(&name).await?;
-                core.events.push(
+                ctx.delete(f, &name).await?;
+                ctx.event(
                     f,
                     EventType::PodDeleted,
                     EventSeverity::Info,
@@ -296,43 +333,33 @@ async fn execute(
 
 /// Replaces ready instances whose ReplicaSet was scaled to zero or is gone,
 /// or whose spec differs from the current one, one for one (spec §5.8).
-async fn replace_stale_instances(core: &Arc<Core>, f: &Function, instances: Vec<Instance>) {
-    let Ok(ns) = core.namespace(&f.namespace) else {
-        return;
-    };
+async fn replace_stale_instances<C: Context>(ctx: &C, f: &Function, instances: Vec<Instance>) {
     let max_plus_one = f.scale_or_default().max_instances().saturating_add(1) as usize;
     let mut total = instances.len();
-    for inst in instances.iter().filter(|i| i.ready_at.is_some()) {
-        let rs_stale = match ns.replica_sets.get(&inst.replica_set) {
-            Some(rs) => rs.status.as_ref().is_none_or(|s| s.replicas == 0),
-            None => ns.replica_sets.is_synced(),
-        };
-        if !rs_stale && inst.function.same_config(f) {
-            continue;
-        }
+    for inst in instances.iter().filter(|i| is_stale(ctx, f, i)) {
         if total >= max_plus_one {
             tracing::info!(pod = %inst.name, "skipping stale instance replacement, already at maxInstances+1");
             continue;
         }
-        let Ok(permit) = core.stale_permits.clone().try_acquire_owned() else {
+        let Some(permit) = ctx.stale_permit() else {
             tracing::debug!(function = %f.id(), "stale replacement deferred: too many in progress");
             return;
         };
-        core.events.push(
+        ctx.event(
             f,
             EventType::StaleReplacement,
             EventSeverity::Info,
             format!("replacing stale instance {}", inst.name),
         );
-        let deadline = Instant::now() + core.config.scale.assign_timeout;
-        let assigned = core.assigner.assign(ns, f, deadline).await;
+        let deadline = Instant::now() + ctx.settings().scale.assign_timeout;
+        let assigned = ctx.assign(f, deadline).await;
         drop(permit);
         if let Err(e) = assigned {
             tracing::warn!(pod = %inst.name, error = %e, "failed to assign replacement pod for stale instance");
             continue;
         }
         total += 1;
-        match ns.writer.delete(&inst.name).await {
+        match ctx.delete(f, &inst.name).await {
             Ok(_) => total -= 1,
             Err(e) => tracing::warn!(pod = %inst.name, error = %e, "failed to delete stale instance"),
         }
@@ -345,7 +372,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_panicking_supervisor_is_contained() {
-        let id = crate::domain::FunctionId(7);
+        let id = FunctionId(7);
         assert!(contain(id, async {}).await);
         let boom = async {
             tokio::task::yield_now().await;

@@ -22,7 +22,11 @@ use crate::ring::HashRing;
 pub const MAX_ROWS: usize = 500;
 /// An unready instance assigned longer ago than this is stuck.
 pub const STUCK_AFTER: Duration = Duration::from_secs(60);
-/// A router heartbeat older than this is stale.
+/// A router heartbeat older than this is quiet; a quiet one that still
+/// reported requests in flight is stale (a router that went silent mid-work:
+/// stopped, partitioned, or wedged). Routers report only active functions,
+/// so a quiet report with nothing in flight is an idle function, not a
+/// problem.
 pub const STALE_HEARTBEAT_AFTER: Duration = Duration::from_secs(60);
 /// How many items a health issue names.
 const ISSUE_ITEMS: usize = 5;
@@ -168,6 +172,9 @@ pub struct HeartbeatRow {
     pub router_url: String,
     pub in_flight: u32,
     pub last_seen: String,
+    /// No report for [`STALE_HEARTBEAT_AFTER`].
+    pub quiet: bool,
+    /// Quiet with requests in flight.
     pub stale: bool,
     pub function_key: String,
     pub function_url: String,
@@ -272,7 +279,8 @@ pub struct RouterRow {
     pub functions: usize,
     pub in_flight: u32,
     pub last_seen: String,
-    pub stale: bool,
+    /// No report for [`STALE_HEARTBEAT_AFTER`] (idle, or gone).
+    pub quiet: bool,
 }
 
 /// A tenant across its functions.
@@ -642,10 +650,15 @@ fn function_row(s: &api::SupervisorState, now: SystemTime, input: &Input<'_>) ->
                     .and_then(|hb| hb.in_flight_requests)
                     .unwrap_or(0),
                 last_seen: ago_opt(now, t),
-                stale: t.is_none_or(|t| now.duration_since(t).unwrap_or_default() > STALE_HEARTBEAT_AFTER),
+                quiet: t.is_none_or(|t| now.duration_since(t).unwrap_or_default() > STALE_HEARTBEAT_AFTER),
+                stale: false,
                 function_key: key.clone(),
                 function_url: url.clone(),
             }
+        })
+        .map(|mut h| {
+            h.stale = h.quiet && h.in_flight > 0;
+            h
         })
         .collect();
     heartbeats.sort_by(|a, b| a.router.cmp(&b.router));
@@ -755,7 +768,7 @@ fn router_rows(functions: &[FunctionRow], now: SystemTime, state: &api::ClusterS
                 functions: beats.len(),
                 in_flight: beats.iter().map(|h| h.in_flight).sum(),
                 last_seen: ago_opt(now, t),
-                stale: t.is_none_or(|t| now.duration_since(t).unwrap_or_default() > STALE_HEARTBEAT_AFTER),
+                quiet: t.is_none_or(|t| now.duration_since(t).unwrap_or_default() > STALE_HEARTBEAT_AFTER),
                 ip,
             }
         })

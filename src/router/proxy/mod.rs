@@ -4,10 +4,13 @@
 //! may be retried only while the router still owns the request: when
 //! GetInstance fails, when connecting to the instance fails, or when the
 //! connection closed before the request was written (a pooled connection
-//! first gets one fresh connection to the same instance). Then the
-//! instance is excluded, the loop backs off (exponential with jitter) and
-//! asks again, up to `--max-round-trip-attempts` attempts. Writing the
-//! request consumes it, so once written, errors are final and a body is
+//! first gets one fresh connection to the same instance). An idempotent
+//! request without a body is also retried when the instance's connection
+//! closed or reset before a response began (the instance died with the
+//! request in flight): it is rebuilt from its head. Then the instance is
+//! excluded, the loop backs off (exponential with jitter) and asks again,
+//! up to `--max-round-trip-attempts` attempts. Writing a request with a
+//! body consumes it, so once written its errors are final and a body is
 //! never replayed half-sent.
 //!
 //! Bodies stream both ways through hyper (bounded memory, backpressure);
@@ -215,6 +218,9 @@ impl Proxy {
             .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
         *req.uri_mut() = Uri::try_from(path).unwrap_or_else(|_| Uri::from_static("/"));
         let oneshot = parsed.function.is_oneshot();
+        let head =
+            (upgrade.is_none() && is_idempotent(req.method()) && http_body::Body::is_end_stream(req.body()))
+                .then(|| Head::of(&req));
 
         let mut backoff = self.backoff();
         let mut excluded: Vec<String> = Vec::new();
@@ -342,7 +348,14 @@ impl Proxy {
                             }
                         }
                     }
-                    Err(SendError::Failed(source)) => return Err(Error::from_send(name, source)),
+                    Err(SendError::Failed(source)) => match &head {
+                        Some(head) if closed_before_response(&source) => {
+                            req = head.rebuild(self.settings.body_timeout);
+                            unusable(Error::from_send(name.clone(), source), release);
+                            continue 'attempts;
+                        }
+                        _ => return Err(Error::from_send(name, source)),
+                    },
                 }
             };
             let hold = Hold { in_flight, release };
@@ -421,6 +434,75 @@ impl Proxy {
             .insert(HEADER_GET_INSTANCE_DURATION_MS, HeaderValue::from(ms));
         Ok(Response::from_parts(parts, Body::empty()))
     }
+}
+
+/// The head of a request without a body, kept to send it again.
+struct Head {
+    method: http::Method,
+    uri: Uri,
+    version: http::Version,
+    headers: http::HeaderMap,
+}
+
+impl Head {
+    fn of<B>(req: &Request<B>) -> Self {
+        Self {
+            method: req.method().clone(),
+            uri: req.uri().clone(),
+            version: req.version(),
+            headers: req.headers().clone(),
+        }
+    }
+
+    fn rebuild(&self, body_timeout: Option<Duration>) -> Request<RequestBody> {
+        let empty =
+            http_body_util::BodyExt::map_err(http_body_util::Empty::<Bytes>::new(), |never| match never {});
+        let mut req = Request::new(RequestBody::new(empty, body_timeout));
+        *req.method_mut() = self.method.clone();
+        *req.uri_mut() = self.uri.clone();
+        *req.version_mut() = self.version;
+        *req.headers_mut() = self.headers.clone();
+        req
+    }
+}
+
+/// Methods a retry cannot turn into a second effect (RFC 9110 §9.2.2).
+fn is_idempotent(m: &http::Method) -> bool {
+    matches!(
+        *m,
+        http::Method::GET
+            | http::Method::HEAD
+            | http::Method::OPTIONS
+            | http::Method::TRACE
+            | http::Method::PUT
+            | http::Method::DELETE
+    )
+}
+
+/// Whether a send failed because the instance's end of the connection
+/// closed or reset before a response began (not because of the client's
+/// body, and not a malformed response).
+fn closed_before_response(e: &hyper::Error) -> bool {
+    if ClientBodyError::find(e).is_some() {
+        return false;
+    }
+    if e.is_incomplete_message() || e.is_closed() {
+        return true;
+    }
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(io) = err.downcast_ref::<std::io::Error>() {
+            return matches!(
+                io.kind(),
+                std::io::ErrorKind::ConnectionReset
+                    | std::io::ErrorKind::ConnectionAborted
+                    | std::io::ErrorKind::BrokenPipe
+                    | std::io::ErrorKind::UnexpectedEof
+            );
+        }
+        cur = err.source();
+    }
+    false
 }
 
 fn finish(resp: Response<UpstreamBody>, hold: Hold, ms: u64) -> Response<Body> {

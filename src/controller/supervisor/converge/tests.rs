@@ -208,7 +208,39 @@ fn window_keeps_the_maximum_and_expires() {
         "entry exactly at the cutoff stays"
     );
     assert_eq!(w.record(1, t0() + secs(91), win), 1);
-    assert_eq!(w.len(), 3);
+    assert_eq!(
+        w.len(),
+        1,
+        "only recommendations that can still be the maximum are kept"
+    );
+}
+
+#[test]
+fn window_maximum_equals_the_maximum_over_every_recent_recommendation() {
+    let win = secs(90);
+    let mut w = Window::default();
+    let mut all: Vec<(u32, SystemTime)> = Vec::new();
+    // A deterministic pseudo-random walk of recommendations every 1–40 s.
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut now = t0();
+    let mut longest = 0;
+    for _ in 0..5000 {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        now += secs(1 + x % 40);
+        let desired = u32::try_from((x >> 8) % 12).unwrap();
+        all.push((desired, now));
+        let naive = all
+            .iter()
+            .filter(|(_, t)| *t >= now - win)
+            .map(|(d, _)| *d)
+            .max()
+            .unwrap();
+        assert_eq!(w.record(desired, now, win), naive);
+        longest = longest.max(w.len());
+    }
+    assert!(longest <= 91, "at most one entry per second of the window");
 }
 
 fn tick(

@@ -113,7 +113,10 @@ fn state() -> api::ClusterState {
                     instance(&api_acme, "api-a", "", 300, None),
                     instance(&api_acme, "api-b", "", 300, Some(290)),
                 ],
-                vec![beat("10.1.0.2", &api_acme, 120, 0)],
+                vec![
+                    beat("10.1.0.2", &api_acme, 120, 4),
+                    beat("10.1.0.3", &api_acme, 300, 0),
+                ],
                 "10.0.0.2",
             ),
             sup(&web_acme_once, vec![], vec![], "10.0.0.1"),
@@ -278,9 +281,28 @@ fn stats_controllers_routers_tenants_deployments() {
     let routers: Vec<(&str, usize, bool)> = m
         .routers
         .iter()
-        .map(|r| (r.ip.as_str(), r.functions, r.stale))
+        .map(|r| (r.ip.as_str(), r.functions, r.quiet))
         .collect();
-    assert_eq!(routers, vec![("10.1.0.1", 1, false), ("10.1.0.2", 1, true)]);
+    assert_eq!(
+        routers,
+        vec![
+            ("10.1.0.1", 1, false),
+            ("10.1.0.2", 1, true),
+            ("10.1.0.3", 1, true)
+        ]
+    );
+    let beats: Vec<(bool, bool)> = m
+        .function("fns:api:acme")
+        .unwrap()
+        .heartbeats
+        .iter()
+        .map(|h| (h.quiet, h.stale))
+        .collect();
+    assert_eq!(
+        beats,
+        vec![(true, true), (true, false)],
+        "quiet with requests in flight is stale; idle is not"
+    );
     let acme = m.tenants.iter().find(|t| t.tenant == "acme").unwrap();
     assert_eq!((acme.functions, acme.ready, acme.total), (3, 3, 4));
     assert_eq!(acme.deployments, vec!["api", "web"]);

@@ -1,0 +1,136 @@
+//! [`Cluster`]: the supervisors' [`Context`] over the controller's caches,
+//! the API server, the assigner, the ring, the event log and the metrics.
+
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
+
+use super::assign::Assigner;
+use super::error::{Error, Result};
+use super::events;
+use super::kube::stores::{Namespace, State};
+use super::kube::{Instance, is_running};
+use super::metrics::Metrics;
+use super::supervisor::{Context, Scaled, Settings};
+use crate::api::{EventSeverity, EventType};
+use crate::domain::{Function, FunctionId};
+use crate::ring::RingHandle;
+
+/// What supervisors (and the RPC handlers) read and write in the cluster.
+#[derive(Debug)]
+pub struct Cluster {
+    pub settings: Settings,
+    pub state: State,
+    pub ring: RingHandle,
+    /// This controller's ring identity.
+    pub pod_ip: String,
+    pub assigner: Assigner,
+    pub events: Arc<events::Log>,
+    pub metrics: Metrics,
+    /// Controller-wide limit on concurrent stale-instance replacements.
+    pub stale_permits: Arc<Semaphore>,
+    pub started_at: SystemTime,
+}
+
+impl Cluster {
+    /// A managed namespace.
+    ///
+    /// # Errors
+    /// [`Error::UnmanagedNamespace`].
+    pub fn namespace(&self, ns: &str) -> Result<&Namespace> {
+        self.state
+            .namespace(ns)
+            .ok_or_else(|| Error::UnmanagedNamespace(ns.to_owned()))
+    }
+
+    /// The running instances of a function from the pod cache (spec §4.3).
+    /// With `mutate`, pods that cannot be read as instances are deleted.
+    ///
+    /// # Errors
+    /// [`Error::UnmanagedNamespace`].
+    pub async fn read_instances(&self, f: &Function, mutate: bool) -> Result<Vec<Instance>> {
+        let ns = self.namespace(&f.namespace)?;
+        let mut out = Vec::new();
+        for (pod, function) in ns.pods.of_function(f.id()) {
+            if !is_running(&pod) {
+                continue;
+            }
+            match Instance::from_pod(&pod, function) {
+                Ok(mut i) => {
+                    (i.cpu_milli, i.memory_mib) = self.state.usage.get(&i.namespace, &i.name);
+                    out.push(i);
+                }
+                Err(e) => {
+                    let name = pod.metadata.name.clone().unwrap_or_default();
+                    if mutate {
+                        tracing::warn!(pod = %name, error = %e, "failed to get instance from pod, deleting invalid pod");
+                        if let Err(e) = ns.writer.delete(&name).await {
+                            tracing::warn!(pod = %name, error = %e, "failed to delete invalid pod");
+                        }
+                    }
+                }
+            }
+        }
+        Ok(out)
+    }
+}
+
+impl Context for Cluster {
+    fn settings(&self) -> &Settings {
+        &self.settings
+    }
+
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+
+    fn started_at(&self) -> SystemTime {
+        self.started_at
+    }
+
+    fn is_owner(&self, id: FunctionId) -> bool {
+        self.ring.current().owner(id) == Some(self.pod_ip.as_str())
+    }
+
+    async fn instances(&self, f: &Function) -> Result<Vec<Instance>> {
+        self.read_instances(f, true).await
+    }
+
+    fn replica_set_retired(&self, f: &Function, name: &str) -> bool {
+        let Some(ns) = self.state.namespace(&f.namespace) else {
+            return false;
+        };
+        match ns.replica_sets.get(name) {
+            Some(rs) => rs.status.as_ref().is_none_or(|s| s.replicas == 0),
+            None => ns.replica_sets.is_synced(),
+        }
+    }
+
+    async fn assign(&self, f: &Function, deadline: Instant) -> Result<Instance> {
+        let ns = self.namespace(&f.namespace)?;
+        self.assigner.assign(ns, f, deadline).await
+    }
+
+    async fn delete(&self, f: &Function, name: &str) -> Result<bool> {
+        let ns = self.namespace(&f.namespace)?;
+        Ok(ns.writer.delete(name).await?)
+    }
+
+    fn stale_permit(&self) -> Option<OwnedSemaphorePermit> {
+        self.stale_permits.clone().try_acquire_owned().ok()
+    }
+
+    fn event(&self, f: &Function, kind: EventType, severity: EventSeverity, message: String) {
+        self.events.push(f, kind, severity, message);
+    }
+
+    fn count(&self, f: &Function, what: Scaled, n: u64) {
+        let family = match what {
+            Scaled::Up => &self.metrics.scale_ups_total,
+            Scaled::Down => &self.metrics.scale_downs_total,
+        };
+        family.get_or_create(&Metrics::function(&f.deployment)).inc_by(n);
+    }
+}

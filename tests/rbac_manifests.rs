@@ -1,0 +1,355 @@
+//! Skipper's controller runs as its ServiceAccount under exactly the Roles
+//! of `manifests/` (`rbac.yaml` and `example-pool.yaml`), and removing a
+//! verb those Roles grant makes the named start-up test fail with 403.
+//!
+//! Each runs against the simulator and the real control plane.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+#[path = "common/backend.rs"]
+mod backend;
+
+use std::time::Duration;
+
+use backend::Backend;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::rbac::v1::Role;
+use kube::Api;
+use kube::api::{Patch, PatchParams, PostParams};
+use serde_json::{Value, json};
+use skipper::devcluster::playground::{
+    CONTROLLER_YAML, EXAMPLE_POOL_YAML, NAMESPACE_YAML, RBAC_YAML, create_object, manifest_documents,
+};
+use skipper::shutdown::Shutdown;
+use skipper::token::SigningKey;
+use tokio::net::TcpListener;
+
+/// The controller's warnings, captured so a failed run can show the API
+/// errors (403s) it logged rather than only "not serving".
+#[derive(Clone, Default)]
+struct Captured(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl<'a> tracing_subscriber::fmt::MakeWriter<'a> for Captured {
+    type Writer = Self;
+    fn make_writer(&'a self) -> Self {
+        self.clone()
+    }
+}
+
+static LOGS: std::sync::OnceLock<Captured> = std::sync::OnceLock::new();
+
+/// Starts capturing warnings (once per test process); the log so far.
+fn logs() -> &'static Captured {
+    LOGS.get_or_init(|| {
+        let captured = Captured::default();
+        let _ = tracing_subscriber::fmt()
+            .with_writer(captured.clone())
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .try_init();
+        captured
+    })
+}
+
+/// The captured lines since byte `from` that report a refusal.
+fn forbidden_lines(from: usize) -> Vec<String> {
+    let all = logs().0.lock().unwrap();
+    String::from_utf8_lossy(&all[from.min(all.len())..])
+        .lines()
+        .filter(|l| l.contains("403") || l.to_lowercase().contains("forbidden"))
+        .map(str::to_owned)
+        .collect()
+}
+
+const CTL_NS: &str = "skipper";
+const FN_NS: &str = "skipper-functions";
+const SA: &str = "skipper-controller";
+
+/// Every object of the manifests except workloads (no node runs pods in
+/// this test): namespaces, ServiceAccounts, Roles and RoleBindings.
+async fn apply_rbac(b: &Backend) {
+    let admin = b.client().await;
+    for yaml in [NAMESPACE_YAML, RBAC_YAML, CONTROLLER_YAML, EXAMPLE_POOL_YAML] {
+        for doc in manifest_documents(yaml).unwrap() {
+            let kind = doc["kind"].as_str().unwrap_or("");
+            if matches!(kind, "Namespace" | "ServiceAccount" | "Role" | "RoleBinding") {
+                create_object(&admin, &doc).await.unwrap();
+            }
+        }
+    }
+}
+
+/// A controller pod in `skipper`, Ready on `ip`, written as a kubelet
+/// would report it (the ring's one member).
+async fn ready_controller_pod(b: &Backend, ip: &str) {
+    let pods: Api<Pod> = Api::namespaced(b.client().await, CTL_NS);
+    let pod: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "controller-0", "labels": {
+            "app.kubernetes.io/name": "skipper", "app.kubernetes.io/component": "controller"}},
+        "spec": {"nodeName": "node-a", "serviceAccountName": SA,
+                 "containers": [{"name": "controller", "image": "skipper", "command": ["sleep", "3600"]}]},
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &pod).await.unwrap();
+    let now = jiff::Timestamp::now().to_string();
+    pods.patch_status(
+        "controller-0",
+        &PatchParams::default(),
+        &Patch::Merge(json!({"status": {
+            "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+            "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now},
+                           {"type": "ContainersReady", "status": "True", "lastTransitionTime": now}],
+        }})),
+    )
+    .await
+    .unwrap();
+}
+
+/// The named test: the controller, as ServiceAccount `skipper/skipper-controller`,
+/// starts, syncs its caches and serves within `limit`. The error says why not.
+async fn controller_serves_as_its_service_account(b: &Backend, limit: Duration) -> Result<(), String> {
+    let log_start = logs().0.lock().unwrap().len();
+    let client = b.service_account_client(CTL_NS, SA).await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut config = skipper::controller::Config::new(CTL_NS, "127.0.0.1", &[FN_NS], SigningKey::generate());
+    config.port = listener.local_addr().unwrap().port();
+    config.hash_ring_wait_time = limit;
+    let shutdown = Shutdown::new();
+    let (tx, ready) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(skipper::controller::run(
+        config,
+        client,
+        listener,
+        shutdown.clone(),
+        move |r| {
+            let _ = tx.send(r);
+        },
+    ));
+    let outcome = tokio::select! {
+        r = ready => r.map(|_| ()).map_err(|_| "the controller stopped before it served".to_owned()),
+        () = tokio::time::sleep(limit) => Err(format!("not serving after {limit:?}")),
+    };
+    shutdown.trigger();
+    let ended = tokio::time::timeout(Duration::from_secs(15), task).await;
+    let refusals = forbidden_lines(log_start);
+    let refusals = refusals.iter().take(3).cloned().collect::<Vec<_>>().join("\n");
+    match (outcome, ended) {
+        (Ok(()), _) => Ok(()),
+        (Err(_), Ok(Ok(Err(e)))) => Err(format!("{e}\n{refusals}")),
+        (Err(why), _) => Err(format!("{why}\n{refusals}")),
+    }
+}
+
+differential!(
+    the_controller_serves_under_the_manifest_roles,
+    serves_under_manifest_roles,
+    namespaces = []
+);
+
+async fn serves_under_manifest_roles(b: &Backend) {
+    apply_rbac(b).await;
+    ready_controller_pod(b, "127.0.0.1").await;
+    controller_serves_as_its_service_account(b, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+}
+
+/// Every (namespace, Role, rule, verb) the manifests grant the controller.
+async fn controller_grants(b: &Backend) -> Vec<(String, usize, String)> {
+    let roles: Api<Role> = Api::namespaced(b.client().await, CTL_NS);
+    let mut grants = Vec::new();
+    for ns in [CTL_NS, FN_NS] {
+        let roles = Api::<Role>::namespaced(roles.clone().into_client(), ns);
+        let role = roles.get(SA).await.unwrap();
+        for (i, rule) in role.rules.unwrap_or_default().iter().enumerate() {
+            for verb in &rule.verbs {
+                grants.push((ns.to_owned(), i, verb.clone()));
+            }
+        }
+    }
+    grants
+}
+
+async fn set_rules(b: &Backend, ns: &str, rules: &Value) {
+    Api::<Role>::namespaced(b.client().await, ns)
+        .patch(
+            SA,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"rules": rules})),
+        )
+        .await
+        .unwrap();
+}
+
+differential!(
+    removing_a_start_up_verb_from_the_controller_roles_fails_with_403,
+    verb_removal,
+    namespaces = []
+);
+
+/// For each verb of the controller's Roles: without it, the named test
+/// `the_controller_serves_under_the_manifest_roles` fails and says 403
+/// (forbidden); verbs only the claim path uses (`patch`, `delete`, `get`
+/// of a pod, `metrics.k8s.io`) are reported, not asserted, as start-up
+/// does not exercise them.
+async fn verb_removal(b: &Backend) {
+    apply_rbac(b).await;
+    ready_controller_pod(b, "127.0.0.1").await;
+    let mut not_needed_at_start = Vec::new();
+    for (ns, rule, verb) in controller_grants(b).await {
+        let original = serde_json::to_value(
+            Api::<Role>::namespaced(b.client().await, &ns)
+                .get(SA)
+                .await
+                .unwrap()
+                .rules
+                .unwrap(),
+        )
+        .unwrap();
+        let mut reduced = original.clone();
+        let verbs = reduced[rule]["verbs"].as_array_mut().unwrap();
+        verbs.retain(|v| v != verb.as_str());
+        if verbs.is_empty() {
+            // A rule needs a verb: without its only one the rule goes.
+            reduced.as_array_mut().unwrap().remove(rule);
+        }
+        set_rules(b, &ns, &reduced).await;
+        let result = controller_serves_as_its_service_account(b, Duration::from_secs(8)).await;
+        set_rules(b, &ns, &original).await;
+        let resource = format!(
+            "{}/{}",
+            original[rule]["apiGroups"][0].as_str().unwrap_or(""),
+            original[rule]["resources"][0]
+        );
+        match result {
+            Ok(()) => not_needed_at_start.push(format!("{ns} {resource} {verb}")),
+            Err(e) => {
+                assert!(
+                    e.contains("403") || e.to_lowercase().contains("forbidden"),
+                    "without {verb} on {resource} in {ns} the controller fails, but not with 403: {e}"
+                );
+                println!("without {verb} on {resource} in {ns}: {e}");
+            }
+        }
+    }
+    println!("verbs start-up does not need (exercised by the claim path): {not_needed_at_start:?}");
+    // With every verb back the named test passes again.
+    controller_serves_as_its_service_account(b, Duration::from_secs(30))
+        .await
+        .unwrap();
+}
+
+// === The router ===
+
+const ROUTER_SA: &str = "skipper-router";
+
+/// An EndpointSlice of the controller Service with one ready endpoint
+/// (written by the administrator: the address is only read, never dialled).
+async fn controller_endpoint_slice(b: &Backend) {
+    let slices: Api<k8s_openapi::api::discovery::v1::EndpointSlice> =
+        Api::namespaced(b.client().await, CTL_NS);
+    slices
+        .create(
+            &PostParams::default(),
+            &serde_json::from_value(json!({
+                "metadata": {"name": "skipper-controller-test", "labels": {
+                    "kubernetes.io/service-name": "skipper-controller-headless",
+                    "endpointslice.kubernetes.io/managed-by": "skipper-tests"}},
+                "addressType": "IPv4",
+                "endpoints": [{"addresses": ["10.0.0.1"], "conditions": {"ready": true}, "zone": "zone-a"}],
+                "ports": [{"name": "grpc", "port": 50051, "protocol": "TCP"}],
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+}
+
+/// The named test: the router's discovery, as ServiceAccount
+/// `skipper/skipper-router`, finds the controller endpoint within `limit`.
+async fn router_discovers_as_its_service_account(b: &Backend, limit: Duration) -> Result<(), String> {
+    let log_start = logs().0.lock().unwrap().len();
+    let client = b.service_account_client(CTL_NS, ROUTER_SA).await;
+    let endpoints = skipper::client::Endpoints::new(skipper::client::ChannelSettings::default());
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(skipper::router::discovery::run_endpoint_slices(
+        client,
+        CTL_NS.into(),
+        "skipper-controller-headless".into(),
+        50051,
+        "zone-a".into(),
+        endpoints.clone(),
+        stop.clone(),
+    ));
+    let want: Vec<std::net::SocketAddr> = vec!["10.0.0.1:50051".parse().unwrap()];
+    let found = tokio::time::timeout(limit, endpoints.wait_until(|a| a == want.as_slice())).await;
+    stop.cancel();
+    let _ = task.await;
+    let refusals = forbidden_lines(log_start)
+        .into_iter()
+        .take(2)
+        .collect::<Vec<_>>()
+        .join("\n");
+    found.map_err(|_| format!("no controller endpoint after {limit:?}\n{refusals}"))
+}
+
+differential!(
+    removing_a_verb_from_the_router_role_fails_discovery_with_403,
+    router_verbs,
+    namespaces = []
+);
+
+/// With the manifests' router Role the named test passes; without `list`
+/// it fails with 403. `watch` is reported: discovery finds the first
+/// endpoints from the list alone.
+async fn router_verbs(b: &Backend) {
+    apply_rbac(b).await;
+    let admin = b.client().await;
+    for doc in manifest_documents(skipper::devcluster::playground::ROUTER_YAML).unwrap() {
+        if doc["kind"] == "ServiceAccount" {
+            create_object(&admin, &doc).await.unwrap();
+        }
+    }
+    controller_endpoint_slice(b).await;
+    router_discovers_as_its_service_account(b, Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let roles: Api<Role> = Api::namespaced(admin, CTL_NS);
+    let original = serde_json::to_value(roles.get(ROUTER_SA).await.unwrap().rules.unwrap()).unwrap();
+    for verb in ["list", "watch"] {
+        let mut reduced = original.clone();
+        reduced[0]["verbs"].as_array_mut().unwrap().retain(|v| v != verb);
+        roles
+            .patch(
+                ROUTER_SA,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"rules": reduced})),
+            )
+            .await
+            .unwrap();
+        let result = router_discovers_as_its_service_account(b, Duration::from_secs(8)).await;
+        roles
+            .patch(
+                ROUTER_SA,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"rules": original})),
+            )
+            .await
+            .unwrap();
+        match (verb, result) {
+            ("list", Err(e)) => assert!(e.contains("403"), "without list: {e}"),
+            ("list", Ok(())) => panic!("discovery works without list"),
+            (_, r) => println!("without {verb}: {r:?}"),
+        }
+    }
+}
