@@ -589,12 +589,7 @@ async fn list_watch(b: &Backend) {
 
 // === Events ===
 
-differential!(
-    controllers_record_events,
-    events,
-    namespaces = [NS],
-    sim_deviation = "the simulator's controllers record no Events"
-);
+differential!(controllers_record_events, events, namespaces = [NS]);
 
 async fn events(b: &Backend) {
     let client = b.client().await;

@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use crate::config::{format_duration, parse_positive_duration, split_list};
+use crate::config::{format_duration, parse_duration, parse_positive_duration, split_list};
 use crate::token::{SigningKey, Version};
 
 /// Flags of `skipper controller`.
@@ -88,6 +88,10 @@ pub struct Args {
     /// Timeout of the assign request; twice this marks an instance as stuck
     #[arg(long, env = "SKIPPER_FUNCTION_ASSIGN_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration)]
     pub function_assign_timeout: Duration,
+
+    /// Longest a scale-down waits for routers to stop using an instance before deleting its pod (0s = no wait)
+    #[arg(long, env = "SKIPPER_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
 
     /// Controller-wide limit on concurrent stale-instance replacements
     #[arg(long, env = "SKIPPER_MAX_CONCURRENT_STALE_REPLACEMENTS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
@@ -231,6 +235,8 @@ pub struct Config {
     pub web_addr: Option<SocketAddr>,
     /// `--web-template-dir`.
     pub web_template_dir: Option<PathBuf>,
+    /// Bound on waiting for routers to report a draining instance idle.
+    pub drain_timeout: Duration,
     pub telemetry: crate::telemetry::Args,
 }
 
@@ -302,6 +308,7 @@ impl TryFrom<Args> for Config {
             single_controller_mode: a.single_controller_mode,
             web_addr: Some(web_addr),
             web_template_dir,
+            drain_timeout: a.drain_timeout,
             telemetry: a.telemetry,
         };
         cfg.listen_addr()?;
@@ -356,6 +363,7 @@ impl Config {
             single_controller_mode: false,
             web_addr: None,
             web_template_dir: None,
+            drain_timeout: Duration::from_secs(10),
             telemetry: crate::telemetry::Args::default(),
         }
     }
@@ -465,6 +473,11 @@ impl Config {
                 "Timeout of the assign request",
             ),
             (
+                "drain-timeout",
+                d(self.drain_timeout),
+                "Longest a scale-down waits for routers to stop using an instance",
+            ),
+            (
                 "max-concurrent-stale-replacements",
                 self.max_concurrent_stale_replacements.to_string(),
                 "Controller-wide limit on concurrent stale-instance replacements",
@@ -555,6 +568,7 @@ mod tests {
         assert_eq!(cfg.function_namespaces, vec!["fns", "more"]);
         assert_eq!(cfg.assign_path, "/__skipper/assign");
         assert_eq!(cfg.max_concurrent_stale_replacements, 10);
+        assert_eq!(cfg.drain_timeout, Duration::from_secs(10));
         assert_eq!(cfg.paseto_version, Version::V2);
         assert_eq!(cfg.web_addr, Some("0.0.0.0:8080".parse().unwrap()));
         assert_eq!(cfg.web_template_dir, None);
@@ -573,6 +587,7 @@ mod tests {
                 "--max-concurrent-stale-replacements",
             ),
             (vec!["--paseto-version", "v3"], "--paseto-version"),
+            (vec!["--drain-timeout", "later"], "--drain-timeout"),
             (vec!["--max-heartbeat-entries", "0"], "--max-heartbeat-entries"),
             (
                 vec!["--max-functions-per-router", "0"],

@@ -118,6 +118,15 @@ impl api::controller_service_server::ControllerService for Service {
         Ok(Response::new(api::ReleaseInstanceResponse {}))
     }
 
+    type WatchInstancesStream = super::watch::ResponseStream;
+
+    async fn watch_instances(
+        &self,
+        request: Request<tonic::Streaming<api::WatchInstancesRequest>>,
+    ) -> Result<Response<Self::WatchInstancesStream>, Status> {
+        super::watch::serve(self.core.clone(), request).await
+    }
+
     async fn get_cluster_state(
         &self,
         request: Request<api::GetClusterStateRequest>,

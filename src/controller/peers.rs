@@ -46,13 +46,18 @@ impl Peers {
             &[SocketAddr::new(addr, self.port)],
             ChannelSettings {
                 connect_timeout: Duration::from_secs(1),
+                ..ChannelSettings::default()
             },
         ));
         let _ = self.clients.insert_sync(ip.to_owned(), client.clone());
         Ok(client)
     }
 
-    fn channel(&self, ip: &str) -> Result<tonic::transport::Channel> {
+    /// The channel to peer `ip` (one attempt per call; for forwards).
+    ///
+    /// # Errors
+    /// [`Error::Peer`] when `ip` is not an IP address.
+    pub(crate) fn channel(&self, ip: &str) -> Result<tonic::transport::Channel> {
         if let Some(c) = self.channels.read_sync(ip, |_, c| c.clone()) {
             return Ok(c);
         }

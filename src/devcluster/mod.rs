@@ -787,6 +787,7 @@ pub fn pool_deployment_json(namespace: &str, name: &str, replicas: i32, public_k
                             {"name": "SKIPPER_FIXTURE_TOKEN_PATH", "value": "$(POD_DIR)/token"},
                             // Pods share one host here: no profiling port to contend for.
                             {"name": "SKIPPER_PPROF", "value": "false"},
+                            {"name": "SKIPPER_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         ],
                         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
                                            "periodSeconds": 1, "failureThreshold": 1},
