@@ -28,8 +28,8 @@ pub mod kube;
 pub mod metrics;
 pub mod peers;
 pub mod supervisor;
-pub mod web;
 pub mod watch;
+pub mod web;
 
 use std::collections::HashSet;
 use std::process::ExitCode;
