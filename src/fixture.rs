@@ -120,6 +120,8 @@ pub enum FixtureError {
     Serve(std::io::Error),
     #[error("installing signal handlers: {0}")]
     Signals(std::io::Error),
+    #[error("{0}")]
+    Telemetry(#[from] crate::telemetry::AddrError),
 }
 
 /// Validated fixture settings.
@@ -309,6 +311,7 @@ pub async fn main(args: Args) -> Result<ExitCode, FixtureError> {
     let settings = Settings::from_args(&args)?;
     let shutdown = Shutdown::new();
     shutdown.trigger_on_signals().map_err(FixtureError::Signals)?;
+    crate::profiling::start(&args.telemetry, &shutdown).await?;
     let fixture = Fixture::start(settings, shutdown.clone()).await?;
     shutdown.cancelled().await;
     fixture.stop().await;

@@ -849,6 +849,8 @@ pub fn pool_deployment_json(namespace: &str, name: &str, replicas: i32, public_k
                         "env": [
                             {"name": "SKIPPER_PUBLIC_KEY", "value": public_key_pem},
                             {"name": "SKIPPER_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                            // CPU profiles on the pod IP, as in manifests/example-pool.yaml.
+                            {"name": "SKIPPER_PPROF_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                             {"name": "SKIPPER_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         ],
                         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
