@@ -13,7 +13,9 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use opentelemetry_proto::tonic::collector::trace::v1::ExportTraceServiceRequest;
+use opentelemetry_proto::tonic::common::v1::any_value::Value;
 use prost::Message as _;
+use tokio::sync::watch;
 
 use crate::Timer;
 use crate::harness::{Dev, Opts, single};
@@ -34,14 +36,18 @@ fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
 }
 
-/// An OTLP/HTTP receiver: `POST /v1/traces` with protobuf bodies.
-async fn receiver() -> (SocketAddr, Arc<Mutex<Vec<Span>>>) {
+/// An OTLP/HTTP receiver: `POST /v1/traces` with protobuf bodies; the
+/// counter moves with every batch received.
+async fn receiver() -> (SocketAddr, Arc<Mutex<Vec<Span>>>, watch::Receiver<u64>) {
     let spans: Arc<Mutex<Vec<Span>>> = Arc::default();
     let store = spans.clone();
+    let (batches, received) = watch::channel(0u64);
+    let batches = Arc::new(batches);
     let app = axum::Router::new().route(
         "/v1/traces",
         axum::routing::post(move |body: axum::body::Bytes| {
             let store = store.clone();
+            let batches = batches.clone();
             async move {
                 let req = ExportTraceServiceRequest::decode(body).expect("ExportTraceServiceRequest");
                 let mut out = store.lock().unwrap();
@@ -52,7 +58,10 @@ async fn receiver() -> (SocketAddr, Arc<Mutex<Vec<Span>>>) {
                         .flat_map(|r| r.attributes.iter())
                         .find(|a| a.key == "service.name")
                         .and_then(|a| a.value.as_ref())
-                        .map(|v| format!("{:?}", v.value))
+                        .and_then(|v| match &v.value {
+                            Some(Value::StringValue(s)) => Some(s.clone()),
+                            _ => None,
+                        })
                         .unwrap_or_default();
                     for ss in rs.scope_spans {
                         for s in ss.spans {
@@ -66,12 +75,16 @@ async fn receiver() -> (SocketAddr, Arc<Mutex<Vec<Span>>>) {
                                 attributes: s
                                     .attributes
                                     .iter()
-                                    .map(|a| (a.key.clone(), format!("{:?}", a.value.as_ref().map(|v| &v.value))))
+                                    .map(|a| {
+                                        (a.key.clone(), format!("{:?}", a.value.as_ref().map(|v| &v.value)))
+                                    })
                                     .collect(),
                             });
                         }
                     }
                 }
+                drop(out);
+                batches.send_modify(|n| *n += 1);
                 // An empty ExportTraceServiceResponse.
                 (
                     [(axum::http::header::CONTENT_TYPE, "application/x-protobuf")],
@@ -83,13 +96,13 @@ async fn receiver() -> (SocketAddr, Arc<Mutex<Vec<Span>>>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move { axum::serve(listener, app).await });
-    (addr, spans)
+    (addr, spans, received)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_request_makes_one_trace_across_router_controller_and_pod() {
     let _t = Timer::start("traces across processes");
-    let (otlp, spans) = receiver().await;
+    let (otlp, spans, mut received) = receiver().await;
     let dev = Dev::start(Opts {
         extra: vec!["--otlp-endpoint".into(), format!("http://{otlp}")],
         ..Opts::default()
@@ -114,6 +127,7 @@ async fn one_request_makes_one_trace_across_router_controller_and_pod() {
         .to_str()
         .unwrap()
         .to_owned();
+    eprintln!("e2e: traces: cold Server-Timing: {timing}");
     for metric in ["claim;dur=", "assign;dur=", "ready;dur="] {
         assert!(timing.contains(metric), "{timing}");
     }
@@ -130,9 +144,13 @@ async fn one_request_makes_one_trace_across_router_controller_and_pod() {
         .get("server-timing")
         .map(|v| v.to_str().unwrap().to_owned())
         .unwrap_or_default();
-    assert!(!warm_timing.contains("claim"), "a warm response claims nothing: {warm_timing}");
+    assert!(
+        !warm_timing.contains("claim"),
+        "a warm response claims nothing: {warm_timing}"
+    );
 
-    // Everything arrives within a few batch periods (5 s each).
+    // Everything arrives within a few batch periods (5 s each): wait for
+    // the next batch until the trace is complete.
     let wanted: &[(&str, &str)] = &[
         ("skipper.router", "HTTP GET"),
         ("skipper.router", "skipper.ControllerService/GetInstance"),
@@ -140,6 +158,7 @@ async fn one_request_makes_one_trace_across_router_controller_and_pod() {
         ("skipper.controller", "controller.assign"),
         ("skipper.controller", "controller.claim"),
         ("skipper.controller", "POST /__skipper/assign"),
+        ("skipper.controller", "kubernetes PATCH pods"),
         ("skipper.fixture", "fixture"),
     ];
     let trace: Vec<Span> = tokio::time::timeout(Duration::from_secs(60), async {
@@ -151,14 +170,14 @@ async fn one_request_makes_one_trace_across_router_controller_and_pod() {
                 .filter(|s| s.trace_id == trace_id)
                 .cloned()
                 .collect();
-            let complete = wanted.iter().all(|(svc, name)| {
-                got.iter()
-                    .any(|s| s.service.contains(svc) && s.name == *name)
-            }) && got.iter().filter(|s| s.name == "fixture").count() >= 2;
+            let complete = wanted
+                .iter()
+                .all(|(svc, name)| got.iter().any(|s| s.service == *svc && s.name == *name))
+                && got.iter().filter(|s| s.name == "fixture").count() >= 2;
             if complete {
                 return got;
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            received.changed().await.unwrap();
         }
     })
     .await
@@ -172,21 +191,33 @@ async fn one_request_makes_one_trace_across_router_controller_and_pod() {
         panic!("the trace is incomplete after 60s; received: {got:#?}")
     });
 
+    let mut names: Vec<String> = trace
+        .iter()
+        .map(|s| format!("{}:{}", s.service, s.name))
+        .collect();
+    names.sort();
+    eprintln!("e2e: traces: {} spans in the trace: {names:?}", trace.len());
     let one = |svc: &str, name: &str| -> Span {
         trace
             .iter()
-            .find(|s| s.service.contains(svc) && s.name == name)
+            .find(|s| s.service == svc && s.name == name)
             .unwrap()
             .clone()
     };
     let by_id: HashMap<&str, &Span> = trace.iter().map(|s| (s.span_id.as_str(), s)).collect();
     let router = one("skipper.router", "HTTP GET");
-    assert_eq!(router.parent, client_span, "the client's traceparent is the router's parent");
+    assert_eq!(
+        router.parent, client_span,
+        "the client's traceparent is the router's parent"
+    );
     assert_eq!(router.kind, 2, "server");
     let get_client = one("skipper.router", "skipper.ControllerService/GetInstance");
     assert_eq!(get_client.kind, 3, "client");
     let get_server = one("skipper.controller", "skipper.ControllerService/GetInstance");
-    assert_eq!(get_server.parent, get_client.span_id, "gRPC metadata carries the context");
+    assert_eq!(
+        get_server.parent, get_client.span_id,
+        "gRPC metadata carries the context"
+    );
     let post = one("skipper.controller", "POST /__skipper/assign");
     let fixture = |path: &str| -> Span {
         trace
@@ -201,8 +232,11 @@ async fn one_request_makes_one_trace_across_router_controller_and_pod() {
             .clone()
     };
     let pod_assign = fixture("/__skipper/assign");
-    assert!(pod_assign.service.contains("skipper.fixture"));
-    assert_eq!(pod_assign.parent, post.span_id, "the assign POST carries the context");
+    assert_eq!(pod_assign.service, "skipper.fixture");
+    assert_eq!(
+        pod_assign.parent, post.span_id,
+        "the assign POST carries the context"
+    );
     let pod_request = fixture("/hello");
     let mut up = pod_request.parent.as_str();
     let mut chain = Vec::new();
@@ -211,7 +245,9 @@ async fn one_request_makes_one_trace_across_router_controller_and_pod() {
         up = &s.parent;
     }
     assert!(
-        chain.iter().any(|c| c.contains("skipper.router") && c.ends_with("HTTP GET")),
+        chain
+            .iter()
+            .any(|c| c.contains("skipper.router") && c.ends_with("HTTP GET")),
         "the proxied request descends from the router's span: {chain:?}"
     );
     // Every controller span of the request descends from its server span.
@@ -228,7 +264,7 @@ async fn one_request_makes_one_trace_across_router_controller_and_pod() {
     assert!(reached, "the claim is part of GetInstance");
     let writes: Vec<&Span> = trace
         .iter()
-        .filter(|s| s.service.contains("skipper.controller") && s.name.starts_with("kubernetes "))
+        .filter(|s| s.service == "skipper.controller" && s.name.starts_with("kubernetes "))
         .collect();
     assert!(!writes.is_empty(), "the claim patch is a span: {trace:#?}");
     assert!(router.attributes.contains_key("http.response.status_code"));

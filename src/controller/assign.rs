@@ -26,8 +26,8 @@ use super::kube::{Instance, InvalidPod, format_time, is_ready, join_addr, pod_po
 use super::metrics::{AssignFailureLabels, Metrics};
 use crate::api::{EventSeverity, EventType};
 use crate::domain::{AssignTiming, Function, HEADER_FUNCTION, HEADER_TOKEN};
-use crate::telemetry::otel;
 use crate::shutdown::Shutdown;
+use crate::telemetry::otel;
 use crate::token::{SigningKey, TokenError, Version};
 
 /// Consecutive failed assignments of one deployment after which it backs

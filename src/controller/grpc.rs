@@ -137,7 +137,10 @@ impl api::controller_service_server::ControllerService for Service {
 }
 
 impl Service {
-    async fn scale_traced(&self, request: Request<api::ScaleRequest>) -> Result<Response<api::ScaleResponse>, Status> {
+    async fn scale_traced(
+        &self,
+        request: Request<api::ScaleRequest>,
+    ) -> Result<Response<api::ScaleResponse>, Status> {
         let deadline = self.deadline(&request);
         let hops = request
             .metadata()
@@ -201,7 +204,10 @@ fn finish<T>(span: &tracing::Span, answer: Result<T, Status>) -> Result<T, Statu
 
 /// Puts the timing of the assignment among `instances` (if one was made by
 /// this call) into the answer's metadata.
-fn with_timing<'a, T>(resp: &mut Response<T>, mut instances: impl Iterator<Item = &'a super::kube::Instance>) {
+fn with_timing<'a, T>(
+    resp: &mut Response<T>,
+    mut instances: impl Iterator<Item = &'a super::kube::Instance>,
+) {
     let Some(t) = instances.find_map(|i| i.assign_timing.as_deref()) else {
         return;
     };

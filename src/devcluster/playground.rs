@@ -856,7 +856,10 @@ mod tests {
                 .find(|e| e["name"] == name)
                 .map(|e| e["value"].clone())
         };
-        assert_eq!(value("OTEL_EXPORTER_OTLP_ENDPOINT"), Some(json!("http://127.0.0.1:4318")));
+        assert_eq!(
+            value("OTEL_EXPORTER_OTLP_ENDPOINT"),
+            Some(json!("http://127.0.0.1:4318"))
+        );
         assert_eq!(value("SKIPPER_TELEMETRY"), Some(json!("true")));
         let plain = pool_manifest("default", &pool, None, None).unwrap();
         assert!(!plain.to_string().contains("OTEL_EXPORTER_OTLP_ENDPOINT"));

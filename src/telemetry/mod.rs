@@ -227,12 +227,18 @@ where
             return self.0.format_event(ctx, writer, event);
         };
         let mut line = String::new();
-        self.0
-            .format_event(ctx, tracing_subscriber::fmt::format::Writer::new(&mut line), event)?;
+        self.0.format_event(
+            ctx,
+            tracing_subscriber::fmt::format::Writer::new(&mut line),
+            event,
+        )?;
         let body = line.trim_end_matches('\n');
         match body.strip_suffix('}') {
             Some(open) if body.starts_with('{') => {
-                writeln!(writer, "{open},\"trace_id\":\"{trace_id}\",\"span_id\":\"{span_id}\"}}")
+                writeln!(
+                    writer,
+                    "{open},\"trace_id\":\"{trace_id}\",\"span_id\":\"{span_id}\"}}"
+                )
             }
             _ => writeln!(writer, "{body} trace_id={trace_id} span_id={span_id}"),
         }

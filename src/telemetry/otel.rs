@@ -134,7 +134,10 @@ impl opentelemetry_http::HttpClient for Client {
         let http = self.http.clone();
         self.runtime.spawn(async move {
             let exchange = async {
-                let resp = http.request(request.map(Full::new)).await.map_err(SendError::Send)?;
+                let resp = http
+                    .request(request.map(Full::new))
+                    .await
+                    .map_err(SendError::Send)?;
                 let (parts, body) = resp.into_parts();
                 let body = http_body_util::Limited::new(body, MAX_RESPONSE_BYTES)
                     .collect()
@@ -296,7 +299,9 @@ pub fn inject_grpc(metadata: &mut tonic::metadata::MetadataMap) {
     if !cx.span().span_context().is_valid() {
         return;
     }
-    opentelemetry::global::get_text_map_propagator(|p| p.inject_context(&cx, &mut MetadataInjector(metadata)));
+    opentelemetry::global::get_text_map_propagator(|p| {
+        p.inject_context(&cx, &mut MetadataInjector(metadata))
+    });
 }
 
 /// The remote context carried by incoming HTTP headers.
@@ -354,7 +359,10 @@ mod tests {
             let (trace_id, span_id) = client.in_scope(|| current_ids().unwrap());
             let traceparent = headers["traceparent"].to_str().unwrap().to_owned();
             assert_eq!(traceparent, format!("00-{trace_id}-{span_id}-01"));
-            assert_eq!(metadata.get("traceparent").unwrap().to_str().unwrap(), traceparent);
+            assert_eq!(
+                metadata.get("traceparent").unwrap().to_str().unwrap(),
+                traceparent
+            );
 
             // The receiving side: a span parented by the extracted context
             // continues the trace.

@@ -114,7 +114,10 @@ mod tests {
             ("/api/v1/namespaces/ns/pods/p", "pods"),
             ("/api/v1/namespaces/ns/pods", "pods"),
             ("/api/v1/namespaces/ns/pods/p/eviction", "pods/eviction"),
-            ("/apis/apps/v1/namespaces/ns/deployments/d/scale", "deployments/scale"),
+            (
+                "/apis/apps/v1/namespaces/ns/deployments/d/scale",
+                "deployments/scale",
+            ),
             ("/api/v1/namespaces/ns/events", "events"),
             ("/api/v1/namespaces/ns", "namespaces"),
             ("/api/v1/nodes/n", "nodes"),

@@ -191,7 +191,8 @@ async fn tick<C: Context>(ctx: &C, handle: &Handle, actor: &mut Actor) -> Result
         TickPlan::Act { stop, .. } if !busy => Ok(stop),
         plan => {
             // Each tick that acts is a trace of its own.
-            let span = tracing::info_span!(parent: None, "controller.supervisor.converge", function = %handle.id);
+            let span =
+                tracing::info_span!(parent: None, "controller.supervisor.converge", function = %handle.id);
             act(ctx, &f, plan, instances).instrument(span).await
         }
     }
