@@ -108,6 +108,11 @@ async fn one_request_makes_one_trace_across_router_controller_and_pod() {
         ..Opts::default()
     })
     .await;
+    assert!(
+        dev.stdout.lock().unwrap().iter().any(|l| l.trim_start()
+            == format!("traces:        OTLP/HTTP to http://{otlp} (router, controllers, pool pods)")),
+        "skipper dev prints where traces go"
+    );
     let trace_id = format!("{:032x}", rand::random::<u128>() | 1);
     let client_span = format!("{:016x}", rand::random::<u64>() | 1);
     let function = single("traced");
