@@ -778,7 +778,12 @@ async fn deleting_a_namespace_terminates_its_pods_gracefully() {
         .unwrap();
     let ns = namespaces.get("doomed").await.unwrap();
     assert_eq!(ns.status.unwrap().phase.as_deref(), Some("Terminating"));
-    assert!(api.get("p").await.unwrap().metadata.deletion_timestamp.is_some());
+    // The namespace controller deletes the content (pods gracefully).
+    common::eventually("the pod terminating", WAIT, || {
+        let api = api.clone();
+        async move { api.get("p").await.ok()?.metadata.deletion_timestamp.map(|_| ()) }
+    })
+    .await;
     let err = api
         .create(
             &PostParams::default(),
