@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, ContainerStatus, Namespace, Node, Po
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use skipper::devcluster::Cluster;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NS: &str = "conf";
 const WAIT: Duration = Duration::from_secs(30);
@@ -368,6 +369,61 @@ wait"#;
         .map(str::to_owned)
         .collect();
     assert_eq!(lines, ["started", "prestop", "main-term"], "no child-term");
+
+    // An httpGet preStop hook (host, port, path and headers as sent) is
+    // answered before the main process gets SIGTERM.
+    let hook = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_port = hook.local_addr().unwrap().port();
+    let mut c = sh(
+        "main",
+        "trap 'echo main-term >> /out/log; exit 0' TERM; echo started >> /out/log; sleep 1000 & wait",
+    );
+    c["volumeMounts"] = json!([{"name": "out", "mountPath": "/out"}]);
+    c["lifecycle"] = json!({"preStop": {"httpGet": {"host": "127.0.0.1", "port": hook_port,
+        "path": "/drain", "httpHeaders": [{"name": "X-Hook", "value": "pre-stop"}]}}});
+    create(
+        &api,
+        "http-hooked",
+        json!({"terminationGracePeriodSeconds": 10, "containers": [c], "volumes": [{"name": "out", "emptyDir": {}}]}),
+    )
+    .await;
+    wait_pod(&api, "http-hooked", "running", |p| running(p, "main")).await;
+    let log_file = cluster
+        .pod_dir(NS, "http-hooked")
+        .unwrap()
+        .join("volumes/out/log");
+    common::eventually("started", WAIT, || {
+        let text = std::fs::read_to_string(&log_file).unwrap_or_default();
+        async move { text.contains("started").then_some(()) }
+    })
+    .await;
+    api.delete("http-hooked", &DeleteParams::default()).await.unwrap();
+    let (mut conn, _) = tokio::time::timeout(WAIT, hook.accept()).await.unwrap().unwrap();
+    let mut request = Vec::new();
+    let mut buf = [0_u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(WAIT, conn.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "the hook request ended early");
+        request.extend_from_slice(&buf[..n]);
+    }
+    let request = String::from_utf8_lossy(&request).to_lowercase();
+    assert!(request.starts_with("get /drain http/1.1\r\n"), "{request}");
+    assert!(request.contains("x-hook: pre-stop\r\n"), "{request}");
+    // The container is still running while the hook is being answered.
+    let before_answer = std::fs::read_to_string(&log_file).unwrap();
+    assert_eq!(before_answer, "started\n", "SIGTERM waits for the hook");
+    conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    drop(conn);
+    wait_gone(&api, "http-hooked").await;
+    assert_eq!(
+        std::fs::read_to_string(&log_file).unwrap(),
+        "started\nmain-term\n"
+    );
 
     // A preStop sleep counts against the grace period, and a main process
     // that ignores SIGTERM (PID 1 without a handler) is killed at the deadline.
