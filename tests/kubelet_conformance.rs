@@ -197,6 +197,39 @@ async fn an_exec_probe_runs_in_the_container_and_exit_1_keeps_it_unready() {
 }
 
 #[tokio::test]
+async fn probe_timing_fields_delay_time_out_and_count_successes() {
+    let cluster = cluster().await;
+    let api = pods(&cluster);
+    // A check slower than timeoutSeconds fails, however it would end (run
+    // to its end, this one would pass 2 s in, before "delayed" is Ready).
+    let mut slow = sh("main", "exec sleep 1000");
+    slow["readinessProbe"] = json!({"exec": {"command": ["/bin/sh", "-c", "sleep 2"]},
+        "timeoutSeconds": 1, "periodSeconds": 1, "failureThreshold": 1});
+    create(&api, "slow", json!({"containers": [slow]})).await;
+    // Nothing is probed before initialDelaySeconds; then successThreshold
+    // successes in a row, periodSeconds apart, make it Ready.
+    let mut delayed = sh("main", "exec sleep 1000");
+    delayed["readinessProbe"] = json!({"exec": {"command": ["/bin/sh", "-c", "exit 0"]},
+        "initialDelaySeconds": 2, "periodSeconds": 1, "successThreshold": 2});
+    create(&api, "delayed", json!({"containers": [delayed]})).await;
+    let p = wait_pod(&api, "delayed", "Ready", is_ready).await;
+    let started = status(&p, "main")
+        .and_then(|s| s.state?.running?.started_at)
+        .expect("running with startedAt");
+    let ready = condition(&p, "Ready")
+        .and_then(|c| c.last_transition_time)
+        .expect("Ready has a transition time");
+    // 2 s of delay and 1 s between the two successes (whole seconds).
+    assert!(
+        ready.0.as_second() - started.0.as_second() >= 2,
+        "Ready at {ready:?}, started at {started:?}"
+    );
+    let p = wait_pod(&api, "slow", "running", |p| running(p, "main")).await;
+    assert!(!is_ready(&p), "a timed-out probe is a failure");
+    assert_eq!(status(&p, "main").unwrap().restart_count, 0);
+}
+
+#[tokio::test]
 async fn http_and_tcp_probes_use_named_ports_and_headers() {
     let cluster = cluster().await;
     let api = pods(&cluster);
