@@ -9,7 +9,11 @@
 //! - [`Endpoints`]: a set of controller addresses that discovery (DNS
 //!   re-resolution, EndpointSlice watches) replaces at run time. Calls are
 //!   spread round-robin over it; each address has one lazily connected
-//!   channel that is kept while the address stays in the set.
+//!   channel that is kept while the address stays in the set. An address
+//!   that refused a connection is skipped for [`UNREACHABLE_HOLD`] (unless
+//!   every address is), and a call whose connection failed goes at once to
+//!   the next address it has not tried: nothing reached a controller, so
+//!   this is not a retry and costs none of the method's attempts.
 //! - [`Client`]: one method per RPC, each with a caller-supplied deadline
 //!   that bounds the whole call, retries included.
 //!
@@ -17,8 +21,8 @@
 
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
@@ -197,11 +201,48 @@ impl Error {
 /// Result of a client call.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// How long an address whose connection failed is skipped by
+/// [`Endpoints`] (while another address is not). The first call after it
+/// probes the address again.
+pub const UNREACHABLE_HOLD: Duration = Duration::from_secs(1);
+
 /// One controller address with its lazily connected channel.
 #[derive(Debug, Clone)]
 struct Target {
     addr: SocketAddr,
     channel: Channel,
+    /// Until when the address is skipped after a failed connection (shared
+    /// by the clones of this target; kept while the address stays).
+    unreachable_until: Arc<Mutex<Option<tokio::time::Instant>>>,
+}
+
+impl Target {
+    fn reachable(&self, now: tokio::time::Instant) -> bool {
+        self.unreachable_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .is_none_or(|until| now >= until)
+    }
+
+    fn mark_unreachable(&self) {
+        *self
+            .unreachable_until
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner) = Some(tokio::time::Instant::now() + UNREACHABLE_HOLD);
+    }
+}
+
+/// Whether `status` is a failure to connect to the controller (nothing was
+/// sent), rather than an answer or a broken call.
+fn is_connect_failure(status: &tonic::Status) -> bool {
+    let mut source = std::error::Error::source(status);
+    while let Some(e) = source {
+        if e.is::<tonic::ConnectError>() {
+            return true;
+        }
+        source = e.source();
+    }
+    false
 }
 
 /// Connection settings applied to every channel.
@@ -260,17 +301,21 @@ impl Endpoints {
         e
     }
 
-    /// Replaces the address set. Channels of addresses that stay are kept;
-    /// new addresses get a channel that connects on first use.
+    /// Replaces the address set. Channels of addresses that stay are kept
+    /// (and so is an address's unreachable mark: discovery may list a
+    /// controller that is gone for a while); new addresses get a channel
+    /// that connects on first use.
     pub fn replace(&self, addrs: &[SocketAddr]) {
         let current = self.targets.borrow().clone();
-        let mut old: HashMap<SocketAddr, Channel> =
-            current.iter().map(|t| (t.addr, t.channel.clone())).collect();
+        let mut old: HashMap<SocketAddr, Target> = current.iter().map(|t| (t.addr, t.clone())).collect();
         let next: Vec<Target> = addrs
             .iter()
-            .map(|&addr| Target {
-                addr,
-                channel: old.remove(&addr).unwrap_or_else(|| self.channel(addr)),
+            .map(|&addr| {
+                old.remove(&addr).unwrap_or_else(|| Target {
+                    addr,
+                    channel: self.channel(addr),
+                    unreachable_until: Arc::default(),
+                })
             })
             .collect();
         self.targets.send_replace(Arc::from(next));
@@ -311,14 +356,29 @@ impl Endpoints {
             .connect_lazy()
     }
 
-    /// The next target, round-robin.
+    /// The next target, round-robin, skipping addresses marked unreachable
+    /// while another one is not.
     fn pick(&self) -> Option<Target> {
+        self.pick_other(&[])
+    }
+
+    /// As [`Endpoints::pick`], never one of `tried` (`None` when every
+    /// address was tried).
+    fn pick_other(&self, tried: &[SocketAddr]) -> Option<Target> {
         let targets = self.targets.borrow().clone();
-        if targets.is_empty() {
+        let untried: Vec<&Target> = targets.iter().filter(|t| !tried.contains(&t.addr)).collect();
+        if untried.is_empty() {
             return None;
         }
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % targets.len();
-        Some(targets[i].clone())
+        let now = tokio::time::Instant::now();
+        let reachable: Vec<&Target> = untried.iter().copied().filter(|t| t.reachable(now)).collect();
+        let from = if reachable.is_empty() {
+            &untried
+        } else {
+            &reachable
+        };
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % from.len();
+        Some(from[i].clone())
     }
 }
 
@@ -419,10 +479,13 @@ impl Client {
     {
         let method = Method::WatchInstances;
         let target = self.endpoints.pick().ok_or(Error::NoEndpoints { method })?;
-        let mut client = ControllerServiceClient::new(target.channel);
+        let mut client = ControllerServiceClient::new(target.channel.clone());
         match tokio::time::timeout(deadline, client.watch_instances(tonic::Request::new(requests))).await {
             Ok(Ok(resp)) => Ok(resp.into_inner()),
             Ok(Err(status)) => {
+                if is_connect_failure(&status) {
+                    target.mark_unreachable();
+                }
                 if status.code() == tonic::Code::Unavailable {
                     self.endpoints.failure.notify_one();
                 }
@@ -515,8 +578,10 @@ impl Client {
     }
 
     /// One call: attempts per `policy`, each on the next endpoint, all
-    /// inside `deadline`; the answer and its metadata. With traces on,
-    /// every attempt is a client span whose context travels in the
+    /// inside `deadline`; the answer and its metadata. An attempt whose
+    /// connection fails marks that address unreachable and goes on to the
+    /// next address it has not tried (nothing was sent). With traces on,
+    /// every exchange is a client span whose context travels in the
     /// request's metadata.
     async fn call<Req, Resp, F, Fut>(
         &self,
@@ -533,39 +598,50 @@ impl Client {
     {
         let end = tokio::time::Instant::now() + deadline;
         let attempt = || async {
-            let target = self.endpoints.pick().ok_or(Error::NoEndpoints { method })?;
-            let mut request = tonic::Request::new(req.clone());
-            request.set_timeout(end.saturating_duration_since(tokio::time::Instant::now()));
-            let span = rpc_span(method, target.addr);
-            span.in_scope(|| otel::inject_grpc(request.metadata_mut()));
-            let answer = rpc(ControllerServiceClient::new(target.channel), request)
-                .instrument(span.clone())
-                .await;
-            let code = match &answer {
-                Ok(_) => tonic::Code::Ok,
-                Err(status) => status.code(),
-            };
-            span.record("rpc.grpc.status_code", code as i32);
-            if code != tonic::Code::Ok {
-                span.record("otel.status_code", "ERROR");
-            }
-            match answer {
-                Ok(resp) => {
-                    let (metadata, body, _) = resp.into_parts();
-                    Ok((body, metadata))
+            let mut tried: Vec<SocketAddr> = Vec::new();
+            let mut target = self.endpoints.pick().ok_or(Error::NoEndpoints { method })?;
+            loop {
+                let mut request = tonic::Request::new(req.clone());
+                request.set_timeout(end.saturating_duration_since(tokio::time::Instant::now()));
+                let span = rpc_span(method, target.addr);
+                span.in_scope(|| otel::inject_grpc(request.metadata_mut()));
+                let answer = rpc(ControllerServiceClient::new(target.channel.clone()), request)
+                    .instrument(span.clone())
+                    .await;
+                let code = match &answer {
+                    Ok(_) => tonic::Code::Ok,
+                    Err(status) => status.code(),
+                };
+                span.record("rpc.grpc.status_code", code as i32);
+                if code != tonic::Code::Ok {
+                    span.record("otel.status_code", "ERROR");
                 }
-                Err(_) if tokio::time::Instant::now() >= end => {
-                    Err(Error::DeadlineExceeded { method, deadline })
-                }
-                Err(status) => {
-                    if status.code() == tonic::Code::Unavailable {
-                        self.endpoints.failure.notify_one();
+                let status = match answer {
+                    Ok(resp) => {
+                        let (metadata, body, _) = resp.into_parts();
+                        return Ok((body, metadata));
                     }
-                    Err(Error::Rpc {
-                        method,
-                        status: Box::new(status),
-                    })
+                    Err(_) if tokio::time::Instant::now() >= end => {
+                        return Err(Error::DeadlineExceeded { method, deadline });
+                    }
+                    Err(status) => status,
+                };
+                if status.code() == tonic::Code::Unavailable {
+                    self.endpoints.failure.notify_one();
                 }
+                if is_connect_failure(&status) {
+                    target.mark_unreachable();
+                    tried.push(target.addr);
+                    if let Some(next) = self.endpoints.pick_other(&tried) {
+                        tracing::debug!(%method, unreachable = %target.addr, next = %next.addr, "controller unreachable; trying the next one");
+                        target = next;
+                        continue;
+                    }
+                }
+                return Err(Error::Rpc {
+                    method,
+                    status: Box::new(status),
+                });
             }
         };
         let retried = attempt
@@ -660,6 +736,45 @@ mod tests {
             assert_eq!(picks, vec![a, b, a, b]);
             e.replace(&[b]);
             assert_eq!(e.pick().unwrap().addr, b);
+        });
+    }
+
+    #[test]
+    fn an_unreachable_address_is_skipped_for_the_hold_unless_all_are() {
+        let a: SocketAddr = "127.0.0.1:1".parse().unwrap();
+        let b: SocketAddr = "127.0.0.1:2".parse().unwrap();
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let e = Endpoints::fixed(&[a, b], ChannelSettings::default());
+            let first = e.pick().unwrap();
+            assert_eq!(first.addr, a);
+            first.mark_unreachable();
+            assert!((0..4).all(|_| e.pick().unwrap().addr == b));
+            // Discovery listing `a` again keeps the mark.
+            e.replace(&[a, b]);
+            assert!((0..4).all(|_| e.pick().unwrap().addr == b));
+            // Never one already tried in this call.
+            assert_eq!(e.pick_other(&[b]).unwrap().addr, a);
+            assert!(e.pick_other(&[a, b]).is_none());
+            // Every address unreachable: round-robin over all of them.
+            e.pick_other(&[a]).unwrap().mark_unreachable();
+            let picks: std::collections::HashSet<_> = (0..4).map(|_| e.pick().unwrap().addr).collect();
+            assert_eq!(picks.len(), 2);
+            // After the hold, both are candidates again.
+            tokio::time::advance(UNREACHABLE_HOLD).await;
+            e.replace(&[a, b]);
+            let picks: std::collections::HashSet<_> = (0..4).map(|_| e.pick().unwrap().addr).collect();
+            assert_eq!(picks.len(), 2);
+            // A fresh address set forgets the mark of an address that left.
+            e.pick_other(&[b]).unwrap().mark_unreachable();
+            e.replace(&[b]);
+            e.replace(&[a, b]);
+            let picks: std::collections::HashSet<_> = (0..4).map(|_| e.pick().unwrap().addr).collect();
+            assert_eq!(picks.len(), 2);
         });
     }
 }

@@ -193,6 +193,34 @@ async fn unreachable_controller_is_unavailable_and_fails_over_to_the_next() {
 }
 
 #[tokio::test]
+async fn a_single_attempt_whose_controller_refuses_the_connection_goes_to_another() {
+    let dead = harness::refused_addr();
+    let fake = FakeController::new();
+    fake.add_instance("pod-a", "127.0.0.1:1".parse().unwrap());
+    let stop = CancellationToken::new();
+    let live = fake.serve(stop.clone()).await;
+    // The refusing address is first in the round robin.
+    let client = Client::new(Endpoints::fixed(&[dead, live], ChannelSettings::default()));
+    for i in 1..=4 {
+        let resp = client
+            .get_instance_once(get_instance_req(), DEADLINE)
+            .await
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+        assert_eq!(resp.instance.unwrap().name.as_deref(), Some("pod-a"));
+        assert_eq!(fake.calls("GetInstance"), i);
+    }
+    // Only the live controller's answer counts: a refused connection is not
+    // an attempt of the method's retry policy.
+    let only_dead = Client::new(Endpoints::fixed(&[dead], ChannelSettings::default()));
+    let err = only_dead
+        .get_instance_once(get_instance_req(), DEADLINE)
+        .await
+        .unwrap_err();
+    assert_code(&err, Code::Unavailable);
+    assert!(err.to_string().contains("tcp connect error"), "{err}");
+}
+
+#[tokio::test]
 async fn deadline_bounds_the_whole_call() {
     // A listener that accepts but never answers.
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

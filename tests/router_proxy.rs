@@ -338,6 +338,37 @@ async fn controller_down_is_503_with_retry_after_within_the_budget() {
 }
 
 #[tokio::test]
+async fn a_controller_refusing_connections_costs_no_attempt_of_a_request() {
+    // A replaced controller: discovery still lists its address, its port is
+    // closed. Each request has one attempt and needs a `GetInstance` call.
+    let fake = FakeController::new();
+    let stop = CancellationToken::new();
+    let live = fake.serve(stop.clone()).await;
+    let upstream = start_upstream().await;
+    fake.add_instance("pod-1", upstream.addr);
+    let mut config = test_config(vec![refused_addr(), live]);
+    config.max_round_trip_attempts = 1;
+    let router = start_router(config).await;
+    for i in 0..8 {
+        let resp = http()
+            .get(router.url("/hello"))
+            .header(HEADER_FUNCTION, function_header("app", "t1", true))
+            .send()
+            .await
+            .unwrap();
+        let status = resp.status();
+        let body = resp.text().await.unwrap();
+        assert_eq!(
+            (status.as_u16(), body.as_str()),
+            (200, "hello world"),
+            "request {i}"
+        );
+    }
+    assert!(fake.calls("GetInstance") >= 8);
+    router.stop().await;
+}
+
+#[tokio::test]
 async fn a_client_leaving_during_retries_ends_the_request() {
     let w = world(|c| {
         c.max_round_trip_attempts = 1000;
