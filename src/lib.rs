@@ -23,7 +23,8 @@
 //!   generation and PASETO assignment tokens.
 //! - [`devcluster`]: the Kubernetes API simulator and `skipper dev`.
 //! - [`telemetry`], [`shutdown`], [`config`]: logging/metrics, cancellation,
-//!   shared flag parsing.
+//!   shared flag parsing; [`watch_access`]: watches the API server refuses,
+//!   reported in the health of the controller and the router.
 
 pub mod api;
 pub mod cli;
@@ -40,3 +41,4 @@ pub mod router;
 pub mod shutdown;
 pub mod telemetry;
 pub mod token;
+pub mod watch_access;
