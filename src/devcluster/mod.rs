@@ -100,6 +100,8 @@ pub mod auth;
 pub mod control_plane;
 /// Deployment, ReplicaSet, garbage-collection and EndpointSlice loops.
 pub mod controllers;
+/// The Deployment controller's decisions (rollouts, scaling, history, status).
+pub mod deployment;
 /// API errors and their `Status` mapping.
 pub mod error;
 /// The HTTPS listener.
@@ -116,6 +118,8 @@ pub mod pki;
 pub mod playground;
 /// Node and RBAC authorization.
 pub mod rbac;
+/// The ReplicaSet controller's decisions (which pods go first, availability, status).
+pub mod replicaset;
 /// Served resource kinds and discovery.
 pub mod resources;
 /// TokenRequest, TokenReview and the access reviews.

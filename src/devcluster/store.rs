@@ -433,6 +433,7 @@ impl Store {
         if !new.get("metadata").is_some_and(Value::is_object) {
             new["metadata"] = json!({});
         }
+        default_spec(res, &mut new);
         let old_rv = old
             .pointer("/metadata/resourceVersion")
             .cloned()
@@ -641,6 +642,44 @@ fn default_container(c: &mut Value) {
     }
 }
 
+/// Defaults of a Deployment's or ReplicaSet's `spec` that the API server
+/// fills in whenever it decodes one, on creates and updates alike
+/// (`SetDefaults_Deployment`, `SetDefaults_ReplicaSet`).
+fn default_spec(res: &'static ResourceDef, obj: &mut Value) {
+    if !matches!(res.kind, "Deployment" | "ReplicaSet") || !obj.get("spec").is_some_and(Value::is_object) {
+        return;
+    }
+    let spec = &mut obj["spec"];
+    if spec.get("replicas").is_none_or(Value::is_null) {
+        spec["replicas"] = json!(1);
+    }
+    if res.kind != "Deployment" {
+        return;
+    }
+    if !spec.get("strategy").is_some_and(Value::is_object) {
+        spec["strategy"] = json!({});
+    }
+    let strategy = &mut spec["strategy"];
+    if strategy.get("type").is_none_or(|t| t.is_null() || t == "") {
+        strategy["type"] = json!("RollingUpdate");
+    }
+    if strategy["type"] == "RollingUpdate" {
+        if !strategy.get("rollingUpdate").is_some_and(Value::is_object) {
+            strategy["rollingUpdate"] = json!({});
+        }
+        for bound in ["maxUnavailable", "maxSurge"] {
+            if strategy["rollingUpdate"].get(bound).is_none_or(Value::is_null) {
+                strategy["rollingUpdate"][bound] = json!("25%");
+            }
+        }
+    }
+    for (field, value) in [("revisionHistoryLimit", 10), ("progressDeadlineSeconds", 600)] {
+        if spec.get(field).is_none_or(Value::is_null) {
+            spec[field] = json!(value);
+        }
+    }
+}
+
 /// Server-side defaults a freshly created object gets.
 fn apply_defaults(res: &'static ResourceDef, obj: &mut Value) {
     match res.kind {
@@ -670,9 +709,7 @@ fn apply_defaults(res: &'static ResourceDef, obj: &mut Value) {
             obj["spec"] = json!({"finalizers": ["kubernetes"]});
         }
         "Deployment" | "ReplicaSet" => {
-            if obj.pointer("/spec/replicas").is_none() {
-                obj["spec"]["replicas"] = json!(1);
-            }
+            default_spec(res, obj);
             if obj.pointer("/metadata/labels").is_none()
                 && let Some(labels) = obj.pointer("/spec/template/metadata/labels").cloned()
             {
@@ -796,6 +833,41 @@ mod tests {
             d["metadata"]["generation"], 2,
             "status changes keep the generation"
         );
+    }
+
+    #[test]
+    fn deployments_get_their_spec_defaults_on_every_write() {
+        let s = store_with_ns(100);
+        let res = by_kind("Deployment");
+        let d = s
+            .create(res, "ns", json!({"metadata": {"name": "web"}, "spec": {}}))
+            .unwrap();
+        let defaulted = json!({
+            "replicas": 1,
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}},
+            "revisionHistoryLimit": 10,
+            "progressDeadlineSeconds": 600,
+        });
+        assert_eq!(d["spec"], defaulted);
+        let d = s
+            .update(res, "ns", "web", |o| {
+                o["spec"]["strategy"] = json!({"rollingUpdate": {"maxSurge": 1}});
+                o["spec"]["revisionHistoryLimit"] = Value::Null;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(
+            d["spec"]["strategy"],
+            json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": 1}})
+        );
+        assert_eq!(d["spec"]["revisionHistoryLimit"], 10);
+        let d = s
+            .update(res, "ns", "web", |o| {
+                o["spec"]["strategy"] = json!({"type": "Recreate"});
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(d["spec"]["strategy"], json!({"type": "Recreate"}));
     }
 
     #[test]
