@@ -8,6 +8,7 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod browser;
 // Shared with the reliability suite (`chaos/`); each uses part of it.
 #[allow(dead_code)]
 mod harness;

@@ -114,6 +114,8 @@ pub enum FixtureError {
     Serve(std::io::Error),
     #[error("installing signal handlers: {0}")]
     Signals(std::io::Error),
+    #[error("{0}")]
+    Telemetry(#[from] crate::telemetry::AddrError),
 }
 
 /// Validated fixture settings.
@@ -262,6 +264,7 @@ pub async fn main(args: Args) -> Result<ExitCode, FixtureError> {
     let settings = Settings::from_args(&args)?;
     let shutdown = Shutdown::new();
     shutdown.trigger_on_signals().map_err(FixtureError::Signals)?;
+    crate::profiling::start(&args.telemetry, &shutdown).await?;
     let fixture = Fixture::start(settings, shutdown.clone()).await?;
     if let Some(parent) = args.exit_with_parent {
         let s = shutdown.clone();

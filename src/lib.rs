@@ -22,9 +22,10 @@
 //! - [`fixture`], [`keygen`], [`token`]: the reference pod program, key
 //!   generation and PASETO assignment tokens.
 //! - [`devcluster`]: the Kubernetes API simulator and `skipper dev`.
-//! - [`telemetry`], [`shutdown`], [`config`]: logging/metrics, cancellation,
-//!   shared flag parsing; [`watch_access`]: watches the API server refuses,
-//!   reported in the health of the controller and the router.
+//! - [`telemetry`], [`profiling`], [`shutdown`], [`config`]: logging,
+//!   metrics and traces, CPU profiles, cancellation, shared flag parsing;
+//!   [`watch_access`]: watches the API server refuses, reported in the
+//!   health of the controller and the router.
 
 pub mod api;
 pub mod cli;
@@ -35,6 +36,7 @@ pub mod devcluster;
 pub mod domain;
 pub mod fixture;
 pub mod keygen;
+pub mod profiling;
 pub mod ring;
 pub mod ring_inspect;
 pub mod router;

@@ -445,6 +445,12 @@ impl Core {
                 router_heartbeats,
                 responsible_controller_ip: Some(owner),
                 active_replica_set: active,
+                recent_recommendations: h
+                    .shared
+                    .recommendations()
+                    .iter()
+                    .map(super::supervisor::Recommendation::to_api)
+                    .collect(),
             });
         }
         let events = self

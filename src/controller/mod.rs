@@ -14,6 +14,7 @@
 //! - [`core`]: the operations behind the RPCs; [`grpc`]: the service;
 //!   [`watch`]: the `WatchInstances` streams that feed routers' tables, and
 //!   draining before a scale-down.
+//! - [`web`]: the operator's web UI (`--web-port`).
 
 pub mod assign;
 pub mod config;
@@ -28,6 +29,7 @@ pub mod metrics;
 pub mod peers;
 pub mod supervisor;
 pub mod watch;
+pub mod web;
 
 use std::collections::HashSet;
 use std::process::ExitCode;
@@ -63,6 +65,10 @@ pub enum RunError {
     Serve(#[source] tonic::transport::Error),
     #[error("failed to serve metrics: {0}")]
     Metrics(#[source] std::io::Error),
+    #[error("invalid configuration: {0}")]
+    Telemetry(#[from] crate::telemetry::AddrError),
+    #[error("failed to serve the web UI: {0}")]
+    Web(#[from] web::Error),
 }
 
 /// The gRPC health service name the liveness (and startup) probe asks:
@@ -74,6 +80,8 @@ pub const LIVENESS_SERVICE: &str = "liveness";
 #[derive(Debug, Clone)]
 pub struct Running {
     pub core: Arc<Core>,
+    /// Where the web UI listens, when it is served.
+    pub web_addr: Option<std::net::SocketAddr>,
 }
 
 /// Runs the controller on `listener` until `shutdown` fires.
@@ -96,6 +104,7 @@ pub async fn run(
     let config = Arc::new(config);
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::register(&mut registry);
+    crate::telemetry::process::register(&mut registry);
     if let Some(addr) = config
         .telemetry
         .metrics_addr()
@@ -169,6 +178,16 @@ pub async fn run(
         ),
     });
 
+    // The web UI answers from the start (its pages show what the caches
+    // hold so far); a port that cannot be bound is a start-up error.
+    let web_addr = match config.web_addr {
+        Some(addr) => {
+            let listener = web::bind(addr).await?;
+            Some(web::serve(&core, listener, config.web_template_dir.clone())?)
+        }
+        None => None,
+    };
+
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_service_status("", ServingStatus::NotServing).await;
     reporter
@@ -200,7 +219,10 @@ pub async fn run(
     start_discovery(&core);
     start_peer_pruning(&core);
     start_health(&core, reporter);
-    ready(Running { core: core.clone() });
+    ready(Running {
+        core: core.clone(),
+        web_addr,
+    });
     let result = server.await.map_err(RunError::Serve);
     core.supervisors.stop_all();
     tracing::info!("controller shutdown");
@@ -324,6 +346,7 @@ pub async fn main(args: Args) -> Result<ExitCode, RunError> {
     let listener = TcpListener::bind(addr).await.map_err(RunError::Listen)?;
     let shutdown = Shutdown::new();
     shutdown.trigger_on_signals().map_err(RunError::Listen)?;
+    crate::profiling::start(&config.telemetry, &shutdown).await?;
     let grace = config.shutdown_timeout;
     let result = run(config, client, listener, shutdown.clone(), |_| {}).await;
     if !shutdown.drain(grace).await {

@@ -789,6 +789,8 @@ pub fn pool_deployment_json(namespace: &str, name: &str, replicas: i32, public_k
                         "env": [
                             {"name": "SKIPPER_PUBLIC_KEY", "value": public_key_pem},
                             {"name": "SKIPPER_FIXTURE_TOKEN_PATH", "value": "$(POD_DIR)/token"},
+                            // Pods share one host here: no profiling port to contend for.
+                            {"name": "SKIPPER_PPROF", "value": "false"},
                             {"name": "SKIPPER_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         ],
                         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},

@@ -60,6 +60,9 @@ pub const CONTROLLER_HEADLESS_SERVICE: &str = "skipper-controller-headless";
 pub const CONTROLLER_PORT: u16 = 50051;
 /// The controllers' metrics port (as in `manifests/controller.yaml`).
 pub const CONTROLLER_METRICS_PORT: u16 = 9090;
+/// The controllers' web UI port (the `--web-port` default, as in
+/// `manifests/controller.yaml`).
+pub const CONTROLLER_WEB_PORT: u16 = 8080;
 /// The Secret holding the controllers' PASETO private key.
 pub const PASETO_SECRET: &str = "skipper-controller-paseto";
 /// The ConfigMap holding the pools' PASETO public key.
@@ -508,6 +511,7 @@ fn spawn_router(
         .args(["--zone", "zone-a"])
         .args(["--heartbeat-interval", &crate::config::format_duration(heartbeat)])
         .args(["--log-format", "text"])
+        .args(["--pprof-host", &args.listen.ip().to_string()])
         .args(["--telemetry", "true"])
         .args([
             "--telemetry-prometheus-host",
@@ -626,6 +630,7 @@ fn print_ready(args: &PlaygroundArgs, cluster: &Cluster, up: &Up) {
         "  kubectl:       KUBECONFIG={} kubectl get pods -A",
         kubeconfig.display()
     );
+    println!("  web UI:        http://{first}:{CONTROLLER_WEB_PORT}/ (every controller serves one)");
     println!("  controllers:   {members} (gRPC :{CONTROLLER_PORT}, metrics :{CONTROLLER_METRICS_PORT})");
     println!("  metrics:       curl -s http://{}/metrics", args.metrics_listen);
     println!("                 curl -s http://{first}:{CONTROLLER_METRICS_PORT}/metrics");

@@ -76,6 +76,8 @@ pub enum Error {
     Kube(#[source] kube::Error),
     #[error("failed to install signal handlers")]
     Signals(#[source] std::io::Error),
+    #[error("invalid configuration")]
+    Telemetry(#[from] crate::telemetry::AddrError),
 }
 
 /// State shared by every request.
@@ -103,6 +105,7 @@ pub async fn main(args: Args) -> Result<ExitCode, Error> {
         .map_err(|source| Error::Bind { addr, source })?;
     let shutdown = Shutdown::new();
     shutdown.trigger_on_signals().map_err(Error::Signals)?;
+    crate::profiling::start(&args.telemetry, &shutdown).await?;
     tracing::info!(%addr, "router listening");
     run(config, listener, shutdown.clone()).await?;
     if !shutdown.drain(args.telemetry.telemetry_shutdown_timeout).await {
@@ -145,6 +148,7 @@ pub async fn serve(
     config.validate()?;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
+    crate::telemetry::process::register(&mut registry);
     if let Some(l) = metrics_listener {
         metrics::serve(l, Arc::new(registry), &shutdown);
     }

@@ -156,6 +156,16 @@ async fn tick<C: Context>(ctx: &C, handle: &Handle, actor: &mut Actor) -> Result
         owner: ctx.is_owner(f.id()),
     };
     let plan = converge::plan_tick(&input, &mut actor.window, &ctx.settings().scale);
+    let recommended = match &plan {
+        TickPlan::Idle { decision, .. } => Some((decision.clone(), false)),
+        TickPlan::Act { decision, .. } => Some((decision.clone(), true)),
+        TickPlan::OneshotCleanup { .. } => None,
+    };
+    if let Some((decision, acted)) = recommended {
+        handle
+            .shared
+            .record_recommendation(super::Recommendation::new(input.now, decision, acted));
+    }
     let busy = match &plan {
         TickPlan::Idle { .. } => false,
         TickPlan::OneshotCleanup { .. } => true,

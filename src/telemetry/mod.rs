@@ -1,9 +1,14 @@
-//! Logging and metrics shared by every long-running subcommand.
+//! Logging, metrics and profiling flags shared by every long-running
+//! subcommand.
 //!
 //! Logs go to stderr as JSON (default) or text, optionally also to a file with
-//! its own level and format. Prometheus metrics are served on
+//! its own level and format. Prometheus metrics (the component's own and the
+//! standard `process_*` series of [`process`]) are served on
 //! `--telemetry-prometheus-host:port` `/metrics` when `--telemetry` and
-//! `--telemetry-metric` are on.
+//! `--telemetry-metric` are on. CPU profiles are served by
+//! [`crate::profiling`] when `--pprof` is on.
+
+pub mod process;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -73,17 +78,37 @@ pub struct Args {
     #[arg(long, env = "SKIPPER_LOG_FILE_FORMAT")]
     pub log_file_format: Option<Format>,
 
+    /// Serve CPU profiles on --pprof-host:--pprof-port (/debug/pprof/)
+    #[arg(long, env = "SKIPPER_PPROF", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
+    pub pprof: bool,
+
+    /// Bind host of the pprof endpoint
+    #[arg(long, env = "SKIPPER_PPROF_HOST", default_value = "0.0.0.0")]
+    pub pprof_host: String,
+
+    /// Port of the pprof endpoint
+    #[arg(long, env = "SKIPPER_PPROF_PORT", default_value_t = 6060)]
+    pub pprof_port: u16,
+
+    /// Bound on stopping the pprof endpoint
+    #[arg(long, env = "SKIPPER_PPROF_SHUTDOWN_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
+    pub pprof_shutdown_timeout: Duration,
+
     /// Master switch for the metrics endpoint
-    #[arg(long, env = "SKIPPER_TELEMETRY", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, env = "SKIPPER_TELEMETRY", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
     pub telemetry: bool,
 
     /// Export traces when telemetry is on (OTLP export is not built into this binary; spans go to the log)
-    #[arg(long, env = "SKIPPER_TELEMETRY_TRACE", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, env = "SKIPPER_TELEMETRY_TRACE", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
     pub telemetry_trace: bool,
 
     /// Serve Prometheus /metrics when telemetry is on
-    #[arg(long, env = "SKIPPER_TELEMETRY_METRIC", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, env = "SKIPPER_TELEMETRY_METRIC", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
     pub telemetry_metric: bool,
+
+    /// Accepted for compatibility with the Go implementation, where it does nothing; metrics are scraped from /metrics (--telemetry-metric)
+    #[arg(long, env = "SKIPPER_TELEMETRY_METRIC_OTLP", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
+    pub telemetry_metric_otlp: bool,
 
     /// Bind host of the /metrics endpoint
     #[arg(long, env = "SKIPPER_TELEMETRY_PROMETHEUS_HOST", default_value = "0.0.0.0")]
@@ -106,9 +131,14 @@ impl Default for Args {
             log_file: None,
             log_file_level: None,
             log_file_format: None,
+            pprof: true,
+            pprof_host: "0.0.0.0".into(),
+            pprof_port: 6060,
+            pprof_shutdown_timeout: Duration::from_secs(5),
             telemetry: false,
             telemetry_trace: true,
             telemetry_metric: true,
+            telemetry_metric_otlp: false,
             telemetry_prometheus_host: "0.0.0.0".into(),
             telemetry_prometheus_port: 9090,
             telemetry_shutdown_timeout: Duration::from_secs(5),
@@ -116,7 +146,44 @@ impl Default for Args {
     }
 }
 
+/// A bind host flag that does not form a socket address with its port.
+#[derive(Debug, thiserror::Error)]
+#[error("{flag} {host:?}: {source}")]
+pub struct AddrError {
+    pub flag: &'static str,
+    pub host: String,
+    #[source]
+    pub source: std::net::AddrParseError,
+}
+
+/// `host:port` as a socket address (IPv6 hosts with or without brackets).
+fn socket_addr(host: &str, port: u16) -> Result<SocketAddr, std::net::AddrParseError> {
+    let bare = host.trim_start_matches('[').trim_end_matches(']');
+    if bare.contains(':') {
+        format!("[{bare}]:{port}").parse()
+    } else {
+        format!("{bare}:{port}").parse()
+    }
+}
+
 impl Args {
+    /// The address of the pprof endpoint when `--pprof` is on.
+    ///
+    /// # Errors
+    /// When `--pprof-host` and `--pprof-port` do not form a socket address.
+    pub fn pprof_addr(&self) -> Result<Option<SocketAddr>, AddrError> {
+        if !self.pprof {
+            return Ok(None);
+        }
+        socket_addr(&self.pprof_host, self.pprof_port)
+            .map(Some)
+            .map_err(|source| AddrError {
+                flag: "--pprof-host",
+                host: self.pprof_host.clone(),
+                source,
+            })
+    }
+
     /// The address of the metrics endpoint when it is enabled.
     ///
     /// # Errors
