@@ -646,8 +646,7 @@ async fn events(b: &Backend) {
 differential!(
     finalizers_hold_deletion_until_removed,
     finalizers,
-    namespaces = [NS],
-    sim_deviation = "the simulator ignores finalizers: deletion is immediate"
+    namespaces = [NS]
 );
 
 async fn finalizers(b: &Backend) {
@@ -677,11 +676,9 @@ async fn finalizers(b: &Backend) {
         .await,
     );
     assert_eq!(err["code"], 422, "{err}");
-    assert!(
-        err["message"]
-            .as_str()
-            .unwrap()
-            .contains("no new finalizers can be added if the object is being deleted"),
+    assert_eq!(
+        err["message"],
+        "ConfigMap \"held\" is invalid: metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{\"example.com/more\"}",
         "{err}"
     );
     cms.patch(
@@ -700,8 +697,7 @@ async fn finalizers(b: &Backend) {
 differential!(
     cascading_deletion_follows_the_propagation_policy,
     cascading_deletion,
-    namespaces = [NS],
-    sim_deviation = "the simulator ignores propagationPolicy (no foreground or orphan deletion)"
+    namespaces = [NS]
 );
 
 async fn cascading_deletion(b: &Backend) {
@@ -801,13 +797,58 @@ async fn cascading_deletion(b: &Backend) {
     .await;
 }
 
+differential!(
+    the_garbage_collector_follows_owner_references_of_any_kind,
+    garbage_collection_of_any_kind,
+    namespaces = [NS]
+);
+
+/// ConfigMaps owned by a ConfigMap: when the owner goes, a dependent with no
+/// other owner is collected, one with another owner loses the dangling
+/// reference and stays.
+async fn garbage_collection_of_any_kind(b: &Backend) {
+    let cms: Api<ConfigMap> = Api::namespaced(b.client().await, NS);
+    let mut owners = Vec::new();
+    for name in ["owner", "other-owner"] {
+        let cm = cms
+            .create(&PostParams::default(), &from(json!({"metadata": {"name": name}})))
+            .await
+            .unwrap();
+        owners.push(json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "name": name, "uid": cm.metadata.uid.unwrap(),
+        }));
+    }
+    cms.create(
+        &PostParams::default(),
+        &from(json!({"metadata": {"name": "only-dependent", "ownerReferences": [owners[0]]}})),
+    )
+    .await
+    .unwrap();
+    cms.create(
+        &PostParams::default(),
+        &from(json!({"metadata": {"name": "shared-dependent", "ownerReferences": owners}})),
+    )
+    .await
+    .unwrap();
+    cms.delete("owner", &DeleteParams::background()).await.unwrap();
+    backend::eventually("the sole dependent collected", WAIT, || async {
+        matches!(cms.get_opt("only-dependent").await, Ok(None)).then_some(())
+    })
+    .await;
+    let shared = backend::eventually("the dangling reference removed", WAIT, || async {
+        let cm = cms.get("shared-dependent").await.ok()?;
+        (cm.metadata.owner_references.as_ref()?.len() == 1).then_some(cm)
+    })
+    .await;
+    assert_eq!(shared.metadata.owner_references.unwrap()[0].name, "other-owner");
+}
+
 // === Namespace termination ===
 
 differential!(
     a_terminating_namespace_refuses_new_content_and_waits_for_finalizers,
     namespace_termination,
-    namespaces = ["doomed"],
-    sim_deviation = "the simulator deletes a namespace at once"
+    namespaces = ["doomed"]
 );
 
 async fn namespace_termination(b: &Backend) {

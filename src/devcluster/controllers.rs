@@ -42,6 +42,7 @@ pub fn reconcile(store: &Store, ctx: &Context) -> Result<(), ApiError> {
     expire_events(store);
     note(deployments(store));
     note(replicasets(store));
+    note(terminate_namespaces(store));
     note(garbage_collect(store));
     note(endpoint_slices(store));
     first_err.map_or(Ok(()), Err)
@@ -138,7 +139,7 @@ fn namespace_defaults(store: &Store, ctx: &Context) -> Result<(), ApiError> {
         let ns = name_of(ns);
         if store.get(sares, ns, "default").is_none() {
             match store.create(sares, ns, json!({"metadata": {"name": "default"}})) {
-                Ok(_) | Err(ApiError::AlreadyExists { .. } | ApiError::Terminating(_)) => {}
+                Ok(_) | Err(ApiError::AlreadyExists { .. } | ApiError::Terminating { .. }) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -154,7 +155,7 @@ fn namespace_defaults(store: &Store, ctx: &Context) -> Result<(), ApiError> {
                     "data": data,
                 });
                 match store.create(cmres, ns, cm) {
-                    Ok(_) | Err(ApiError::AlreadyExists { .. } | ApiError::Terminating(_)) => {}
+                    Ok(_) | Err(ApiError::AlreadyExists { .. } | ApiError::Terminating { .. }) => {}
                     Err(e) => return Err(e),
                 }
             }
@@ -441,7 +442,7 @@ fn carry_out(store: &Store, d: &Value, action: deployment::Action) -> Result<(),
                     name: name_of(&rs).to_owned(),
                 })
             }
-            Err(e @ ApiError::Terminating(_)) => Err(e),
+            Err(e @ ApiError::Terminating { .. }) => Err(e),
             Err(e) => {
                 let message = format!(
                     "Failed to create new replica set {:?}: {}",
@@ -580,7 +581,7 @@ fn replicasets(store: &Store) -> Result<(), ApiError> {
                     .unwrap_or(0)
                     .min(replicaset::BURST_REPLICAS);
                 if let Err(e) = create_pods(store, rs, n)
-                    && !matches!(e, ApiError::Terminating(_))
+                    && !matches!(e, ApiError::Terminating { .. })
                 {
                     failure = Some((
                         "FailedCreate",
@@ -670,7 +671,7 @@ fn create_pods(store: &Store, rs: &Value, n: usize) -> Result<(), ApiError> {
                 REPLICASET_CONTROLLER,
             ),
             Err(e) => {
-                if !matches!(e, ApiError::Terminating(_)) {
+                if !matches!(e, ApiError::Terminating { .. }) {
                     let message = e.status()["message"].as_str().unwrap_or("").to_owned();
                     record_event(
                         store,
@@ -720,45 +721,313 @@ fn related_pods<'a>(rs: &Value, all_rs: &[Value], in_ns: &[&'a Value]) -> Vec<&'
     out
 }
 
-fn garbage_collect(store: &Store) -> Result<(), ApiError> {
-    let owner_kinds = ["Deployment", "ReplicaSet", "Service"];
-    let mut uids: HashSet<String> = HashSet::new();
-    for kind in owner_kinds {
-        let (objs, _) = store.list(by_kind(kind), None);
-        uids.extend(objs.iter().map(|o| uid_of(o).to_owned()));
-    }
-    for kind in ["ReplicaSet", "Pod", "EndpointSlice"] {
-        let res = by_kind(kind);
-        let (objs, _) = store.list(res, None);
-        for obj in objs.iter().filter(|o| !is_terminating(o)) {
-            let Some(refs) = obj.pointer("/metadata/ownerReferences").and_then(Value::as_array) else {
+/// The namespace controller: a namespace being deleted has its content
+/// deleted (pods gracefully, finalizers honoured), reports what remains in
+/// its conditions, and goes (its `kubernetes` finalizer removed) once it
+/// is empty.
+fn terminate_namespaces(store: &Store) -> Result<(), ApiError> {
+    let nsres = by_kind("Namespace");
+    let (namespaces, _) = store.list(nsres, None);
+    let mut first_err = None;
+    for ns in namespaces.iter().filter(|n| is_terminating(n)) {
+        let name = name_of(ns);
+        let mut delete_failed = None;
+        for (group, plural, obj_name) in store.keys_in_namespace(name) {
+            let Some(res) = super::resources::RESOURCES
+                .iter()
+                .find(|r| r.group == group && r.plural == plural && !r.computed)
+            else {
                 continue;
             };
-            let tracked: Vec<&Value> = refs
-                .iter()
-                .filter(|r| {
-                    r.get("kind")
-                        .and_then(Value::as_str)
-                        .is_some_and(|k| owner_kinds.contains(&k))
-                })
-                .collect();
-            if tracked.is_empty() || tracked.len() != refs.len() {
+            let Some(obj) = store.get(res, name, &obj_name) else {
+                continue;
+            };
+            if is_terminating(&obj) {
                 continue;
             }
-            let orphaned = tracked
-                .iter()
-                .all(|r| !uids.contains(r.get("uid").and_then(Value::as_str).unwrap_or("")));
-            if orphaned {
-                let ns = namespace_of(obj);
-                if kind == "Pod" {
-                    ignore_not_found(delete_pod(store, ns, name_of(obj), None))?;
-                } else {
-                    ignore_not_found(store.remove(res, ns, name_of(obj), None))?;
+            let r = if res.kind == "Pod" {
+                delete_pod(store, name, &obj_name, None)
+            } else {
+                store.remove(res, name, &obj_name, Some(uid_of(&obj)))
+            };
+            if let Err(e) = ignore_gone(r) {
+                delete_failed = Some(e.to_string());
+                if first_err.is_none() {
+                    first_err = Some(e);
                 }
             }
         }
+        // What is left: per resource how many, per finalizer how many.
+        let mut remaining: BTreeMap<String, usize> = BTreeMap::new();
+        let mut held: BTreeMap<String, usize> = BTreeMap::new();
+        for (group, plural, obj_name) in store.keys_in_namespace(name) {
+            let Some(res) = super::resources::RESOURCES
+                .iter()
+                .find(|r| r.group == group && r.plural == plural && !r.computed)
+            else {
+                continue;
+            };
+            let Some(obj) = store.get(res, name, &obj_name) else {
+                continue;
+            };
+            *remaining
+                .entry(format!("{}.{}", res.plural, res.group))
+                .or_default() += 1;
+            for f in super::store::finalizers_of(&obj) {
+                *held.entry(f.to_owned()).or_default() += 1;
+            }
+        }
+        let conditions = namespace_conditions(ns, delete_failed.as_deref(), &remaining, &held);
+        let rv = ns.pointer("/metadata/resourceVersion").cloned();
+        let empty = remaining.is_empty();
+        let r = store.update(nsres, "", name, |o| {
+            if let Some(rv) = rv {
+                o["metadata"]["resourceVersion"] = rv;
+            }
+            o["status"]["phase"] = json!("Terminating");
+            o["status"]["conditions"] = json!(conditions);
+            if empty && let Some(list) = o.pointer_mut("/spec/finalizers").and_then(Value::as_array_mut) {
+                list.retain(|f| f != "kubernetes");
+            }
+            Ok(())
+        });
+        if let Err(e) = ignore_gone(r)
+            && first_err.is_none()
+        {
+            first_err = Some(e);
+        }
     }
-    Ok(())
+    first_err.map_or(Ok(()), Err)
+}
+
+/// The namespace controller's conditions (kept in their order; a
+/// condition's transition time stays while its status does).
+fn namespace_conditions(
+    ns: &Value,
+    delete_failed: Option<&str>,
+    remaining: &BTreeMap<String, usize>,
+    held: &BTreeMap<String, usize>,
+) -> Vec<Value> {
+    let now = super::store::now_rfc3339();
+    let existing: Vec<Value> = ns
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let content = match delete_failed {
+        Some(e) => (
+            "True",
+            "ContentDeletionFailed",
+            format!("Failed to delete all resource types, 1 remaining: {e}"),
+        ),
+        None => (
+            "False",
+            "ContentDeleted",
+            "All content successfully deleted, may be waiting on finalization".to_owned(),
+        ),
+    };
+    let rest = if remaining.is_empty() {
+        (
+            "False",
+            "ContentRemoved",
+            "All content successfully removed".to_owned(),
+        )
+    } else {
+        let parts: Vec<String> = remaining
+            .iter()
+            .map(|(r, n)| format!("{r} has {n} resource instances"))
+            .collect();
+        (
+            "True",
+            "SomeResourcesRemain",
+            format!("Some resources are remaining: {}", parts.join(", ")),
+        )
+    };
+    let fin = if held.is_empty() {
+        (
+            "False",
+            "ContentHasNoFinalizers",
+            "All content-preserving finalizers finished".to_owned(),
+        )
+    } else {
+        let parts: Vec<String> = held
+            .iter()
+            .map(|(f, n)| format!("{f} in {n} resource instances"))
+            .collect();
+        (
+            "True",
+            "SomeFinalizersRemain",
+            format!(
+                "Some content in the namespace has finalizers remaining: {}",
+                parts.join(", ")
+            ),
+        )
+    };
+    [
+        (
+            "NamespaceDeletionDiscoveryFailure",
+            ("False", "ResourcesDiscovered", "All resources successfully discovered".to_owned()),
+        ),
+        (
+            "NamespaceDeletionGroupVersionParsingFailure",
+            ("False", "ParsedGroupVersions", "All legacy kube types successfully parsed".to_owned()),
+        ),
+        ("NamespaceDeletionContentFailure", content),
+        ("NamespaceContentRemaining", rest),
+        ("NamespaceFinalizersRemaining", fin),
+    ]
+    .into_iter()
+    .map(|(type_, (status, reason, message))| {
+        let since = existing
+            .iter()
+            .find(|c| c["type"] == type_ && c["status"] == status)
+            .and_then(|c| c.get("lastTransitionTime").cloned())
+            .unwrap_or_else(|| json!(now));
+        json!({"type": type_, "status": status, "lastTransitionTime": since, "reason": reason, "message": message})
+    })
+    .collect()
+}
+
+/// Finalizer that keeps an object until its blocking dependents are gone
+/// (`propagationPolicy: Foreground`).
+pub const FOREGROUND_DELETION: &str = "foregroundDeletion";
+/// Finalizer that releases an object's dependents before it goes
+/// (`propagationPolicy: Orphan`).
+pub const ORPHAN: &str = "orphan";
+
+/// One dependent of an owner.
+struct Dependent<'a> {
+    res: &'static super::resources::ResourceDef,
+    obj: &'a Value,
+    /// `blockOwnerDeletion`: a foreground deletion of the owner waits for it.
+    blocking: bool,
+}
+
+/// The garbage collector, for every kind: an owner deleted with `orphan`
+/// releases its dependents, one deleted with `foregroundDeletion` deletes
+/// them and waits for the blocking ones, and an object whose owners are
+/// all gone is deleted (references to some gone owners are removed).
+fn garbage_collect(store: &Store) -> Result<(), ApiError> {
+    let (uids, objs) = store.gc_view();
+    let resource = |g: &str, p: &str| {
+        super::resources::RESOURCES
+            .iter()
+            .find(|r| r.group == g && r.plural == p && !r.computed)
+    };
+    let owner_refs = |o: &Value| -> Vec<Value> {
+        o.pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mut dependents: HashMap<String, Vec<Dependent<'_>>> = HashMap::new();
+    for (g, p, o) in &objs {
+        let Some(res) = resource(g, p) else { continue };
+        for r in owner_refs(o) {
+            let Some(owner) = r.get("uid").and_then(Value::as_str) else {
+                continue;
+            };
+            dependents.entry(owner.to_owned()).or_default().push(Dependent {
+                res,
+                obj: o,
+                blocking: r.get("blockOwnerDeletion").and_then(Value::as_bool) == Some(true),
+            });
+        }
+    }
+    let mut first_err = None;
+    let mut note = |r: Result<(), ApiError>| {
+        if let Err(e) = r
+            && first_err.is_none()
+        {
+            first_err = Some(e);
+        }
+    };
+    for (g, p, owner) in objs.iter().filter(|(_, _, o)| is_terminating(o)) {
+        let Some(res) = resource(g, p) else { continue };
+        let finalizers = super::store::finalizers_of(owner);
+        let uid = uid_of(owner);
+        let deps = dependents.get(uid).map_or(&[][..], Vec::as_slice);
+        if finalizers.contains(&ORPHAN) {
+            // The finalizer goes once no dependent refers to the owner.
+            for d in deps {
+                note(release(store, d.res, d.obj, uid));
+            }
+            if deps.is_empty() {
+                note(remove_finalizer(store, res, owner, ORPHAN));
+            }
+        } else if finalizers.contains(&FOREGROUND_DELETION) {
+            for d in deps.iter().filter(|d| !is_terminating(d.obj)) {
+                // A dependent with dependents of its own goes in the foreground too.
+                let policy = dependents
+                    .contains_key(uid_of(d.obj))
+                    .then_some(FOREGROUND_DELETION);
+                note(delete_dependent(store, d.res, d.obj, policy));
+            }
+            if !deps.iter().any(|d| d.blocking) {
+                note(remove_finalizer(store, res, owner, FOREGROUND_DELETION));
+            }
+        }
+    }
+    for (g, p, obj) in objs.iter().filter(|(_, _, o)| !is_terminating(o)) {
+        let Some(res) = resource(g, p) else { continue };
+        let refs = owner_refs(obj);
+        let dangling: Vec<&str> = refs
+            .iter()
+            .filter_map(|r| r.get("uid").and_then(Value::as_str))
+            .filter(|u| !uids.contains(*u))
+            .collect();
+        if dangling.is_empty() {
+            continue;
+        }
+        if dangling.len() == refs.len() {
+            note(delete_dependent(store, res, obj, None));
+        } else {
+            for u in dangling {
+                note(release(store, res, obj, u));
+            }
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+/// Deletes a dependent for the garbage collector (a pod gracefully).
+fn delete_dependent(
+    store: &Store,
+    res: &'static super::resources::ResourceDef,
+    obj: &Value,
+    finalizer: Option<&str>,
+) -> Result<(), ApiError> {
+    let (ns, name) = (namespace_of(obj), name_of(obj));
+    let r = if res.kind == "Pod" && finalizer.is_none() {
+        delete_pod(store, ns, name, None)
+    } else {
+        store.delete_with_finalizer(res, ns, name, Some(uid_of(obj)), finalizer)
+    };
+    ignore_gone(r)
+}
+
+/// Removes `finalizer` from an object (which may then go).
+fn remove_finalizer(
+    store: &Store,
+    res: &'static super::resources::ResourceDef,
+    obj: &Value,
+    finalizer: &str,
+) -> Result<(), ApiError> {
+    let rv = obj.pointer("/metadata/resourceVersion").cloned();
+    ignore_gone(store.update(res, namespace_of(obj), name_of(obj), |o| {
+        if let Some(rv) = rv {
+            o["metadata"]["resourceVersion"] = rv;
+        }
+        if let Some(list) = o["metadata"]["finalizers"].as_array_mut() {
+            list.retain(|f| f != finalizer);
+            if list.is_empty()
+                && let Some(m) = o["metadata"].as_object_mut()
+            {
+                m.remove("finalizers");
+            }
+        }
+        Ok(())
+    }))
 }
 
 fn resolve_target_port(target: &Value, pods: &[&Value]) -> Option<i64> {
