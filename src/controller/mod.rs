@@ -86,7 +86,8 @@ pub struct Running {
 ///
 /// Order: start the watches (a namespace probe failure is fatal), serve gRPC
 /// with health `NOT_SERVING`, wait for every cache to list once, start
-/// discovery, then report `SERVING` (as the Go implementation does). Health
+/// discovery, then report `SERVING` (as the Go implementation does), and
+/// `NOT_SERVING` again while the API server refuses one of the watches. Health
 /// does not wait for the ring: a controller joins the ring only once its pod
 /// is Ready, and readiness is this health, so a fresh install would never
 /// come up. Requests that need the ring wait for a member instead (at most
