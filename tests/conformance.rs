@@ -303,8 +303,7 @@ async fn validation(b: &Backend) {
 differential!(
     defaulting_fills_what_kubernetes_fills,
     defaulting,
-    namespaces = [NS],
-    sim_deviation = "the simulator applies no defaults"
+    namespaces = [NS]
 );
 
 async fn defaulting(b: &Backend) {
