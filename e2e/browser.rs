@@ -302,6 +302,21 @@ async fn the_dashboard_shows_a_new_tenant_live() {
     let page = Page::open(&browser).await;
     let ip = dev.controller_ips[0].clone();
     let web = format!("http://{ip}:{WEB_PORT}");
+    // `skipper dev` prints where the web UI is.
+    let printed = dev
+        .stdout
+        .lock()
+        .unwrap()
+        .iter()
+        .find_map(|l| {
+            l.trim_start()
+                .strip_prefix("web UI:")?
+                .split_whitespace()
+                .next()
+                .map(str::to_owned)
+        })
+        .expect("skipper dev prints the web UI's address");
+    assert_eq!(printed.trim_end_matches('/'), web);
 
     // The dashboard, live; a marker that a reload would erase.
     assert_eq!(page.visit(&format!("{web}/")).await, 200);

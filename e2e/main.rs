@@ -14,6 +14,7 @@ mod browser;
 mod harness;
 mod playground;
 mod scenarios;
+mod traces;
 
 /// Prints a scenario's wall time when it ends (also on failure).
 pub struct Timer {

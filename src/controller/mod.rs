@@ -294,7 +294,7 @@ fn start_peer_pruning(core: &Arc<Core>) {
 /// Kubernetes restarts it).
 pub async fn main(args: Args) -> Result<ExitCode, RunError> {
     let config = Config::try_from(args)?;
-    crate::telemetry::init(&config.telemetry);
+    let traces = crate::telemetry::init_traced(&config.telemetry, "skipper.controller");
     let kube_config = ::kube::Config::infer()
         .await
         .map_err(|e| RunError::KubeClient(Box::new(::kube::Error::InferConfig(e))))?;
@@ -304,6 +304,7 @@ pub async fn main(args: Args) -> Result<ExitCode, RunError> {
             config.kube_qps,
             config.kube_burst,
         ))
+        .with_layer(&kube::trace::TraceLayer)
         .build();
     let addr = config.listen_addr()?;
     let listener = TcpListener::bind(addr).await.map_err(RunError::Listen)?;
@@ -311,9 +312,11 @@ pub async fn main(args: Args) -> Result<ExitCode, RunError> {
     shutdown.trigger_on_signals().map_err(RunError::Listen)?;
     crate::profiling::start(&config.telemetry, &shutdown).await?;
     let grace = config.shutdown_timeout;
+    let flush = config.telemetry.telemetry_shutdown_timeout;
     let result = run(config, client, listener, shutdown.clone(), |_| {}).await;
     if !shutdown.drain(grace).await {
         tracing::warn!("graceful stop timed out, forcing stop");
     }
+    traces.shutdown(flush).await;
     result.map(|()| ExitCode::SUCCESS)
 }

@@ -42,6 +42,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
 
 pub use config::{Args, Config, Discovery, InvalidFlag};
 
@@ -93,7 +94,7 @@ struct State {
 /// # Errors
 /// Bad flags, a port that cannot be bound, discovery that cannot start.
 pub async fn main(args: Args) -> Result<ExitCode, Error> {
-    crate::telemetry::init(&args.telemetry);
+    let traces = crate::telemetry::init_traced(&args.telemetry, "skipper.router");
     let config = Config::try_from(&args)?;
     let addr = config::listen_addr(&args)?;
     let listener = TcpListener::bind(addr)
@@ -107,6 +108,7 @@ pub async fn main(args: Args) -> Result<ExitCode, Error> {
     if !shutdown.drain(args.telemetry.telemetry_shutdown_timeout).await {
         tracing::warn!("background tasks did not stop within --telemetry-shutdown-timeout");
     }
+    traces.shutdown(args.telemetry.telemetry_shutdown_timeout).await;
     tracing::info!("router shutdown");
     Ok(ExitCode::SUCCESS)
 }
@@ -323,13 +325,15 @@ async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Re
             return proxy::Error::from(e).into_response();
         }
     };
+    let span = request_span(&req);
     let guard = state.activity.begin(&parsed).await;
     let forwarding = state.proxy.forward(&parsed, req, remote, guard);
     let result = match state.request_timeout {
         Some(t) => tokio::time::timeout(t, forwarding)
+            .instrument(span.clone())
             .await
             .unwrap_or(Err(proxy::Error::RequestTimeout(t))),
-        None => forwarding.await,
+        None => forwarding.instrument(span.clone()).await,
     };
     if result.is_ok() {
         state.metrics.learn(&parsed.function.deployment);
@@ -345,7 +349,30 @@ async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Re
             status_class: metrics::status_class(resp.status()).to_owned(),
         })
         .observe(start.elapsed().as_secs_f64());
+    span.record("http.response.status_code", resp.status().as_u16());
+    if resp.status().is_server_error() {
+        span.record("otel.status_code", "ERROR");
+    }
     resp
+}
+
+/// The server span of one proxied request (`HTTP <METHOD>`), child of the
+/// client's `traceparent`; disabled when traces are off.
+fn request_span<B>(req: &Request<B>) -> tracing::Span {
+    if !crate::telemetry::otel::enabled() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(
+        "router.request",
+        otel.name = %format_args!("HTTP {}", req.method()),
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = %req.method(),
+        url.path = req.uri().path(),
+        http.response.status_code = tracing::field::Empty,
+    );
+    crate::telemetry::otel::set_remote_parent(&span, crate::telemetry::otel::extract_http(req.headers()));
+    span
 }
 
 /// `GET /healthz`: 200, or 503 once shutdown has begun.

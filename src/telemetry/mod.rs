@@ -2,12 +2,15 @@
 //! subcommand.
 //!
 //! Logs go to stderr as JSON (default) or text, optionally also to a file with
-//! its own level and format. Prometheus metrics (the component's own and the
+//! its own level and format; inside a traced span every record carries
+//! `trace_id` and `span_id`. Traces are exported over OTLP by [`otel`] when
+//! `--telemetry` and `--telemetry-trace` are on. Prometheus metrics (the component's own and the
 //! standard `process_*` series of [`process`]) are served on
 //! `--telemetry-prometheus-host:port` `/metrics` when `--telemetry` and
 //! `--telemetry-metric` are on. CPU profiles are served by
 //! [`crate::profiling`] when `--pprof` is on.
 
+pub mod otel;
 pub mod process;
 
 use std::net::SocketAddr;
@@ -98,7 +101,7 @@ pub struct Args {
     #[arg(long, env = "SKIPPER_TELEMETRY", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
     pub telemetry: bool,
 
-    /// Export traces when telemetry is on (OTLP export is not built into this binary; spans go to the log)
+    /// Export traces over OTLP/HTTP when telemetry is on (collector from the OTEL_EXPORTER_OTLP_* environment)
     #[arg(long, env = "SKIPPER_TELEMETRY_TRACE", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
     pub telemetry_trace: bool,
 
@@ -106,7 +109,7 @@ pub struct Args {
     #[arg(long, env = "SKIPPER_TELEMETRY_METRIC", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
     pub telemetry_metric: bool,
 
-    /// Accepted for compatibility with the Go implementation, where it does nothing; metrics are scraped from /metrics (--telemetry-metric)
+    /// Accepted as in the Go implementation, where it does nothing: metrics are scraped from /metrics (--telemetry-metric)
     #[arg(long, env = "SKIPPER_TELEMETRY_METRIC_OTLP", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
     pub telemetry_metric_otlp: bool,
 
@@ -204,6 +207,44 @@ impl Args {
     }
 }
 
+/// Adds `trace_id` and `span_id` of the current exported span to every
+/// record written inside one (JSON: two more fields; text: appended).
+struct WithTraceIds<F>(F);
+
+impl<S, N, F> tracing_subscriber::fmt::FormatEvent<S, N> for WithTraceIds<F>
+where
+    S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
+    N: for<'w> tracing_subscriber::fmt::FormatFields<'w> + 'static,
+    F: tracing_subscriber::fmt::FormatEvent<S, N>,
+{
+    fn format_event(
+        &self,
+        ctx: &tracing_subscriber::fmt::FmtContext<'_, S, N>,
+        mut writer: tracing_subscriber::fmt::format::Writer<'_>,
+        event: &tracing::Event<'_>,
+    ) -> std::fmt::Result {
+        let Some((trace_id, span_id)) = otel::current_ids() else {
+            return self.0.format_event(ctx, writer, event);
+        };
+        let mut line = String::new();
+        self.0.format_event(
+            ctx,
+            tracing_subscriber::fmt::format::Writer::new(&mut line),
+            event,
+        )?;
+        let body = line.trim_end_matches('\n');
+        match body.strip_suffix('}') {
+            Some(open) if body.starts_with('{') => {
+                writeln!(
+                    writer,
+                    "{open},\"trace_id\":\"{trace_id}\",\"span_id\":\"{span_id}\"}}"
+                )
+            }
+            _ => writeln!(writer, "{body} trace_id={trace_id} span_id={span_id}"),
+        }
+    }
+}
+
 fn fmt_layer<S, W>(format: Format, writer: W, ansi: bool) -> Box<dyn Layer<S> + Send + Sync>
 where
     S: tracing::Subscriber + for<'a> tracing_subscriber::registry::LookupSpan<'a>,
@@ -211,13 +252,18 @@ where
 {
     match format {
         Format::Json => tracing_subscriber::fmt::layer()
-            .json()
-            .flatten_event(true)
-            .with_current_span(true)
-            .with_span_list(false)
+            .fmt_fields(tracing_subscriber::fmt::format::JsonFields::new())
+            .event_format(WithTraceIds(
+                tracing_subscriber::fmt::format()
+                    .json()
+                    .flatten_event(true)
+                    .with_current_span(true)
+                    .with_span_list(false),
+            ))
             .with_writer(writer)
             .boxed(),
         Format::Text => tracing_subscriber::fmt::layer()
+            .event_format(WithTraceIds(tracing_subscriber::fmt::format().with_ansi(ansi)))
             .with_ansi(ansi)
             .with_writer(writer)
             .boxed(),
@@ -227,6 +273,56 @@ where
 /// Installs the global logger. A log file that cannot be opened is reported
 /// and logging continues on stderr only.
 pub fn init(args: &Args) {
+    install(args, None);
+}
+
+/// Installs the global logger and, when `--telemetry` and
+/// `--telemetry-trace` are on, trace export as `service`
+/// (`skipper.router`, ...). Call from inside the process's tokio runtime;
+/// [`Traces::shutdown`] flushes what is left at exit.
+#[must_use]
+pub fn init_traced(args: &Args, service: &'static str) -> Traces {
+    let provider = if args.telemetry && args.telemetry_trace {
+        match tokio::runtime::Handle::try_current() {
+            Ok(rt) => match otel::provider(service, rt) {
+                Ok(p) => Some(p),
+                Err(e) => {
+                    install(args, None);
+                    tracing::warn!(error = %e, "traces are not exported");
+                    return Traces { provider: None };
+                }
+            },
+            Err(_) => None,
+        }
+    } else {
+        None
+    };
+    install(args, provider.as_ref());
+    Traces { provider }
+}
+
+/// The trace exporter of the process, if any.
+#[derive(Debug)]
+pub struct Traces {
+    provider: Option<opentelemetry_sdk::trace::SdkTracerProvider>,
+}
+
+impl Traces {
+    /// Exports the spans still queued and stops the exporter, bounded by
+    /// `timeout`.
+    pub async fn shutdown(self, timeout: Duration) {
+        let Some(provider) = self.provider else { return };
+        let flush = tokio::task::spawn_blocking(move || provider.shutdown_with_timeout(timeout));
+        match tokio::time::timeout(timeout + Duration::from_secs(1), flush).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "failed to flush traces"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "failed to flush traces"),
+            Err(_) => tracing::warn!(?timeout, "flushing traces timed out"),
+        }
+    }
+}
+
+fn install(args: &Args, provider: Option<&opentelemetry_sdk::trace::SdkTracerProvider>) {
     let stderr =
         fmt_layer(args.log_format, std::io::stderr, false).with_filter(LevelFilter::from(args.log_level));
     let mut file_problem = None;
@@ -246,7 +342,12 @@ pub fn init(args: &Args) {
             }
         }
     });
-    let _ = tracing_subscriber::registry().with(stderr).with(file).try_init();
+    let traces = provider.map(otel::layer);
+    let _ = tracing_subscriber::registry()
+        .with(traces)
+        .with(stderr)
+        .with(file)
+        .try_init();
     if let Some(p) = file_problem {
         tracing::warn!("{p}; logging to stderr only");
     }
@@ -301,4 +402,67 @@ pub async fn serve_metrics(
     });
     tracing::info!(address = %local, "serving metrics");
     Ok(local)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A log sink the test reads back.
+    #[derive(Clone, Default)]
+    struct Sink(Arc<Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Sink {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().unwrap().extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    fn lines(sink: &Sink) -> Vec<String> {
+        String::from_utf8(sink.0.lock().unwrap().clone())
+            .unwrap()
+            .lines()
+            .map(str::to_owned)
+            .collect()
+    }
+
+    #[test]
+    fn records_inside_a_traced_span_carry_its_ids() {
+        otel::enable_for_tests();
+        let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+        let (json, text) = (Sink::default(), Sink::default());
+        let (j, t) = (json.clone(), text.clone());
+        let subscriber = tracing_subscriber::registry()
+            .with(otel::layer(&provider))
+            .with(fmt_layer(Format::Json, move || j.clone(), false))
+            .with(fmt_layer(Format::Text, move || t.clone(), false));
+        let ids = tracing::subscriber::with_default(subscriber, || {
+            tracing::info!("outside");
+            let span = tracing::info_span!("work", tenant = "a");
+            span.in_scope(|| {
+                tracing::info!(n = 1, "inside");
+                otel::current_ids().unwrap()
+            })
+        });
+        let json = lines(&json);
+        assert_eq!(json.len(), 2, "{json:?}");
+        let outside: serde_json::Value = serde_json::from_str(&json[0]).unwrap();
+        assert!(outside.get("trace_id").is_none(), "{outside}");
+        let inside: serde_json::Value = serde_json::from_str(&json[1]).unwrap();
+        assert_eq!(inside["message"], "inside");
+        assert_eq!(inside["n"], 1);
+        assert_eq!(inside["trace_id"], ids.0.as_str());
+        assert_eq!(inside["span_id"], ids.1.as_str());
+        assert_eq!(inside["span"]["tenant"], "a");
+        let text = lines(&text);
+        assert!(!text[0].contains("trace_id"), "{text:?}");
+        assert!(
+            text[1].ends_with(&format!("trace_id={} span_id={}", ids.0, ids.1)),
+            "{text:?}"
+        );
+    }
 }

@@ -134,6 +134,8 @@ pub(crate) enum Command {
         decision: Decision,
         deadline: Instant,
         reply: oneshot::Sender<Result<Vec<Instance>>>,
+        /// The caller's span: the execution is part of its trace.
+        span: tracing::Span,
     },
 }
 
@@ -302,6 +304,7 @@ impl Handle {
             decision,
             deadline,
             reply,
+            span: tracing::Span::current(),
         };
         self.shared
             .mailbox
