@@ -86,7 +86,7 @@
 //! | RBAC escalation checks | creating a Role or binding needs the rights it grants (or `escalate`/`bind`) | not checked |
 //! | Aggregated ClusterRoles | `view`/`edit`/`admin` aggregate labelled roles | fixed rules (core, apps, batch, discovery, policy, coordination, events, metrics) |
 //! | Node authorizer | graph of pods, volumes, PVs, ResourceClaims, ... | pods, secrets, configmaps, PVCs and ServiceAccounts referenced by pods bound to the node |
-//! | Admission and schema validation | full (`422` with `details.causes`, immutable fields, strict decoding) | names, selectors, required containers and finalizers of objects being deleted, `422` without `details.causes`; other invalid values are stored |
+//! | Admission and schema validation | full: every field of every kind, strict decoding (`fieldValidation=Strict` refuses unknown fields, otherwise they are dropped with a warning) | names, label keys and values, container ports, selectors, required containers, immutable workload selectors and finalizers of objects being deleted ([`validation`], the real `422` texts and causes); no schema: unknown fields are stored and other invalid values accepted |
 //! | Defaulting | every decoded object | Pods, Deployments and ReplicaSets (workload specs, pod templates, containers, probes, ports); pods lack what admission adds besides `serviceAccountName` (`priority`, `preemptionPolicy`, `enableServiceLinks`, default tolerations); a Deployment or ReplicaSet without `metadata.labels` gets its template's labels (as `extensions/v1beta1` did; `apps/v1` leaves them empty) |
 //! | Request bodies | JSON, YAML, protobuf | JSON only: kubectl's protobuf bodies (`create configmap\|secret\|namespace\|deployment`, `create token`, `auth can-i`, `auth whoami`) answer `400` |
 //! | Server-side apply | yes | no (`415`) |
@@ -139,6 +139,8 @@ pub mod server;
 pub mod store;
 /// Table output for kubectl.
 pub mod table;
+/// Field validation (label keys and values, ports, immutable fields).
+pub mod validation;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

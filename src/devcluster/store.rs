@@ -394,10 +394,17 @@ impl Store {
                 )));
             }
         } else if !is_dns_subdomain(&name) {
-            return Err(ApiError::Invalid(format!(
-                "{} \"{name}\" is invalid: metadata.name: Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'",
-                res.kind
-            )));
+            return Err(ApiError::InvalidFields {
+                res,
+                errors: vec![super::validation::FieldError {
+                    field: "metadata.name".into(),
+                    message: format!(
+                        "Invalid value: {name:?}: {}",
+                        super::validation::SUBDOMAIN_MESSAGE
+                    ),
+                }],
+                name,
+            });
         }
         if let Some(given) = meta.get("namespace").and_then(Value::as_str)
             && res.namespaced
@@ -431,6 +438,14 @@ impl Store {
         obj["apiVersion"] = json!(res.api_version());
         obj["kind"] = json!(res.kind);
         apply_defaults(res, &mut obj);
+        let invalid = super::validation::validate(res, &obj);
+        if !invalid.is_empty() {
+            return Err(ApiError::InvalidFields {
+                res,
+                name,
+                errors: invalid,
+            });
+        }
         if dry_run {
             if let Some(m) = obj["metadata"].as_object_mut() {
                 m.remove("resourceVersion");
@@ -563,7 +578,18 @@ impl Store {
             generation + 1
         });
         new["metadata"]["resourceVersion"] = old_rv;
-        if new == old || dry_run {
+        if new == old {
+            return Ok(new);
+        }
+        let invalid = super::validation::validate_update(res, &old, &new);
+        if !invalid.is_empty() {
+            return Err(ApiError::InvalidFields {
+                res,
+                name: name.to_owned(),
+                errors: invalid,
+            });
+        }
+        if dry_run {
             return Ok(new);
         }
         if ready_to_go(res, &new) {
@@ -1014,7 +1040,7 @@ mod tests {
         ));
         assert!(matches!(
             s.create(res, "ns", cm("Bad_Name")),
-            Err(ApiError::Invalid(_))
+            Err(ApiError::InvalidFields { .. })
         ));
     }
 
