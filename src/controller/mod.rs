@@ -59,8 +59,6 @@ pub enum RunError {
     Listen(#[source] std::io::Error),
     #[error("failed to start controller: {0}")]
     Start(#[from] kube::stores::StartError),
-    #[error("failed to discover controllers: {0}")]
-    RingEmpty(#[from] crate::ring::RingError),
     #[error("failed to serve controller: {0}")]
     Serve(#[source] tonic::transport::Error),
     #[error("failed to serve metrics: {0}")]
@@ -82,10 +80,14 @@ pub struct Running {
 /// Runs the controller on `listener` until `shutdown` fires.
 ///
 /// Order: start the watches (a namespace probe failure is fatal), serve gRPC
-/// with health `NOT_SERVING`, wait for every cache to list once and for the
-/// ring to have a member (at most `--hash-ring-wait-time`; an empty ring is a
-/// discovery failure), start discovery, then report `SERVING`. `ready` is
-/// called with the running core once serving.
+/// with health `NOT_SERVING`, wait for every cache to list once, start
+/// discovery, then report `SERVING` (as the Go implementation does). Health
+/// does not wait for the ring: a controller joins the ring only once its pod
+/// is Ready, and readiness is this health, so a fresh install would never
+/// come up. Requests that need the ring wait for a member instead (at most
+/// `--hash-ring-wait-time`; an empty ring then is a discovery failure,
+/// answered `UNAVAILABLE`). `ready` is called with the running core once
+/// serving.
 ///
 /// # Errors
 /// See [`RunError`].
@@ -199,14 +201,10 @@ pub async fn run(
         .serve_with_incoming_shutdown(incoming, token.clone().cancelled_owned());
     let mut server = std::pin::pin!(server);
 
-    let startup = async {
-        state.wait_synced().await;
-        ring.wait_non_empty(config.hash_ring_wait_time).await
-    };
     tokio::select! {
         r = &mut server => return r.map_err(RunError::Serve),
         () = token.cancelled() => return Ok(()),
-        r = startup => { r?; }
+        () = state.wait_synced() => {}
     }
     start_discovery(&core);
     start_peer_pruning(&core);
@@ -289,9 +287,8 @@ fn start_peer_pruning(core: &Arc<Core>) {
 /// Runs the controller until SIGTERM/SIGINT.
 ///
 /// # Errors
-/// Bad flags, an unreachable API server, a failed namespace probe, or an
-/// empty ring after `--hash-ring-wait-time` (the process exits non-zero so
-/// Kubernetes restarts it).
+/// Bad flags, an unreachable API server, or a failed namespace probe (the
+/// process exits non-zero so Kubernetes restarts it).
 pub async fn main(args: Args) -> Result<ExitCode, RunError> {
     let config = Config::try_from(args)?;
     let traces = crate::telemetry::init_traced(&config.telemetry, "skipper.controller");
