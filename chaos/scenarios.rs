@@ -100,8 +100,11 @@ const FLOOD_BATCH: usize = 10_000;
 /// RSS one controller may grow by per 10,000 live supervisors: the issue's
 /// target of at most 2 KiB per idle supervisor, with room for the allocator.
 const RSS_PER_10K_SUPERVISORS: u64 = 32 * MIB;
-/// How much more a second flood may take than the first (the memory of the
-/// first flood's supervisors is free again and reused).
+/// How much more a second flood may take than the first left, at least: the
+/// memory of the first flood's supervisors is free again and reused. The
+/// allowance is the larger of this and half of what the first flood added,
+/// so allocator noise between threads' arenas passes while a second flood
+/// that reuses nothing (and adds the whole first flood again) fails.
 const SECOND_FLOOD_SLACK: u64 = 16 * MIB;
 
 fn flood_entry(i: usize) -> api::Heartbeat {
@@ -226,11 +229,13 @@ async fn controller_rss_is_bounded_after_a_heartbeat_flood() {
             mib(RSS_PER_10K_SUPERVISORS)
         );
         let peak = first[i].max(kept[i]);
+        let allowance = SECOND_FLOOD_SLACK.max(first[i].saturating_sub(before[i]) / 2);
         assert!(
-            second[i] <= peak + SECOND_FLOOD_SLACK,
-            "{ip}: the second flood took {} where the first left {}: its memory was not reused",
+            second[i] <= peak + allowance,
+            "{ip}: the second flood took {} where the first left {} (allowance {}): its memory was not reused",
             mib(second[i]),
-            mib(peak)
+            mib(peak),
+            mib(allowance)
         );
     }
 }

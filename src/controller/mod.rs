@@ -69,6 +69,11 @@ pub enum RunError {
     Web(#[from] web::Error),
 }
 
+/// The gRPC health service name the liveness (and startup) probe asks:
+/// `SERVING` while the process runs. The overall status (`""`) is the
+/// readiness: `SERVING` once the caches sync, while every watch runs.
+pub const LIVENESS_SERVICE: &str = "liveness";
+
 /// A running controller's handles, for tests and the dev playground.
 #[derive(Debug, Clone)]
 pub struct Running {
@@ -81,7 +86,8 @@ pub struct Running {
 ///
 /// Order: start the watches (a namespace probe failure is fatal), serve gRPC
 /// with health `NOT_SERVING`, wait for every cache to list once, start
-/// discovery, then report `SERVING` (as the Go implementation does). Health
+/// discovery, then report `SERVING` (as the Go implementation does), and
+/// `NOT_SERVING` again while the API server refuses one of the watches. Health
 /// does not wait for the ring: a controller joins the ring only once its pod
 /// is Ready, and readiness is this health, so a fresh install would never
 /// come up. Requests that need the ring wait for a member instead (at most
@@ -187,6 +193,9 @@ pub async fn run(
 
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_service_status("", ServingStatus::NotServing).await;
+    reporter
+        .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
+        .await;
     let service = api_server(core.clone());
     let token = shutdown.token().clone();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
@@ -208,8 +217,7 @@ pub async fn run(
     }
     start_discovery(&core);
     start_peer_pruning(&core);
-    reporter.set_service_status("", ServingStatus::Serving).await;
-    tracing::info!(pod_ip = %config.pod_ip, "controller serving");
+    start_health(&core, reporter);
     ready(Running {
         core: core.clone(),
         web_addr,
@@ -268,6 +276,36 @@ fn start_discovery(core: &Arc<Core>) {
 }
 
 /// Drops peer clients of controllers that left the ring.
+/// Keeps the health service's status: `SERVING` while every watch runs,
+/// `NOT_SERVING` (logged with the refused watches) while the API server
+/// refuses one, as the caches it feeds no longer follow the cluster.
+fn start_health(core: &Arc<Core>, reporter: tonic_health::server::HealthReporter) {
+    let mut refused = core.state.refusals.subscribe();
+    let token = core.shutdown.token().clone();
+    let pod_ip = core.config.pod_ip.clone();
+    core.shutdown.spawn("health", async move {
+        loop {
+            let now = refused.borrow_and_update().clone();
+            if now.is_empty() {
+                reporter.set_service_status("", ServingStatus::Serving).await;
+                tracing::info!(%pod_ip, "controller serving");
+            } else {
+                reporter.set_service_status("", ServingStatus::NotServing).await;
+                tracing::error!(
+                    %pod_ip,
+                    refused = %crate::watch_access::Refusals::describe(&now),
+                    "controller not serving: the API server refuses a watch (grant the verb), its cache would \
+                     not follow the cluster"
+                );
+            }
+            tokio::select! {
+                () = token.cancelled() => return,
+                r = refused.changed() => if r.is_err() { return },
+            }
+        }
+    });
+}
+
 fn start_peer_pruning(core: &Arc<Core>) {
     let core2 = core.clone();
     let token = core.shutdown.token().clone();
