@@ -27,6 +27,11 @@ use tonic::transport::{Channel, Endpoint};
 
 use crate::api;
 use crate::api::controller_service_client::ControllerServiceClient;
+use crate::credentials::Credentials;
+
+/// The transport of every call: a channel whose requests carry the
+/// caller's credentials.
+pub type Transport = tonic::service::interceptor::InterceptedService<Channel, Credentials>;
 
 /// An RPC of `skipper.ControllerService`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -223,6 +228,7 @@ pub struct Endpoints {
     next: Arc<AtomicUsize>,
     failure: Arc<Notify>,
     settings: ChannelSettings,
+    credentials: Credentials,
 }
 
 impl Endpoints {
@@ -236,7 +242,20 @@ impl Endpoints {
             next: Arc::new(AtomicUsize::new(0)),
             failure: Arc::new(Notify::new()),
             settings,
+            credentials: Credentials::none(),
         }
+    }
+
+    /// The same set, presenting `credentials` on every call.
+    #[must_use]
+    pub fn with_credentials(mut self, credentials: Credentials) -> Self {
+        self.credentials = credentials;
+        self
+    }
+
+    /// A client of `target` presenting this set's credentials.
+    fn client(&self, target: Target) -> ControllerServiceClient<Transport> {
+        ControllerServiceClient::with_interceptor(target.channel, self.credentials.clone())
     }
 
     /// A set holding `addrs`.
@@ -411,7 +430,7 @@ impl Client {
     ) -> Result<Resp>
     where
         Req: Clone,
-        F: Fn(ControllerServiceClient<Channel>, tonic::Request<Req>) -> Fut,
+        F: Fn(ControllerServiceClient<Transport>, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
         let policy = method.retry_policy();
@@ -420,7 +439,7 @@ impl Client {
             let target = self.endpoints.pick().ok_or(Error::NoEndpoints { method })?;
             let mut request = tonic::Request::new(req.clone());
             request.set_timeout(end.saturating_duration_since(tokio::time::Instant::now()));
-            match rpc(ControllerServiceClient::new(target.channel), request).await {
+            match rpc(self.endpoints.client(target), request).await {
                 Ok(resp) => Ok(resp.into_inner()),
                 Err(_) if tokio::time::Instant::now() >= end => {
                     Err(Error::DeadlineExceeded { method, deadline })

@@ -22,12 +22,15 @@
 //! - [`devcluster`]: the Kubernetes API simulator and `skipper dev`.
 //! - [`telemetry`], [`shutdown`], [`config`]: logging/metrics, cancellation,
 //!   shared flag parsing.
+//! - [`credentials`]: the ServiceAccount token routers and controllers
+//!   present to controllers.
 
 pub mod api;
 pub mod cli;
 pub mod client;
 pub mod config;
 pub mod controller;
+pub mod credentials;
 pub mod devcluster;
 pub mod domain;
 pub mod fixture;

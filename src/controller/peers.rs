@@ -11,6 +11,7 @@ use std::time::Duration;
 use super::error::{Error, Result};
 use crate::api;
 use crate::client::{ChannelSettings, Client, Endpoints};
+use crate::credentials::Credentials;
 
 /// Metadata key carrying how many controllers a `Scale` passed through.
 pub const HOPS_METADATA: &str = "x-skipper-forward-hops";
@@ -22,16 +23,18 @@ const STATE_DEADLINE: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub struct Peers {
     port: u16,
+    credentials: Credentials,
     clients: scc::HashMap<String, Client>,
     channels: scc::HashMap<String, tonic::transport::Channel>,
 }
 
 impl Peers {
-    /// Peers dialled on `port`.
+    /// Peers dialled on `port`, called with `credentials`.
     #[must_use]
-    pub fn new(port: u16) -> Self {
+    pub fn new(port: u16, credentials: Credentials) -> Self {
         Self {
             port,
+            credentials,
             clients: scc::HashMap::new(),
             channels: scc::HashMap::new(),
         }
@@ -42,12 +45,15 @@ impl Peers {
             return Ok(c);
         }
         let addr: IpAddr = ip.parse().map_err(|_| Self::bad_ip(ip))?;
-        let client = Client::new(Endpoints::fixed(
-            &[SocketAddr::new(addr, self.port)],
-            ChannelSettings {
-                connect_timeout: Duration::from_secs(1),
-            },
-        ));
+        let client = Client::new(
+            Endpoints::fixed(
+                &[SocketAddr::new(addr, self.port)],
+                ChannelSettings {
+                    connect_timeout: Duration::from_secs(1),
+                },
+            )
+            .with_credentials(self.credentials.clone()),
+        );
         let _ = self.clients.insert_sync(ip.to_owned(), client.clone());
         Ok(client)
     }
@@ -108,7 +114,10 @@ impl Peers {
         if let Ok(v) = hops.to_string().parse() {
             request.metadata_mut().insert(HOPS_METADATA, v);
         }
-        let mut client = api::controller_service_client::ControllerServiceClient::new(channel);
+        let mut client = api::controller_service_client::ControllerServiceClient::with_interceptor(
+            channel,
+            self.credentials.clone(),
+        );
         let call = client.scale(request);
         match tokio::time::timeout(deadline, call).await {
             Ok(Ok(resp)) => Ok(resp.into_inner()),
