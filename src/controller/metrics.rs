@@ -130,7 +130,8 @@ impl Metrics {
         let sub = registry
             .sub_registry_with_prefix("skipper")
             .sub_registry_with_prefix("controller");
-        let help = |i: usize| DESCRIPTIONS[i].1;
+        // The encoder ends every help text with a period of its own.
+        let help = |i: usize| DESCRIPTIONS[i].1.trim_end_matches('.');
         sub.register(DESCRIPTIONS[0].0, help(0), m.waiting_for_unassigned_pods.clone());
         sub.register(DESCRIPTIONS[1].0, help(1), m.assignments_total.clone());
         sub.register(DESCRIPTIONS[2].0, help(2), m.scale_ups_total.clone());
@@ -203,6 +204,14 @@ mod tests {
         m.heartbeats_total.get_or_create(&Metrics::function("dep")).inc();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        // The help texts exactly, one period at the end (families with a
+        // series are encoded).
+        for (name, help) in DESCRIPTIONS.iter().filter(|(n, _)| {
+            ["assignments", "waiting_for_unassigned_pods", "informer_events", "heartbeats"].contains(n)
+        }) {
+            let line = format!("# HELP skipper_controller_{name} {help}\n");
+            assert!(out.contains(&line), "missing {line:?} in\n{out}");
+        }
         for line in [
             "# HELP skipper_controller_assignments Total pod assignments performed by the controller.",
             "# TYPE skipper_controller_assignments counter",
