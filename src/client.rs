@@ -41,6 +41,7 @@ pub enum Method {
     Scale,
     ReleaseInstance,
     GetClusterState,
+    WatchInstances,
 }
 
 impl Method {
@@ -53,6 +54,7 @@ impl Method {
             Self::Scale => "Scale",
             Self::ReleaseInstance => "ReleaseInstance",
             Self::GetClusterState => "GetClusterState",
+            Self::WatchInstances => "WatchInstances",
         }
     }
 
@@ -114,7 +116,8 @@ impl RetryPolicy {
     }
 }
 
-/// The per-method retry table (spec §2.5). `GetClusterState` is not retried.
+/// The per-method retry table (spec §2.5). `GetClusterState` is not retried;
+/// neither is `WatchInstances` (the subscriber re-subscribes itself).
 pub const RETRY_POLICIES: &[(Method, RetryPolicy)] = &[
     (
         Method::GetInstance,
@@ -207,12 +210,18 @@ struct Target {
 pub struct ChannelSettings {
     /// Bound on establishing a TCP connection to a controller.
     pub connect_timeout: Duration,
+    /// HTTP/2 ping period while a call is open, and how long a ping may go
+    /// unanswered before the connection counts as dead: a long-lived
+    /// `WatchInstances` stream to a controller that vanished without a
+    /// word ends within their sum.
+    pub keepalive: (Duration, Duration),
 }
 
 impl Default for ChannelSettings {
     fn default() -> Self {
         Self {
             connect_timeout: Duration::from_secs(2),
+            keepalive: (Duration::from_secs(15), Duration::from_secs(20)),
         }
     }
 }
@@ -312,6 +321,8 @@ impl Endpoints {
         endpoint
             .connect_timeout(self.settings.connect_timeout)
             .tcp_nodelay(true)
+            .http2_keep_alive_interval(self.settings.keepalive.0)
+            .keep_alive_timeout(self.settings.keepalive.1)
             .connect_lazy()
     }
 
@@ -345,7 +356,8 @@ impl Client {
         &self.endpoints
     }
 
-    /// Asks for a ready instance of a function.
+    /// Asks for a ready instance of a function (retried per the method's
+    /// policy).
     ///
     /// # Errors
     /// See [`Error`].
@@ -354,10 +366,69 @@ impl Client {
         req: api::GetInstanceRequest,
         deadline: Duration,
     ) -> Result<api::GetInstanceResponse> {
-        self.call(Method::GetInstance, deadline, req, |mut c, r| async move {
-            c.get_instance(r).await
-        })
+        let policy = Method::GetInstance.retry_policy();
+        self.call(
+            Method::GetInstance,
+            policy,
+            deadline,
+            req,
+            |mut c, r| async move { c.get_instance(r).await },
+        )
         .await
+    }
+
+    /// One `GetInstance` attempt, never retried here: for a caller whose
+    /// own loop retries (the router's, which also excludes the instances
+    /// that failed), so that loop stays the only one.
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn get_instance_once(
+        &self,
+        req: api::GetInstanceRequest,
+        deadline: Duration,
+    ) -> Result<api::GetInstanceResponse> {
+        self.call(
+            Method::GetInstance,
+            RetryPolicy::NONE,
+            deadline,
+            req,
+            |mut c, r| async move { c.get_instance(r).await },
+        )
+        .await
+    }
+
+    /// Opens a `WatchInstances` stream on the next controller: `requests`
+    /// is the router's half (the subscription first), the answer the
+    /// controller's. One attempt; `deadline` bounds only the wait for the
+    /// stream to open.
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn watch_instances<S>(
+        &self,
+        requests: S,
+        deadline: Duration,
+    ) -> Result<tonic::Streaming<api::WatchInstancesResponse>>
+    where
+        S: futures::Stream<Item = api::WatchInstancesRequest> + Send + 'static,
+    {
+        let method = Method::WatchInstances;
+        let target = self.endpoints.pick().ok_or(Error::NoEndpoints { method })?;
+        let mut client = self.endpoints.client(target);
+        match tokio::time::timeout(deadline, client.watch_instances(tonic::Request::new(requests))).await {
+            Ok(Ok(resp)) => Ok(resp.into_inner()),
+            Ok(Err(status)) => {
+                if status.code() == tonic::Code::Unavailable {
+                    self.endpoints.failure.notify_one();
+                }
+                Err(Error::Rpc {
+                    method,
+                    status: Box::new(status),
+                })
+            }
+            Err(_) => Err(Error::DeadlineExceeded { method, deadline }),
+        }
     }
 
     /// Sends a batch of heartbeats. An empty batch sends nothing.
@@ -372,9 +443,13 @@ impl Client {
         if req.heartbeats.is_empty() {
             return Ok(api::HeartbeatResponse {});
         }
-        self.call(Method::Heartbeat, deadline, req, |mut c, r| async move {
-            c.heartbeat(r).await
-        })
+        self.call(
+            Method::Heartbeat,
+            Method::Heartbeat.retry_policy(),
+            deadline,
+            req,
+            |mut c, r| async move { c.heartbeat(r).await },
+        )
         .await
     }
 
@@ -383,9 +458,13 @@ impl Client {
     /// # Errors
     /// See [`Error`].
     pub async fn scale(&self, req: api::ScaleRequest, deadline: Duration) -> Result<api::ScaleResponse> {
-        self.call(Method::Scale, deadline, req, |mut c, r| async move {
-            c.scale(r).await
-        })
+        self.call(
+            Method::Scale,
+            Method::Scale.retry_policy(),
+            deadline,
+            req,
+            |mut c, r| async move { c.scale(r).await },
+        )
         .await
     }
 
@@ -398,9 +477,13 @@ impl Client {
         req: api::ReleaseInstanceRequest,
         deadline: Duration,
     ) -> Result<api::ReleaseInstanceResponse> {
-        self.call(Method::ReleaseInstance, deadline, req, |mut c, r| async move {
-            c.release_instance(r).await
-        })
+        self.call(
+            Method::ReleaseInstance,
+            Method::ReleaseInstance.retry_policy(),
+            deadline,
+            req,
+            |mut c, r| async move { c.release_instance(r).await },
+        )
         .await
     }
 
@@ -413,17 +496,22 @@ impl Client {
         req: api::GetClusterStateRequest,
         deadline: Duration,
     ) -> Result<api::GetClusterStateResponse> {
-        self.call(Method::GetClusterState, deadline, req, |mut c, r| async move {
-            c.get_cluster_state(r).await
-        })
+        self.call(
+            Method::GetClusterState,
+            Method::GetClusterState.retry_policy(),
+            deadline,
+            req,
+            |mut c, r| async move { c.get_cluster_state(r).await },
+        )
         .await
     }
 
-    /// One call: attempts per the method's policy, each on the next endpoint,
-    /// all inside `deadline`.
+    /// One call: attempts per `policy`, each on the next endpoint, all
+    /// inside `deadline`.
     async fn call<Req, Resp, F, Fut>(
         &self,
         method: Method,
+        policy: RetryPolicy,
         deadline: Duration,
         req: Req,
         rpc: F,
@@ -433,7 +521,6 @@ impl Client {
         F: Fn(ControllerServiceClient<Transport>, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
-        let policy = method.retry_policy();
         let end = tokio::time::Instant::now() + deadline;
         let attempt = || async {
             let target = self.endpoints.pick().ok_or(Error::NoEndpoints { method })?;

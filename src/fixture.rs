@@ -4,7 +4,10 @@
 //! (verifies the PASETO token against `--public-key`, requires `sub` to be the
 //! function's tenant, persists the token 0600 and stays assigned across
 //! restarts), a WebSocket ping → pong on any path, and once assigned echoes
-//! every other request as JSON, including the tenant it serves. Test knobs on
+//! every other request as JSON, including the tenant it serves. A request
+//! naming another instance (`X-Skipper-Instance`, checked against
+//! `--pod-name`) or another tenant (`X-Skipper-Tenant`) is answered
+//! `421 Misdirected Request` before anything else happens. Test knobs on
 //! the echo path: `?delay_ms=N`, `?status=N`, `?burn_ms=N`, `?bytes=N` and
 //! `/sse?events=N&interval_ms=M`.
 
@@ -24,7 +27,9 @@ use axum::routing::any;
 use tokio::sync::Mutex;
 
 use crate::config::parse_duration;
-use crate::domain::{DEFAULT_ASSIGN_PATH, Function, HEADER_FUNCTION, HEADER_TOKEN};
+use crate::domain::{
+    DEFAULT_ASSIGN_PATH, Function, HEADER_FUNCTION, HEADER_INSTANCE, HEADER_TENANT, HEADER_TOKEN,
+};
 use crate::shutdown::Shutdown;
 use crate::token::{KeyError, VerifyingKey};
 
@@ -53,6 +58,10 @@ pub struct Args {
     /// Listen address
     #[arg(long, env = "SKIPPER_HOST", default_value = "0.0.0.0")]
     pub host: String,
+
+    /// This pod's name (the downward API's metadata.name): requests naming another instance get 421
+    #[arg(long, env = "SKIPPER_POD_NAME", default_value = "")]
+    pub pod_name: String,
 
     /// Test knob: wait this long before handling an assign request
     #[arg(long, env = "SKIPPER_ASSIGN_DELAY", default_value = "0s", value_parser = parse_duration)]
@@ -120,6 +129,9 @@ pub struct Settings {
     pub assign_delay: Duration,
     /// Answer every assign request with this status.
     pub assign_status: Option<u16>,
+    /// This pod's name, checked against `X-Skipper-Instance` (`None`: not
+    /// checked).
+    pub pod_name: Option<String>,
 }
 
 impl Settings {
@@ -148,6 +160,7 @@ impl Settings {
             token_path: args.fixture_token_path.clone(),
             assign_delay: args.assign_delay,
             assign_status: args.assign_status,
+            pod_name: Some(args.pod_name.trim().to_owned()).filter(|n| !n.is_empty()),
         })
     }
 }
@@ -381,8 +394,42 @@ fn query_param<T: std::str::FromStr>(query: &str, name: &str) -> Option<T> {
         .and_then(|(_, v)| v.parse().ok())
 }
 
+/// Why a request is not for this pod: it names another instance, or a
+/// tenant this pod does not serve (an unassigned pod serves none). Absent
+/// headers are not checked; a pod whose token no longer verifies does not
+/// know its tenant and accepts any.
+fn misdirected(headers: &HeaderMap, pod_name: Option<&str>, assignment: &Assignment) -> Option<String> {
+    let value = |name: &str| {
+        headers
+            .get(name)
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    };
+    if let (Some(want), Some(me)) = (value(HEADER_INSTANCE), pod_name)
+        && want != me
+    {
+        return Some(format!("this is instance {me:?}, not {want:?}"));
+    }
+    if let Some(want) = value(HEADER_TENANT) {
+        if !assignment.assigned {
+            return Some(format!("this instance serves no tenant, not {want:?}"));
+        }
+        if let Some(mine) = &assignment.tenant
+            && *mine != want
+        {
+            return Some(format!("this instance serves another tenant, not {want:?}"));
+        }
+    }
+    None
+}
+
 async fn echo(State(state): State<Arc<AppState>>, req: Request) -> Response {
     let (mut parts, body) = req.into_parts();
+    {
+        let a = state.assignment.lock().await;
+        if let Some(why) = misdirected(&parts.headers, state.settings.pod_name.as_deref(), &a) {
+            return plain_error(StatusCode::MISDIRECTED_REQUEST, &why);
+        }
+    }
     if is_websocket_upgrade(&parts.headers) {
         return match WebSocketUpgrade::from_request_parts(&mut parts, &()).await {
             Ok(ws) => ws.on_upgrade(ping_pong),

@@ -4,7 +4,9 @@
 //! reads the tenant's function from the `X-Skipper-Function` header and asks
 //! `skipper controller` for an instance; the controller claims a pool pod with
 //! an atomic JSON Patch, sends it a signed assignment token and returns its
-//! address; the router proxies HTTP and WebSocket traffic to it.
+//! address; the router proxies HTTP and WebSocket traffic to it. While a
+//! function is active the router keeps a table of its instances, streamed by
+//! the controller, and routes without asking.
 //!
 //! # Layout
 //!

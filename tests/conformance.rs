@@ -450,8 +450,7 @@ async fn kubectl_create(b: &Backend) {
 differential!(
     field_selectors_filter_and_unknown_fields_are_refused,
     field_selectors,
-    namespaces = [NS],
-    sim_deviation = "the simulator accepts unsupported field selectors"
+    namespaces = [NS]
 );
 
 async fn field_selectors(b: &Backend) {
@@ -590,12 +589,7 @@ async fn list_watch(b: &Backend) {
 
 // === Events ===
 
-differential!(
-    controllers_record_events,
-    events,
-    namespaces = [NS],
-    sim_deviation = "the simulator's controllers record no Events"
-);
+differential!(controllers_record_events, events, namespaces = [NS]);
 
 async fn events(b: &Backend) {
     let client = b.client().await;
@@ -1050,8 +1044,7 @@ async fn service_account_tokens(b: &Backend) {
 differential!(
     an_exact_list_at_a_compacted_resource_version_is_gone,
     compacted_list,
-    namespaces = [NS],
-    sim_deviation = "the simulator lists current data at a compacted resourceVersion"
+    namespaces = [NS]
 );
 
 /// After compaction, a list at an older resourceVersion with

@@ -33,6 +33,7 @@ fn settings(key: &SigningKey, token_path: PathBuf) -> Settings {
         token_path,
         assign_delay: Duration::ZERO,
         assign_status: None,
+        pod_name: Some("pod-a".into()),
     }
 }
 
@@ -333,4 +334,71 @@ fn bad_flags_fail_at_start_naming_the_flag() {
     assert!(run(&["--public-key", "nonsense"]).contains("parsing public key: no PEM block found"));
     assert!(run(&["--public-key-file", "/nonexistent/key.pem"]).contains("--public-key-file"));
     assert!(run(&["--assign-status", "99"]).contains("--assign-status"));
+}
+
+#[tokio::test]
+async fn requests_for_another_instance_or_tenant_are_421_before_anything_else() {
+    let (key, _) = common::keys();
+    let dir = temp_dir("misdirected");
+    let (f, base) = start(settings(&key, dir.join("token"))).await;
+    let send = |instance: Option<&'static str>, tenant: Option<&'static str>, path: &'static str| {
+        let base = base.clone();
+        async move {
+            let mut req = reqwest::Client::new()
+                .post(format!("{base}{path}"))
+                .body("payload");
+            if let Some(i) = instance {
+                req = req.header("x-skipper-instance", i);
+            }
+            if let Some(t) = tenant {
+                req = req.header("x-skipper-tenant", t);
+            }
+            let resp = req.send().await.unwrap();
+            (resp.status().as_u16(), resp.text().await.unwrap())
+        }
+    };
+    // Unassigned: a request for any tenant is not for this pod.
+    assert_eq!(
+        send(Some("pod-a"), Some("acme"), "/x").await,
+        (421, "this instance serves no tenant, not \"acme\"\n".into())
+    );
+    assert_eq!(
+        send(None, None, "/x").await.0,
+        503,
+        "without the headers: as before"
+    );
+
+    let t = common::token(&key, Version::V2, "acme");
+    assert_eq!(
+        assign(&base, Some(&t), Some(&common::function_json("acme")))
+            .await
+            .0,
+        200
+    );
+    assert_eq!(
+        send(Some("pod-b"), Some("acme"), "/x").await,
+        (421, "this is instance \"pod-a\", not \"pod-b\"\n".into())
+    );
+    assert_eq!(
+        send(Some("pod-a"), Some("other"), "/x").await,
+        (421, "this instance serves another tenant, not \"other\"\n".into())
+    );
+    // Checked before the test knobs run (no delay, no status).
+    assert_eq!(
+        send(None, Some("other"), "/x?status=200&delay_ms=60000").await.0,
+        421
+    );
+    for (instance, tenant) in [
+        (Some("pod-a"), Some("acme")),
+        (None, Some("acme")),
+        (Some("pod-a"), None),
+        (None, None),
+    ] {
+        let (status, body) = send(instance, tenant, "/x").await;
+        assert_eq!(status, 200, "{instance:?} {tenant:?}");
+        let v: serde_json::Value = serde_json::from_str(&body).unwrap();
+        assert_eq!(v["body"], "payload");
+    }
+    f.stop().await;
+    std::fs::remove_dir_all(dir).unwrap();
 }

@@ -235,10 +235,8 @@ async fn connect_refused_is_retried_on_another_instance_with_the_body_intact() {
     w.router.stop().await;
 }
 
-#[tokio::test]
-async fn upstream_reset_after_sending_a_body_is_502_after_one_attempt() {
-    let w = world(|_| {}).await;
-    // An instance that reads the request head and hangs up.
+/// An instance that reads the request head and hangs up.
+async fn rude_instance() -> std::net::SocketAddr {
     let rude = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let rude_addr = rude.local_addr().unwrap();
     tokio::spawn(async move {
@@ -251,22 +249,64 @@ async fn upstream_reset_after_sending_a_body_is_502_after_one_attempt() {
             drop(s);
         }
     });
+    rude_addr
+}
+
+#[tokio::test]
+async fn upstream_reset_after_sending_a_post_is_502_after_one_attempt() {
+    let w = world(|_| {}).await;
+    let rude_addr = rude_instance().await;
     w.fake.with(|s| {
         s.instances[0].addr = Some(rude_addr.to_string());
     });
-    // A request with a body is not replayed once sent (an idempotent one
-    // without a body is: see an_idempotent_request_is_retried_when_its_instance_dies_with_it).
     let resp = http()
         .post(w.router.url("/x"))
         .header(HEADER_FUNCTION, header())
-        .body("payload")
+        .body("once")
         .send()
         .await
         .unwrap();
     assert_eq!(resp.status(), 502);
     let body = resp.text().await.unwrap();
     assert!(body.contains("pod-1"), "{body}");
-    assert_eq!(w.fake.calls("GetInstance"), 1);
+    assert_eq!(
+        w.fake.calls("GetInstance"),
+        1,
+        "a POST the instance had is not sent again"
+    );
+    w.router.stop().await;
+}
+
+#[tokio::test]
+async fn an_idempotent_request_whose_instance_hung_up_before_answering_goes_elsewhere() {
+    let w = world(|_| {}).await;
+    let rude_addr = rude_instance().await;
+    w.fake.with(|s| {
+        s.instances.insert(
+            0,
+            skipper::api::Instance {
+                name: Some("pod-rude".into()),
+                addr: Some(rude_addr.to_string()),
+                ..Default::default()
+            },
+        );
+    });
+    for method in [http::Method::GET, http::Method::PUT, http::Method::DELETE] {
+        let before = w.fake.with(|s| s.get_instance_requests.len());
+        let resp = http()
+            .request(method.clone(), w.router.url("/x"))
+            .header(HEADER_FUNCTION, header())
+            .body("same bytes")
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(resp.status(), 200, "{method}");
+        let echo: serde_json::Value = resp.json().await.unwrap();
+        assert_eq!(echo["body_len"], 10);
+        let reqs = w.fake.with(|s| s.get_instance_requests[before..].to_vec());
+        assert_eq!(reqs.len(), 2, "{method}");
+        assert_eq!(reqs[1].exclude_instance_names, ["pod-rude".to_owned()]);
+    }
     w.router.stop().await;
 }
 
@@ -434,6 +474,7 @@ async fn oneshot_instance_is_released_after_an_upstream_failure() {
         let _ = tokio::io::AsyncReadExt::read(&mut s, &mut buf).await;
     });
     w.fake.with(|s| s.instances[0].addr = Some(rude_addr.to_string()));
+    // A POST: once the instance has it, the request is not sent again.
     let resp = http()
         .post(w.router.url("/x"))
         .header(HEADER_FUNCTION, function_header("app", "t1", true))
@@ -909,23 +950,27 @@ async fn a_pooled_connection_to_a_dead_instance_is_excluded_and_retried() {
         &[ctrl],
         skipper::client::ChannelSettings::default(),
     ));
+    let metrics =
+        skipper::router::metrics::Metrics::register(&mut prometheus_client::registry::Registry::default());
     let proxy = Proxy::new(
         client,
         pool,
         Settings {
-            max_attempts: 6,
-            retry_min: Duration::from_millis(5),
-            retry_max: Duration::from_millis(20),
+            retry: skipper::router::proxy::retry::Policy {
+                max_attempts: 6,
+                min: Duration::from_millis(5),
+                max: Duration::from_millis(20),
+            },
             response_header_timeout: None,
             get_instance_timeout: Duration::from_secs(2),
             body_timeout: None,
+            router_ip: "10.1.2.3".into(),
         },
+        metrics.clone(),
         tracker,
         stop.clone(),
     );
-    let activity = skipper::router::activity::Activity::new(skipper::router::metrics::Metrics::register(
-        &mut prometheus_client::registry::Registry::default(),
-    ));
+    let activity = skipper::router::activity::Activity::new(metrics);
     let parsed = std::sync::Arc::new(skipper::router::entry::parse(&header()).unwrap());
     let guard = activity.begin(&parsed).await;
     let req = http::Request::get("/hello")

@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::auth::{Policy, ServiceAccount};
-use crate::config::{format_duration, parse_positive_duration, split_list};
+use crate::config::{format_duration, parse_duration, parse_positive_duration, split_list};
 use crate::token::{SigningKey, Version};
 
 /// Flags of `skipper controller`.
@@ -89,6 +89,10 @@ pub struct Args {
     /// Timeout of the assign request; twice this marks an instance as stuck
     #[arg(long, env = "SKIPPER_FUNCTION_ASSIGN_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration)]
     pub function_assign_timeout: Duration,
+
+    /// Longest a scale-down waits for routers to stop using an instance before deleting its pod (0s = no wait)
+    #[arg(long, env = "SKIPPER_DRAIN_TIMEOUT", default_value = "10s", value_parser = parse_duration)]
+    pub drain_timeout: Duration,
 
     /// Controller-wide limit on concurrent stale-instance replacements
     #[arg(long, env = "SKIPPER_MAX_CONCURRENT_STALE_REPLACEMENTS", default_value_t = 10, value_parser = clap::value_parser!(u32).range(1..))]
@@ -273,6 +277,8 @@ pub struct Config {
     pub token_file: Option<PathBuf>,
     pub skip_forbidden_namespaces: bool,
     pub single_controller_mode: bool,
+    /// Bound on waiting for routers to report a draining instance idle.
+    pub drain_timeout: Duration,
     pub telemetry: crate::telemetry::Args,
 }
 
@@ -359,6 +365,7 @@ impl TryFrom<Args> for Config {
             },
             skip_forbidden_namespaces: a.skip_forbidden_namespaces,
             single_controller_mode: a.single_controller_mode,
+            drain_timeout: a.drain_timeout,
             telemetry: a.telemetry,
         };
         cfg.listen_addr()?;
@@ -419,6 +426,7 @@ impl Config {
             token_file: None,
             skip_forbidden_namespaces: false,
             single_controller_mode: false,
+            drain_timeout: Duration::from_secs(10),
             telemetry: crate::telemetry::Args::default(),
         }
     }
@@ -529,6 +537,11 @@ impl Config {
                 "function-assign-timeout",
                 d(self.scale.assign_timeout),
                 "Timeout of the assign request",
+            ),
+            (
+                "drain-timeout",
+                d(self.drain_timeout),
+                "Longest a scale-down waits for routers to stop using an instance",
             ),
             (
                 "max-concurrent-stale-replacements",
@@ -646,6 +659,7 @@ mod tests {
         assert_eq!(cfg.function_namespaces, vec!["fns", "more"]);
         assert_eq!(cfg.assign_path, "/__skipper/assign");
         assert_eq!(cfg.max_concurrent_stale_replacements, 10);
+        assert_eq!(cfg.drain_timeout, Duration::from_secs(10));
         assert_eq!(cfg.paseto_version, Version::V2);
         assert!((cfg.scale.tolerance - 0.1).abs() < f64::EPSILON);
         assert_eq!(cfg.scale.protection_period(), Duration::from_secs(90));
@@ -673,6 +687,7 @@ mod tests {
                 "--max-concurrent-stale-replacements",
             ),
             (vec!["--paseto-version", "v3"], "--paseto-version"),
+            (vec!["--drain-timeout", "later"], "--drain-timeout"),
             (vec!["--max-heartbeat-entries", "0"], "--max-heartbeat-entries"),
             (
                 vec!["--max-functions-per-router", "0"],

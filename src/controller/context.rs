@@ -2,7 +2,7 @@
 //! the API server, the assigner, the ring, the event log and the metrics.
 
 use std::sync::Arc;
-use std::time::SystemTime;
+use std::time::{Duration, SystemTime};
 
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -14,6 +14,7 @@ use super::kube::stores::{Namespace, State};
 use super::kube::{Instance, is_running};
 use super::metrics::Metrics;
 use super::supervisor::{Context, Scaled, Settings};
+use super::watch::{Drained, Feeds};
 use crate::api::{EventSeverity, EventType};
 use crate::domain::{Function, FunctionId};
 use crate::ring::RingHandle;
@@ -32,6 +33,10 @@ pub struct Cluster {
     /// Controller-wide limit on concurrent stale-instance replacements.
     pub stale_permits: Arc<Semaphore>,
     pub started_at: SystemTime,
+    /// Instance feeds of the functions routers watch.
+    pub feeds: Arc<Feeds>,
+    /// Bound on waiting for routers to report a draining instance idle.
+    pub drain_timeout: Duration,
 }
 
 impl Cluster {
@@ -132,5 +137,20 @@ impl Context for Cluster {
             Scaled::Down => &self.metrics.scale_downs_total,
         };
         family.get_or_create(&Metrics::function(&f.deployment)).inc_by(n);
+    }
+
+    async fn drain(&self, f: &Function, names: &[String], deadline: Option<Instant>) {
+        if names.is_empty() {
+            return;
+        }
+        let bound = Instant::now() + self.drain_timeout;
+        let until = deadline.map_or(bound, |d| d.min(bound));
+        if self.feeds.drain(f.id(), names, until).await == Drained::TimedOut {
+            tracing::info!(function = %f.id(), instances = ?names, "routers did not report draining instances idle in time; deleting them");
+        }
+    }
+
+    fn undrain(&self, f: &Function, names: &[String]) {
+        self.feeds.undrain(f.id(), names);
     }
 }

@@ -70,7 +70,9 @@ impl Core {
         self.ring.current().owner(id) == Some(self.config.pod_ip.as_str())
     }
 
-    fn ensure_synced(&self) -> Result<()> {
+    /// # Errors
+    /// [`Error::NotSynced`] until every cache has listed once.
+    pub(crate) fn ensure_synced(&self) -> Result<()> {
         if self.state.is_synced() {
             Ok(())
         } else {
@@ -137,11 +139,13 @@ impl Core {
         let mut changes = ns.pods.subscribe();
         loop {
             changes.mark_unchanged();
+            // Instances about to be deleted are not handed out.
+            let draining = self.cluster.feeds.draining(f.id());
             let ready: Vec<Instance> = self
                 .read_instances(&f, true)
                 .await?
                 .into_iter()
-                .filter(|i| i.ready_at.is_some())
+                .filter(|i| i.ready_at.is_some() && !draining.contains(&i.name))
                 .collect();
             if let Some(i) = choose(&f, ready, exclude) {
                 return Ok(i);

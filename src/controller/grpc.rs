@@ -44,7 +44,7 @@ impl Service {
 
 /// Who sent `request` (set by [`super::auth::Layer`]; a service used
 /// without it sees [`Caller::Anonymous`]).
-fn caller<T>(request: &Request<T>) -> Caller {
+pub(super) fn caller<T>(request: &Request<T>) -> Caller {
     request
         .extensions()
         .get::<Caller>()
@@ -133,6 +133,15 @@ impl api::controller_service_server::ControllerService for Service {
     ) -> Result<Response<api::ReleaseInstanceResponse>, Status> {
         self.core.release(request.into_inner().instance.as_ref()).await?;
         Ok(Response::new(api::ReleaseInstanceResponse {}))
+    }
+
+    type WatchInstancesStream = super::watch::ResponseStream;
+
+    async fn watch_instances(
+        &self,
+        request: Request<tonic::Streaming<api::WatchInstancesRequest>>,
+    ) -> Result<Response<Self::WatchInstancesStream>, Status> {
+        super::watch::serve(self.core.clone(), request).await
     }
 
     async fn get_cluster_state(

@@ -11,7 +11,9 @@
 //!   core; [`context`] is the controller's implementation of the context.
 //! - [`heartbeat`], [`events`], [`metrics`], [`peers`]: router activity, the
 //!   event log, Prometheus metrics, and clients of the other controllers.
-//! - [`core`]: the operations behind the RPCs; [`grpc`]: the service.
+//! - [`core`]: the operations behind the RPCs; [`grpc`]: the service;
+//!   [`watch`]: the `WatchInstances` streams that feed routers' tables, and
+//!   draining before a scale-down.
 
 pub mod assign;
 pub mod auth;
@@ -26,6 +28,7 @@ pub mod kube;
 pub mod metrics;
 pub mod peers;
 pub mod supervisor;
+pub mod watch;
 
 use std::collections::HashSet;
 use std::process::ExitCode;
@@ -152,6 +155,8 @@ pub async fn run(
         metrics: metrics.clone(),
         stale_permits: Arc::new(Semaphore::new(config.max_concurrent_stale_replacements)),
         started_at,
+        feeds: Arc::new(watch::Feeds::default()),
+        drain_timeout: config.drain_timeout,
     });
     let supervisors = supervisor::Registry::new(
         cluster.clone(),
@@ -186,7 +191,12 @@ pub async fn run(
     let service = tower::Layer::layer(&auth::Layer::new(authenticator), api_server(core.clone()));
     let token = shutdown.token().clone();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    // HTTP/2 pings keep long-lived instance streams honest: a router that
+    // vanished without a word is noticed and its stream ends. Generous, so
+    // a busy peer is not mistaken for a dead one.
     let server = tonic::transport::Server::builder()
+        .http2_keepalive_interval(Some(std::time::Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(std::time::Duration::from_secs(20)))
         .add_service(health)
         .add_service(service)
         .serve_with_incoming_shutdown(incoming, token.clone().cancelled_owned());

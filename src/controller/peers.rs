@@ -9,8 +9,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use super::error::{Error, Result};
-use crate::api;
-use crate::client::{ChannelSettings, Client, Endpoints};
+use crate::api::{self, controller_service_client::ControllerServiceClient};
+use crate::client::{ChannelSettings, Client, Endpoints, Transport};
 use crate::credentials::Credentials;
 
 /// Metadata key carrying how many controllers a `Scale` passed through.
@@ -50,6 +50,7 @@ impl Peers {
                 &[SocketAddr::new(addr, self.port)],
                 ChannelSettings {
                     connect_timeout: Duration::from_secs(1),
+                    ..ChannelSettings::default()
                 },
             )
             .with_credentials(self.credentials.clone()),
@@ -58,6 +59,7 @@ impl Peers {
         Ok(client)
     }
 
+    /// The channel to peer `ip`.
     fn channel(&self, ip: &str) -> Result<tonic::transport::Channel> {
         if let Some(c) = self.channels.read_sync(ip, |_, c| c.clone()) {
             return Ok(c);
@@ -71,6 +73,16 @@ impl Peers {
             .connect_lazy();
         let _ = self.channels.insert_sync(ip.to_owned(), channel.clone());
         Ok(channel)
+    }
+
+    /// A client of peer `ip` presenting this controller's token (one
+    /// attempt per call; for forwards).
+    ///
+    /// # Errors
+    /// [`Error::Peer`] when `ip` is not an IP address.
+    pub(crate) fn client(&self, ip: &str) -> Result<ControllerServiceClient<Transport>> {
+        let channel = self.channel(ip)?;
+        Ok(ControllerServiceClient::with_interceptor(channel, self.credentials.clone()))
     }
 
     fn bad_ip(ip: &str) -> Error {
@@ -108,16 +120,12 @@ impl Peers {
         hops: u32,
         deadline: Duration,
     ) -> Result<api::ScaleResponse> {
-        let channel = self.channel(ip)?;
+        let mut client = self.client(ip)?;
         let mut request = tonic::Request::new(req);
         request.set_timeout(deadline);
         if let Ok(v) = hops.to_string().parse() {
             request.metadata_mut().insert(HOPS_METADATA, v);
         }
-        let mut client = api::controller_service_client::ControllerServiceClient::with_interceptor(
-            channel,
-            self.credentials.clone(),
-        );
         let call = client.scale(request);
         match tokio::time::timeout(deadline, call).await {
             Ok(Ok(resp)) => Ok(resp.into_inner()),

@@ -37,6 +37,7 @@ pub fn reconcile(store: &Store, ctx: &Context) -> Result<(), ApiError> {
         }
     };
     note(namespace_defaults(store, ctx));
+    expire_events(store);
     note(deployments(store));
     note(replicasets(store));
     note(garbage_collect(store));
@@ -182,6 +183,107 @@ fn namespace_defaults(store: &Store, ctx: &Context) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// `source.component` of the Deployment controller's Events.
+pub const DEPLOYMENT_CONTROLLER: &str = "deployment-controller";
+/// `source.component` of the ReplicaSet controller's Events.
+pub const REPLICASET_CONTROLLER: &str = "replicaset-controller";
+
+/// Records a core/v1 Event about `involved`, as client-go's recorder does:
+/// a repeat of the same (object, reason, message, source) within the
+/// history raises `count` and `lastTimestamp` of the existing Event.
+/// Recording is best effort (a failure is logged, never returned).
+pub fn record_event(
+    store: &Store,
+    involved: &Value,
+    type_: &str,
+    reason: &str,
+    message: &str,
+    component: &str,
+) {
+    let evres = by_kind("Event");
+    let ns = namespace_of(involved);
+    let uid = uid_of(involved);
+    let (existing, _) = store.list(evres, Some(ns));
+    let same = existing.iter().find(|e| {
+        e.pointer("/involvedObject/uid").and_then(Value::as_str) == Some(uid)
+            && e.get("reason").and_then(Value::as_str) == Some(reason)
+            && e.get("message").and_then(Value::as_str) == Some(message)
+            && e.pointer("/source/component").and_then(Value::as_str) == Some(component)
+    });
+    let now = super::store::now_rfc3339();
+    let result = match same {
+        Some(e) => store
+            .update(evres, ns, name_of(e), |o| {
+                let count = o.get("count").and_then(Value::as_i64).unwrap_or(1);
+                o["count"] = json!(count + 1);
+                o["lastTimestamp"] = json!(now);
+                Ok(())
+            })
+            .map(|_| ()),
+        None => {
+            let nanos = jiff::Timestamp::now().as_nanosecond();
+            let event = json!({
+                "metadata": {"name": format!("{}.{:x}", name_of(involved), nanos)},
+                "involvedObject": {
+                    "kind": involved["kind"], "namespace": ns, "name": name_of(involved), "uid": uid,
+                    "apiVersion": involved["apiVersion"],
+                    "resourceVersion": involved.pointer("/metadata/resourceVersion").cloned().unwrap_or(Value::Null),
+                },
+                "reason": reason,
+                "message": message,
+                "source": {"component": component},
+                "firstTimestamp": now,
+                "lastTimestamp": now,
+                "count": 1,
+                "type": type_,
+                "eventTime": null,
+                "reportingComponent": component,
+                "reportingInstance": "",
+            });
+            store.create(evres, ns, event).map(|_| ())
+        }
+    };
+    if let Err(e) = result {
+        tracing::debug!(error = %e, reason, "recording an event");
+    }
+}
+
+/// How long an Event is kept after it last happened (kube-apiserver's `--event-ttl`).
+const EVENT_TTL_SECONDS: i64 = 3600;
+
+/// Removes Events not seen for [`EVENT_TTL_SECONDS`], as etcd's lease on them does.
+fn expire_events(store: &Store) {
+    let evres = by_kind("Event");
+    let cutoff = jiff::Timestamp::now().as_second() - EVENT_TTL_SECONDS;
+    let (events, _) = store.list(evres, None);
+    for e in events {
+        let last = e
+            .get("lastTimestamp")
+            .and_then(Value::as_str)
+            .and_then(|t| t.parse::<jiff::Timestamp>().ok())
+            .map_or(i64::MAX, jiff::Timestamp::as_second);
+        if last < cutoff {
+            let _ = store.remove(evres, namespace_of(&e), name_of(&e), Some(uid_of(&e)));
+        }
+    }
+}
+
+/// `ScalingReplicaSet` on the Deployment, as the deployment controller words it.
+fn record_scaling(store: &Store, deployment: &Value, rs: &Value, from: i64, to: i64) {
+    let direction = if to > from { "up" } else { "down" };
+    record_event(
+        store,
+        deployment,
+        "Normal",
+        "ScalingReplicaSet",
+        &format!(
+            "Scaled {direction} replica set {} from {from} to {to}",
+            name_of(rs)
+        ),
+        DEPLOYMENT_CONTROLLER,
+    );
+}
+
 fn deployments(store: &Store) -> Result<(), ApiError> {
     let dres = by_kind("Deployment");
     let rsres = by_kind("ReplicaSet");
@@ -224,15 +326,18 @@ fn deployments(store: &Store) -> Result<(), ApiError> {
                     "spec": {"replicas": replicas, "selector": selector, "template": template},
                 });
                 match store.create(rsres, ns, rs) {
+                    Ok(created) if replicas > 0 => record_scaling(store, d, &created, 0, replicas),
                     Ok(_) | Err(ApiError::AlreadyExists { .. }) => {}
                     Err(e) => return Err(e),
                 }
             }
             Some(rs) if replicas_of(rs) != replicas => {
+                let from = replicas_of(rs);
                 ignore_not_found(store.update(rsres, ns, name_of(rs), |o| {
                     o["spec"]["replicas"] = json!(replicas);
                     Ok(())
                 }))?;
+                record_scaling(store, d, rs, from, replicas);
             }
             Some(_) => {}
         }
@@ -242,10 +347,12 @@ fn deployments(store: &Store) -> Result<(), ApiError> {
                 != Some(&hash)
                 && replicas_of(rs) != 0
         }) {
+            let from = replicas_of(old);
             ignore_not_found(store.update(rsres, ns, name_of(old), |o| {
                 o["spec"]["replicas"] = json!(0);
                 Ok(())
             }))?;
+            record_scaling(store, d, old, from, 0);
         }
         let sum = |f: &str| owned.iter().map(|rs| status_i64(rs, f)).sum::<i64>();
         let updated = current.map_or(0, |rs| status_i64(rs, "replicas"));
@@ -339,7 +446,15 @@ fn replicasets(store: &Store) -> Result<(), ApiError> {
                     m.remove("name");
                 }
                 let pod = json!({"metadata": template["metadata"], "spec": template["spec"]});
-                store.create(podres, ns, pod)?;
+                let created = store.create(podres, ns, pod)?;
+                record_event(
+                    store,
+                    rs,
+                    "Normal",
+                    "SuccessfulCreate",
+                    &format!("Created pod: {}", name_of(&created)),
+                    REPLICASET_CONTROLLER,
+                );
             }
         } else if have > want {
             let mut victims = active.clone();
@@ -355,6 +470,14 @@ fn replicasets(store: &Store) -> Result<(), ApiError> {
             let excess = usize::try_from(have - want).unwrap_or(0);
             for p in victims.into_iter().take(excess) {
                 ignore_not_found(delete_pod(store, ns, name_of(p), None))?;
+                record_event(
+                    store,
+                    rs,
+                    "Normal",
+                    "SuccessfulDelete",
+                    &format!("Deleted pod: {}", name_of(p)),
+                    REPLICASET_CONTROLLER,
+                );
             }
         }
         let ready = i64::try_from(active.iter().filter(|p| pod_ready(p)).count()).unwrap_or(0);

@@ -45,6 +45,12 @@ pub enum ApiError {
     Injected(StatusCode),
     #[error("too old resource version: {requested} ({oldest})")]
     Gone { requested: u64, oldest: u64 },
+    #[error("The resourceVersion for the provided list is too old.")]
+    ListTooOld,
+    #[error(
+        "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list."
+    )]
+    ContinueTooOld,
     #[error("namespace {0} is being terminated")]
     Terminating(String),
     /// A request the authorizer (or an admission rule) refused. `message`
@@ -80,7 +86,7 @@ impl ApiError {
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "BadRequest"),
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
             Self::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType"),
-            Self::Gone { .. } => (StatusCode::GONE, "Expired"),
+            Self::Gone { .. } | Self::ListTooOld | Self::ContinueTooOld => (StatusCode::GONE, "Expired"),
             Self::Terminating(_) | Self::Forbidden { .. } => (StatusCode::FORBIDDEN, "Forbidden"),
             Self::Injected(code) => (*code, reason_for(*code)),
         }

@@ -785,6 +785,7 @@ pub fn pool_deployment_json(namespace: &str, name: &str, replicas: i32, public_k
                         "env": [
                             {"name": "SKIPPER_PUBLIC_KEY", "value": public_key_pem},
                             {"name": "SKIPPER_FIXTURE_TOKEN_PATH", "value": "$(POD_DIR)/token"},
+                            {"name": "SKIPPER_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         ],
                         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
                                            "periodSeconds": 1, "failureThreshold": 1},

@@ -213,14 +213,103 @@ impl FieldSelector {
         Ok(Self(terms))
     }
 
+    /// [`FieldSelector::parse`], refusing fields the real API server does
+    /// not select on for `kind` (with its exact message).
+    ///
+    /// # Errors
+    /// A message naming the malformed term or the unsupported field.
+    pub fn parse_for(kind: &str, s: &str) -> Result<Self, String> {
+        let parsed = Self::parse(s)?;
+        let (fields, legacy) = selectable_fields(kind);
+        for (path, _, _) in &parsed.0 {
+            if fields.contains(&path.as_str()) {
+                continue;
+            }
+            return Err(if legacy {
+                format!("field label not supported: {path}")
+            } else {
+                format!(
+                    "\"{path}\" is not a known field selector: only \"metadata.name\", \"metadata.namespace\""
+                )
+            });
+        }
+        Ok(parsed)
+    }
+
     /// Whether the object satisfies every term.
     #[must_use]
     pub fn matches(&self, obj: &Value) -> bool {
         self.0.iter().all(|(path, eq, value)| {
             let pointer = format!("/{}", path.replace('.', "/"));
-            let actual = obj.pointer(&pointer).and_then(Value::as_str).unwrap_or("");
-            (actual == value) == *eq
+            let actual = match obj.pointer(&pointer) {
+                Some(Value::String(s)) => s.clone(),
+                Some(Value::Bool(b)) => b.to_string(),
+                Some(Value::Number(n)) => n.to_string(),
+                // `status.podIPs` selects on the first address.
+                Some(Value::Array(a)) => a
+                    .first()
+                    .and_then(|x| x.get("ip").and_then(Value::as_str))
+                    .unwrap_or("")
+                    .to_owned(),
+                _ => String::new(),
+            };
+            (actual == *value) == *eq
         })
+    }
+}
+
+/// The fields a kind selects on, and whether unknown fields get the legacy
+/// `field label not supported` message (kinds with field-label conversions).
+fn selectable_fields(kind: &str) -> (&'static [&'static str], bool) {
+    match kind {
+        "Pod" => (
+            &[
+                "metadata.name",
+                "metadata.namespace",
+                "spec.nodeName",
+                "spec.restartPolicy",
+                "spec.schedulerName",
+                "spec.serviceAccountName",
+                "spec.hostNetwork",
+                "status.phase",
+                "status.podIP",
+                "status.podIPs",
+                "status.nominatedNodeName",
+            ],
+            true,
+        ),
+        "Node" => (&["metadata.name", "spec.unschedulable"], true),
+        "Namespace" => (&["metadata.name", "status.phase"], true),
+        "Secret" => (&["metadata.name", "metadata.namespace", "type"], true),
+        "Service" => (
+            &[
+                "metadata.name",
+                "metadata.namespace",
+                "spec.clusterIP",
+                "spec.type",
+            ],
+            true,
+        ),
+        "ReplicaSet" => (&["metadata.name", "metadata.namespace", "status.replicas"], true),
+        "Event" => (
+            &[
+                "metadata.name",
+                "metadata.namespace",
+                "involvedObject.kind",
+                "involvedObject.namespace",
+                "involvedObject.name",
+                "involvedObject.uid",
+                "involvedObject.apiVersion",
+                "involvedObject.resourceVersion",
+                "involvedObject.fieldPath",
+                "reason",
+                "reportingComponent",
+                "source",
+                "type",
+            ],
+            true,
+        ),
+        _ => (&["metadata.name", "metadata.namespace"], false),
     }
 }
 

@@ -805,7 +805,7 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
         (Method::DELETE, None, None) => {
             let opts = delete_options(&body, q)?;
             let (items, rv) = store.list(res, ns.as_deref());
-            let items = filter(items, q)?;
+            let items = filter(res, items, q)?;
             if dry_run || opts.dry_run {
                 return Ok(json_response(StatusCode::OK, &list_doc(res, items, rv, None)));
             }
@@ -1119,10 +1119,10 @@ fn delete_one(
     }
 }
 
-fn filter(items: Vec<Value>, q: &HashMap<String, String>) -> Result<Vec<Value>, ApiError> {
+fn filter(res: &ResourceDef, items: Vec<Value>, q: &HashMap<String, String>) -> Result<Vec<Value>, ApiError> {
     let labels = LabelSelector::parse(q.get("labelSelector").map_or("", String::as_str))
         .map_err(ApiError::BadRequest)?;
-    let fields = FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str))
+    let fields = FieldSelector::parse_for(res.kind, q.get("fieldSelector").map_or("", String::as_str))
         .map_err(ApiError::BadRequest)?;
     Ok(items
         .into_iter()
@@ -1145,26 +1145,73 @@ fn list(
     q: &HashMap<String, String>,
     format: Format,
 ) -> Result<Response, ApiError> {
+    let requested_rv = q.get("resourceVersion").map(String::as_str).unwrap_or("");
+    let version_match = q.get("resourceVersionMatch").map(String::as_str).unwrap_or("");
+    let continue_token = q.get("continue").filter(|c| !c.is_empty());
+    match version_match {
+        "" => {}
+        _ if requested_rv.is_empty() => {
+            return Err(ApiError::BadRequest(
+                "resourceVersionMatch is forbidden unless resourceVersion is provided".into(),
+            ));
+        }
+        _ if continue_token.is_some() => {
+            return Err(ApiError::BadRequest(
+                "resourceVersionMatch is forbidden when continue is provided".into(),
+            ));
+        }
+        "Exact" if requested_rv == "0" => {
+            return Err(ApiError::BadRequest(
+                "resourceVersionMatch \"exact\" is forbidden for resourceVersion \"0\"".into(),
+            ));
+        }
+        "Exact" | "NotOlderThan" => {}
+        other => {
+            return Err(ApiError::BadRequest(format!(
+                "resourceVersionMatch: Unsupported value: {other:?}: supported values: \"Exact\", \"NotOlderThan\""
+            )));
+        }
+    }
+    let parse_rv = |v: &str| {
+        v.parse::<u64>().map_err(|_| {
+            ApiError::BadRequest(format!("resourceVersion: Invalid value: {v:?}: must be a number"))
+        })
+    };
+    // A continue token carries the resourceVersion of the first page, so
+    // every page is the same snapshot and a watch from it misses nothing.
+    let decoded = match continue_token {
+        None => None,
+        Some(token) => Some(
+            base64::engine::general_purpose::URL_SAFE_NO_PAD
+                .decode(token)
+                .ok()
+                .and_then(|b| String::from_utf8(b).ok())
+                .and_then(|t| {
+                    let (first_rv, after) = t.split_once('|')?;
+                    Some((first_rv.parse::<u64>().ok()?, after.to_owned()))
+                })
+                .ok_or_else(|| ApiError::BadRequest("continue key is not valid".into()))?,
+        ),
+    };
     let (items, rv) = if res.computed {
         (pod_metrics(shared, ns), shared.store.current_rv())
+    } else if let Some((first_rv, _)) = &decoded {
+        let items = shared.store.list_at(res, ns, *first_rv).map_err(|e| match e {
+            ApiError::ListTooOld => ApiError::ContinueTooOld,
+            other => other,
+        })?;
+        (items, *first_rv)
+    } else if version_match == "Exact" {
+        let at = parse_rv(requested_rv)?;
+        (shared.store.list_at(res, ns, at)?, at)
     } else {
+        if !requested_rv.is_empty() {
+            parse_rv(requested_rv)?;
+        }
         shared.store.list(res, ns)
     };
-    let mut items = filter(items, q)?;
-    // A continue token carries the resourceVersion of the first page, so a
-    // paged list reports one resourceVersion and a watch from it misses nothing.
-    let mut rv = rv;
-    if let Some(token) = q.get("continue").filter(|c| !c.is_empty()) {
-        let decoded = base64::engine::general_purpose::URL_SAFE_NO_PAD
-            .decode(token)
-            .ok()
-            .and_then(|b| String::from_utf8(b).ok())
-            .and_then(|t| {
-                let (first_rv, after) = t.split_once('|')?;
-                Some((first_rv.parse::<u64>().ok()?, after.to_owned()))
-            })
-            .ok_or_else(|| ApiError::BadRequest("continue key is not valid".into()))?;
-        rv = decoded.0;
+    let mut items = filter(res, items, q)?;
+    if let Some(decoded) = decoded {
         items.retain(|o| format!("{}/{}", namespace_of(o), name_of(o)) > decoded.1);
     }
     let limit: usize = q.get("limit").and_then(|l| l.parse().ok()).unwrap_or(0);
@@ -1321,7 +1368,7 @@ fn watch_response(
         Ok(l) => l,
         Err(e) => return ApiError::BadRequest(e).into_response(),
     };
-    let fields = match FieldSelector::parse(q.get("fieldSelector").map_or("", String::as_str)) {
+    let fields = match FieldSelector::parse_for(res.kind, q.get("fieldSelector").map_or("", String::as_str)) {
         Ok(f) => f,
         Err(e) => return ApiError::BadRequest(e).into_response(),
     };

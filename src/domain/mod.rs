@@ -31,6 +31,12 @@ pub const ANNOTATION_PORT: &str = "skipper/port";
 pub const HEADER_FUNCTION: &str = "x-skipper-function";
 /// Request header carrying the assignment token.
 pub const HEADER_TOKEN: &str = "x-skipper-token";
+/// Request header naming the instance (pod name) the router chose; a pod
+/// that is not that instance answers `421 Misdirected Request`.
+pub const HEADER_INSTANCE: &str = "x-skipper-instance";
+/// Request header naming the tenant of the function the router routes for;
+/// a pod serving another tenant answers `421 Misdirected Request`.
+pub const HEADER_TENANT: &str = "x-skipper-tenant";
 /// Response header with the time spent obtaining an instance, in milliseconds.
 pub const HEADER_GET_INSTANCE_DURATION_MS: &str = "x-skipper-get-instance-duration-ms";
 /// Field manager of every write the controller makes.

@@ -6,7 +6,9 @@
 //! [`InFlightGuard`] counts a request from arrival until its response body
 //! (or tunnel) ends. One loop ([`run_heartbeats`]) sends every interval one
 //! `Heartbeat` batch carrying each function's last activity and in-flight
-//! count, and forgets a function idle for three intervals.
+//! count, and forgets a function idle for three intervals. The entry also
+//! owns the function's instance [`Table`]; forgetting the function stops
+//! the table's subscription.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -15,6 +17,7 @@ use std::time::{Duration, SystemTime};
 use tokio::time::Instant;
 
 use super::entry::Parsed;
+use super::instances::Table;
 use super::metrics::{DeploymentLabel, Metrics};
 use crate::api;
 use crate::client::Client;
@@ -31,6 +34,7 @@ pub struct Entry {
     last_active_ms: AtomicU64,
     /// Set (under the map's bucket lock) when the entry is forgotten.
     evicted: AtomicBool,
+    table: Arc<Table>,
 }
 
 /// Activity of every function. Cheap to clone.
@@ -49,6 +53,14 @@ pub struct InFlightGuard {
     activity: Activity,
     /// The gauge series raised at the start (lowered with the same one).
     label: DeploymentLabel,
+}
+
+impl InFlightGuard {
+    /// The function's instance table.
+    #[must_use]
+    pub fn table(&self) -> &Arc<Table> {
+        &self.entry.table
+    }
 }
 
 impl Drop for InFlightGuard {
@@ -94,6 +106,7 @@ impl Activity {
                             in_flight: AtomicI64::new(0),
                             last_active_ms: AtomicU64::new(0),
                             evicted: AtomicBool::new(false),
+                            table: Arc::new(Table::new(&parsed.function.tenant)),
                         })
                     })
                     .get()
@@ -138,6 +151,7 @@ impl Activity {
                 if idle && e.in_flight.load(Ordering::SeqCst) <= 0 {
                     e.evicted.store(true, Ordering::SeqCst);
                     if e.in_flight.load(Ordering::SeqCst) <= 0 {
+                        e.table.stop();
                         return false;
                     }
                     e.evicted.store(false, Ordering::SeqCst);

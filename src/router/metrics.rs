@@ -37,10 +37,17 @@ pub struct DurationLabels {
     pub status_class: String,
 }
 
+/// `method` label of controller calls.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct MethodLabel {
+    pub method: &'static str,
+}
+
 /// Help strings (prometheus-client appends the final period).
 const HELP_REQUESTS: &str = "Total requests processed by the router";
 const HELP_IN_FLIGHT: &str = "Requests currently being handled by the router";
 const HELP_HEARTBEATS: &str = "Heartbeats sent to the controller";
+const HELP_CONTROLLER_CALLS: &str = "Controller RPCs made to serve requests (GetInstance, ReleaseInstance), by method; zero while tables are warm";
 const HELP_DURATION: &str =
     "Time from a request's arrival to the response headers, by deployment and status class";
 
@@ -56,6 +63,7 @@ pub struct Metrics {
     pub in_flight: Family<DeploymentLabel, Gauge>,
     pub heartbeats: Family<DeploymentLabel, Counter>,
     pub duration: Family<DurationLabels, Histogram>,
+    pub controller_calls: Family<MethodLabel, Counter>,
     /// Deployments with series of their own. A std lock: a set lookup or
     /// insert, never across an await.
     known: Arc<RwLock<HashSet<String>>>,
@@ -69,6 +77,7 @@ impl Metrics {
             in_flight: Family::default(),
             heartbeats: Family::default(),
             duration: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
+            controller_calls: Family::default(),
             known: Arc::default(),
         };
         registry.register("skipper_router_requests", HELP_REQUESTS, m.requests.clone());
@@ -83,7 +92,17 @@ impl Metrics {
             HELP_DURATION,
             m.duration.clone(),
         );
+        registry.register(
+            "skipper_router_controller_calls",
+            HELP_CONTROLLER_CALLS,
+            m.controller_calls.clone(),
+        );
         m
+    }
+
+    /// Counts one controller RPC made for a request.
+    pub fn controller_call(&self, method: &'static str) {
+        self.controller_calls.get_or_create(&MethodLabel { method }).inc();
     }
 }
 
@@ -188,6 +207,7 @@ mod tests {
         m.requests.get_or_create(&label).inc();
         m.in_flight.get_or_create(&label).inc();
         m.heartbeats.get_or_create(&label).inc();
+        m.controller_call("GetInstance");
         let text = render(&r);
         for line in [
             "# HELP skipper_router_requests Total requests processed by the router.",
@@ -196,6 +216,7 @@ mod tests {
             "skipper_router_requests_in_flight{function_deployment=\"app\"} 1",
             "# HELP skipper_router_heartbeats Heartbeats sent to the controller.",
             "skipper_router_heartbeats_total{function_deployment=\"app\"} 1",
+            "skipper_router_controller_calls_total{method=\"GetInstance\"} 1",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

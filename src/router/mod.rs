@@ -1,12 +1,16 @@
 //! `skipper router`: the data plane. Reads the function from the
-//! `X-Skipper-Function` header, gets an instance from a controller, proxies
-//! HTTP and WebSocket traffic to it, and reports activity with batched
-//! heartbeats.
+//! `X-Skipper-Function` header, chooses an instance from the function's local
+//! table (kept current by a controller stream) or asks a controller for one,
+//! proxies HTTP and WebSocket traffic to it, and reports activity with
+//! batched heartbeats.
 //!
 //! - [`config`]: flags and the validated [`Config`].
 //! - [`entry`]: the function header cache, `/healthz`, the 400 answers.
-//! - [`proxy`]: the retry loop, header rewriting, streaming, upgrades, the
-//!   instance connection pool, and the one map from errors to HTTP.
+//! - [`proxy`]: instance selection, the retry loop and policy, one attempt,
+//!   header rewriting, replayable bodies, upgrades, the instance connection
+//!   pool, and the one map from errors to HTTP.
+//! - [`instances`]: per-function instance tables and the local choice;
+//!   [`subscription`]: the `WatchInstances` stream that feeds a table.
 //! - [`activity`]: in-flight guards and the heartbeat sender.
 //! - [`discovery`]: DNS and EndpointSlice controller discovery.
 //! - [`metrics`]: Prometheus metrics.
@@ -17,8 +21,10 @@ pub mod activity;
 pub mod config;
 pub mod discovery;
 pub mod entry;
+pub mod instances;
 pub mod metrics;
 pub mod proxy;
+pub mod subscription;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;
@@ -169,13 +175,17 @@ pub async fn serve(
         client,
         pool.clone(),
         Settings {
-            max_attempts: config.max_round_trip_attempts,
-            retry_min: config.retry_min,
-            retry_max: config.retry_max,
+            retry: proxy::retry::Policy {
+                max_attempts: config.max_round_trip_attempts,
+                min: config.retry_min,
+                max: config.retry_max,
+            },
             response_header_timeout: config.response_header_timeout,
             get_instance_timeout: config.get_instance_timeout,
             body_timeout: config.body_timeout,
+            router_ip: config.pod_ip.clone(),
         },
+        metrics.clone(),
         shutdown.tracker().clone(),
         hard_stop.clone(),
     );

@@ -33,6 +33,19 @@ pub struct State {
     pub scales: Vec<api::ScaleRequest>,
     /// Set (to true) whenever GetInstance is called.
     pub get_instance_flags: Vec<Arc<std::sync::atomic::AtomicBool>>,
+    /// Whether WatchInstances is served (otherwise it is UNIMPLEMENTED, as
+    /// on a controller without the warm path).
+    pub streams: bool,
+    /// Instances streamed as DRAINING.
+    pub draining: std::collections::HashSet<String>,
+    /// Subscriptions received (the first message of each stream).
+    pub subscriptions: Vec<api::WatchInstancesRequest>,
+    /// Instance names routers reported idle.
+    pub idle_reports: Vec<String>,
+    /// Open streams.
+    pub open_streams: usize,
+    /// Set to end every open stream with this status.
+    pub end_streams: Option<(u64, Status)>,
 }
 
 /// A fake controller. Clones share state.
@@ -103,6 +116,44 @@ impl FakeController {
         .expect("condition on the fake controller not reached in time");
     }
 
+    /// Serves WatchInstances from now on.
+    pub fn enable_streams(&self) {
+        self.with(|s| s.streams = true);
+    }
+
+    /// Ends every open stream with `code`.
+    pub fn end_streams(&self, code: tonic::Code) {
+        self.with(|s| {
+            let generation = s.end_streams.as_ref().map_or(1, |(g, _)| g + 1);
+            s.end_streams = Some((generation, Status::new(code, "scripted end")));
+        });
+    }
+
+    /// The streamed view (read without waking anyone).
+    fn view(&self) -> Vec<(String, api::InstanceChange)> {
+        let s = self.state.lock().unwrap();
+        {
+            s.instances
+                .iter()
+                .map(|i| {
+                    let name = i.name.clone().unwrap_or_default();
+                    let state = if s.draining.contains(&name) {
+                        api::InstanceState::Draining
+                    } else {
+                        api::InstanceState::Ready
+                    };
+                    (
+                        name,
+                        api::InstanceChange {
+                            instance: Some(i.clone()),
+                            state: Some(state as i32),
+                        },
+                    )
+                })
+                .collect()
+        }
+    }
+
     fn enter(&self, method: &'static str) -> Result<(), Status> {
         self.with(|s| {
             *s.calls.entry(method).or_default() += 1;
@@ -137,8 +188,113 @@ impl FakeController {
     }
 }
 
+type WatchStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<api::WatchInstancesResponse, Status>> + Send>>;
+
+/// The changes from `old` to `new` (both by name).
+fn diff(
+    old: &[(String, api::InstanceChange)],
+    new: &[(String, api::InstanceChange)],
+) -> Vec<api::InstanceChange> {
+    let mut out: Vec<api::InstanceChange> = new
+        .iter()
+        .filter(|(n, c)| !old.iter().any(|(o, oc)| o == n && oc == c))
+        .map(|(_, c)| c.clone())
+        .collect();
+    for (n, _) in old {
+        if !new.iter().any(|(x, _)| x == n) {
+            out.push(api::InstanceChange {
+                instance: Some(api::Instance {
+                    name: Some(n.clone()),
+                    ..Default::default()
+                }),
+                state: Some(api::InstanceState::Removed as i32),
+            });
+        }
+    }
+    out
+}
+
 #[tonic::async_trait]
 impl ControllerService for FakeController {
+    type WatchInstancesStream = WatchStream;
+
+    async fn watch_instances(
+        &self,
+        request: Request<tonic::Streaming<api::WatchInstancesRequest>>,
+    ) -> Result<Response<Self::WatchInstancesStream>, Status> {
+        self.enter("WatchInstances")?;
+        if !self.with(|s| s.streams) {
+            return Err(Status::unimplemented("WatchInstances is not served"));
+        }
+        let mut incoming = request.into_inner();
+        let first = incoming
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("no subscription"))?;
+        let ended_before = self.with(|s| {
+            s.subscriptions.push(first);
+            s.open_streams += 1;
+            s.end_streams.as_ref().map_or(0, |(g, _)| *g)
+        });
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let fake = self.clone();
+        tokio::spawn(async move {
+            let mut changed = fake.changed.subscribe();
+            let mut sent = fake.view();
+            let mut version = 1u64;
+            let snapshot = api::WatchInstancesResponse {
+                version: Some(version),
+                previous_version: None,
+                snapshot: Some(true),
+                changes: sent.iter().map(|(_, c)| c.clone()).collect(),
+            };
+            let mut reading = true;
+            if tx.send(Ok(snapshot)).await.is_ok() {
+                loop {
+                    tokio::select! {
+                        () = tx.closed() => break,
+                        r = changed.changed() => {
+                            if r.is_err() {
+                                break;
+                            }
+                            let end = fake.state.lock().unwrap().end_streams.clone();
+                            if let Some((g, status)) = end
+                                && g > ended_before
+                            {
+                                let _ = tx.send(Err(status)).await;
+                                break;
+                            }
+                            let next = fake.view();
+                            let changes = diff(&sent, &next);
+                            if !changes.is_empty() {
+                                let msg = api::WatchInstancesResponse {
+                                    version: Some(version + 1),
+                                    previous_version: Some(version),
+                                    snapshot: Some(false),
+                                    changes,
+                                };
+                                if tx.send(Ok(msg)).await.is_err() {
+                                    break;
+                                }
+                                version += 1;
+                                sent = next;
+                            }
+                        }
+                        m = incoming.message(), if reading => match m {
+                            Ok(Some(req)) => fake.with(|s| s.idle_reports.extend(req.idle_instance_names)),
+                            Ok(None) | Err(_) => reading = false,
+                        },
+                    }
+                }
+            }
+            fake.with(|s| s.open_streams -= 1);
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
     async fn get_instance(
         &self,
         request: Request<api::GetInstanceRequest>,

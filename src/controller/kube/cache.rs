@@ -6,10 +6,13 @@
 //! forward: an update carrying an older `resourceVersion` than the cached one
 //! is ignored. Two indexes keep reads cheap: assigned pods by function and
 //! pool pods by deployment. Every change bumps a `watch` counter so a claim
-//! waiting for a pool pod wakes on the event instead of polling.
+//! waiting for a pool pod wakes on the event instead of polling; a change to
+//! a function's pods also bumps that function's own counter
+//! ([`PodCache::watch_function`]), so instance streams wake only for their
+//! function.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 use k8s_openapi::api::core::v1::Pod;
 use tokio::sync::watch;
@@ -64,6 +67,12 @@ fn pool_key(pod: &Pod) -> Option<String> {
     label(pod, LABEL_DEPLOYMENT).map(str::to_owned)
 }
 
+impl Entry {
+    fn function_id(&self) -> Option<FunctionId> {
+        self.function.as_ref().map(|f| f.id())
+    }
+}
+
 impl Inner {
     fn unindex(&mut self, name: &str) -> Option<Entry> {
         let old = self.pods.remove(name)?;
@@ -87,7 +96,8 @@ impl Inner {
         Some(old)
     }
 
-    fn index(&mut self, name: String, mut pod: Pod) {
+    /// Indexes `pod`; returns the function it is assigned to.
+    fn index(&mut self, name: String, mut pod: Pod) -> Option<FunctionId> {
         if let Some(mark) = self.ready_marks.get(&name).cloned() {
             let assigned = label(&pod, LABEL_TENANT).is_some();
             let annotations = pod.metadata.annotations.get_or_insert_with(Default::default);
@@ -110,6 +120,7 @@ impl Inner {
             self.pool.entry(d).or_default().insert(name.clone());
         }
         let rv = rv_of(&pod);
+        let id = function.as_ref().map(|f| f.id());
         self.pods.insert(
             name,
             Entry {
@@ -118,6 +129,7 @@ impl Inner {
                 function,
             },
         );
+        id
     }
 }
 
@@ -129,6 +141,9 @@ pub struct PodCache {
     inner: RwLock<Inner>,
     changed: watch::Sender<u64>,
     synced: watch::Sender<bool>,
+    /// Per-function change counters, for functions someone watches. A std
+    /// mutex: lookups and bumps only, never across an await.
+    functions: Mutex<HashMap<FunctionId, watch::Sender<u64>>>,
 }
 
 impl PodCache {
@@ -140,6 +155,7 @@ impl PodCache {
             inner: RwLock::default(),
             changed: watch::channel(0).0,
             synced: watch::channel(false).0,
+            functions: Mutex::default(),
         }
     }
 
@@ -163,6 +179,43 @@ impl PodCache {
 
     fn bump(&self) {
         self.changed.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
+    fn functions(&self) -> std::sync::MutexGuard<'_, HashMap<FunctionId, watch::Sender<u64>>> {
+        self.functions
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// Bumps the counters of `ids` (all of them with `None`), forgetting
+    /// counters nobody watches any more.
+    fn bump_functions(&self, ids: Option<&[FunctionId]>) {
+        let mut map = self.functions();
+        map.retain(|_, tx| tx.receiver_count() > 0);
+        match ids {
+            None => {
+                for tx in map.values() {
+                    tx.send_modify(|n| *n = n.wrapping_add(1));
+                }
+            }
+            Some(ids) => {
+                for id in ids {
+                    if let Some(tx) = map.get(id) {
+                        tx.send_modify(|n| *n = n.wrapping_add(1));
+                    }
+                }
+            }
+        }
+    }
+
+    /// A receiver notified whenever a pod of function `id` changes (is
+    /// claimed, updated, marked ready or removed) and after every relist.
+    #[must_use]
+    pub fn watch_function(&self, id: FunctionId) -> watch::Receiver<u64> {
+        self.functions()
+            .entry(id)
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe()
     }
 
     /// A receiver notified on every change.
@@ -210,17 +263,27 @@ impl PodCache {
                 }
                 None => false,
             };
-            inner.unindex(&name);
-            inner.index(name, pod);
-            if existed { Applied::Updated } else { Applied::Added }
+            let before = inner.unindex(&name).and_then(|e| e.function_id());
+            let after = inner.index(name, pod);
+            let touched = [before, after];
+            (if existed { Applied::Updated } else { Applied::Added }, touched)
         };
+        let (result, touched) = result;
         self.bump();
+        self.bump_touched(&touched);
         result
+    }
+
+    fn bump_touched(&self, touched: &[Option<FunctionId>]) {
+        let ids: Vec<FunctionId> = touched.iter().flatten().copied().collect();
+        if !ids.is_empty() {
+            self.bump_functions(Some(&ids));
+        }
     }
 
     /// Removes a pod. Returns whether it was cached.
     pub fn remove(&self, name: &str) -> bool {
-        let removed = {
+        let (removed, touched) = {
             let mut inner = self.write();
             inner.ready_marks.remove(name);
             let old = inner.unindex(name);
@@ -230,10 +293,11 @@ impl PodCache {
                 }
                 inner.tombstones.insert(name.to_owned(), rv);
             }
-            old.is_some()
+            (old.is_some(), old.and_then(|e| e.function_id()))
         };
         if removed {
             self.bump();
+            self.bump_touched(&[touched]);
         }
         removed
     }
@@ -285,11 +349,12 @@ impl PodCache {
         }
         self.synced.send_replace(true);
         self.bump();
+        self.bump_functions(None);
     }
 
     /// Marks an assigned pod ready in memory (its ready-at patch is on the way).
     pub fn mark_ready(&self, name: &str, ready_at: &str) {
-        {
+        let touched = {
             let mut inner = self.write();
             if !inner.pods.contains_key(name) {
                 return;
@@ -304,8 +369,10 @@ impl PodCache {
                 .get_or_insert_with(Default::default)
                 .insert(ANNOTATION_READY_AT.to_owned(), ready_at.to_owned());
             entry.pod = Arc::new(pod);
-        }
+            entry.function_id()
+        };
         self.bump();
+        self.bump_touched(&[touched]);
     }
 
     /// A cached pod.
@@ -425,6 +492,35 @@ mod tests {
         assert_eq!(c.apply(pod("a", 5, Some("t")), true), Applied::Ignored);
         let p = c.get("a").unwrap();
         assert!(super::super::annotation(&p, ANNOTATION_READY_AT).is_some());
+    }
+
+    #[test]
+    fn function_watchers_wake_only_for_their_function() {
+        let c = PodCache::new("ns");
+        let t1 = FunctionId::of("ns", "dep", "t1", false);
+        let mut w1 = c.watch_function(t1);
+        let w2 = c.watch_function(FunctionId::of("ns", "dep", "t2", false));
+        c.apply(pod("pool", 1, None), true);
+        assert!(!w1.has_changed().unwrap(), "a pool pod is nobody's");
+        c.apply(pod("pool", 2, Some("t1")), false);
+        assert!(w1.has_changed().unwrap(), "claimed for t1");
+        assert!(!w2.has_changed().unwrap());
+        w1.mark_unchanged();
+        c.mark_ready("pool", "2024-01-15T10:30:00Z");
+        assert!(w1.has_changed().unwrap(), "marked ready");
+        w1.mark_unchanged();
+        c.remove("pool");
+        assert!(w1.has_changed().unwrap(), "removed");
+        w1.mark_unchanged();
+        c.relist_start();
+        c.relist_done();
+        assert!(
+            w1.has_changed().unwrap() && w2.has_changed().unwrap(),
+            "a relist may change anything"
+        );
+        drop(w2);
+        c.apply(pod("x", 9, Some("t2")), true);
+        assert_eq!(c.functions().len(), 1, "unwatched counters are forgotten");
     }
 
     #[test]

@@ -102,6 +102,27 @@ pub trait Context: Send + Sync + 'static {
 
     /// Counts `n` scaling actions of `f`.
     fn count(&self, f: &Function, what: Scaled, n: u64);
+
+    /// Marks the ready instances `names` of `f` draining for the routers
+    /// watching `f` and waits until they report them idle, at most the
+    /// controller's drain bound and not past `deadline`. The marks stay
+    /// until [`Context::undrain`]. Without routers' tables there is nothing
+    /// to wait for.
+    fn drain(
+        &self,
+        f: &Function,
+        names: &[String],
+        deadline: Option<Instant>,
+    ) -> impl Future<Output = ()> + Send {
+        let _ = (f, names, deadline);
+        std::future::ready(())
+    }
+
+    /// Clears the drain marks of `names` (their pods are deleted, or the
+    /// deletion failed and they serve on).
+    fn undrain(&self, f: &Function, names: &[String]) {
+        let _ = (f, names);
+    }
 }
 
 /// Commands an actor accepts.

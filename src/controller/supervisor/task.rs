@@ -306,15 +306,35 @@ async fn execute<C: Context>(
                 ),
             );
             ctx.count(f, Scaled::Down, delete.len() as u64);
+            // Routers stop choosing the ready ones first; their pods go once
+            // routers report them idle (or the drain deadline passes).
+            let ready_names: Vec<String> = delete
+                .iter()
+                .filter(|n| instances.iter().any(|i| &i.name == *n && i.ready_at.is_some()))
+                .cloned()
+                .collect();
+            ctx.drain(f, &ready_names, Some(deadline)).await;
+            let mut failed = None;
             for name in delete {
-                ctx.delete(f, &name).await?;
-                ctx.event(
-                    f,
-                    EventType::PodDeleted,
-                    EventSeverity::Info,
-                    format!("deleted pod {name}"),
-                );
-                instances.retain(|i| i.name != name);
+                match ctx.delete(f, &name).await {
+                    Ok(_) => {
+                        ctx.event(
+                            f,
+                            EventType::PodDeleted,
+                            EventSeverity::Info,
+                            format!("deleted pod {name}"),
+                        );
+                        instances.retain(|i| i.name != name);
+                    }
+                    Err(e) => {
+                        failed = Some(e);
+                        break;
+                    }
+                }
+            }
+            ctx.undrain(f, &ready_names);
+            if let Some(e) = failed {
+                return Err(e);
             }
         }
     }
@@ -349,10 +369,13 @@ async fn replace_stale_instances<C: Context>(ctx: &C, f: &Function, instances: V
             continue;
         }
         total += 1;
+        let name = std::slice::from_ref(&inst.name);
+        ctx.drain(f, name, None).await;
         match ctx.delete(f, &inst.name).await {
             Ok(_) => total -= 1,
             Err(e) => tracing::warn!(pod = %inst.name, error = %e, "failed to delete stale instance"),
         }
+        ctx.undrain(f, name);
     }
 }
 

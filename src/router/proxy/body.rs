@@ -22,6 +22,10 @@ pub enum ClientBodyError {
     /// went away mid-body.
     #[error("failed to read the request body from the client: {0}")]
     Read(#[source] hyper::Error),
+    /// The request went to another instance; this copy of the body is no
+    /// longer sent.
+    #[error("the request body is being sent to another instance")]
+    Replaced,
 }
 
 impl ClientBodyError {

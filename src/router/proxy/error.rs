@@ -38,6 +38,9 @@ pub enum Error {
     /// A controller refused GetInstance for another reason.
     #[error("controller failed to provide an instance: {0}")]
     GetInstance(#[source] client::Error),
+    /// A controller answered GetInstance without a usable instance.
+    #[error("controller answered without an instance")]
+    NoInstance,
     /// The instance's address is not an IP socket address.
     #[error("instance {name:?} has an unusable address {addr:?}")]
     InstanceAddress { name: String, addr: String },
@@ -48,6 +51,14 @@ pub enum Error {
         #[source]
         source: ConnectError,
     },
+    /// The instance answered `421 Misdirected Request`: it is not the
+    /// instance the router named (its address now belongs to another pod).
+    #[error("instance {name:?} is not at its address any more (421 Misdirected Request)")]
+    Misdirected { name: String },
+    /// An instance refused the request (421) after more of its body was
+    /// read than the router keeps for a replay.
+    #[error("the request body is larger than the {limit} bytes kept to send it again: {last}")]
+    NotReplayable { limit: usize, last: Box<Error> },
     /// The client paused its request body for longer than `--body-timeout`
     /// while it was being sent to the instance.
     #[error("the client sent no request body data for {timeout:?}")]
@@ -125,7 +136,7 @@ impl Error {
                 timeout: *timeout,
             },
             Some(ClientBodyError::Read(_)) => Self::BadRequestBody { name, source },
-            None => Self::Upstream { name, source },
+            Some(ClientBodyError::Replaced) | None => Self::Upstream { name, source },
         }
     }
 
@@ -138,8 +149,12 @@ impl Error {
             Self::NotFound(_) => StatusCode::NOT_FOUND,
             Self::RequestBodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
             Self::BadRequestBody { .. } => StatusCode::BAD_REQUEST,
-            Self::ControllerUnavailable(_) | Self::NoCapacity(_) => StatusCode::SERVICE_UNAVAILABLE,
+            Self::ControllerUnavailable(_) | Self::NoCapacity(_) | Self::NotReplayable { .. } => {
+                StatusCode::SERVICE_UNAVAILABLE
+            }
             Self::GetInstance(_)
+            | Self::NoInstance
+            | Self::Misdirected { .. }
             | Self::InstanceAddress { .. }
             | Self::Connect { .. }
             | Self::Upstream { .. }

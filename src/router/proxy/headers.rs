@@ -1,6 +1,7 @@
 //! Header rewriting of the request sent to an instance (spec §6.4).
 //!
-//! Hop-by-hop headers and the function header are dropped; `Host` stays the
+//! Hop-by-hop headers, the function header and any client-sent instance
+//! headers are dropped; `Host` stays the
 //! inbound one; `X-Forwarded-For/Host/Proto` and RFC 7239 `Forwarded` are kept
 //! when the client sent them and filled in otherwise. Everything else passes
 //! through in order. Pure functions, tested table-style.
@@ -9,7 +10,7 @@ use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
-use crate::domain::HEADER_FUNCTION;
+use crate::domain::{HEADER_FUNCTION, HEADER_INSTANCE, HEADER_TENANT};
 
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
@@ -73,6 +74,9 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 pub fn rewrite(headers: &mut HeaderMap, client: Option<SocketAddr>, upgrade: Option<HeaderValue>) {
     strip_hop_by_hop(headers);
     headers.remove(HEADER_FUNCTION);
+    // The router names the instance itself, per attempt.
+    headers.remove(HEADER_INSTANCE);
+    headers.remove(HEADER_TENANT);
 
     if !headers.contains_key(&X_FORWARDED_FOR)
         && let Some(addr) = client

@@ -15,7 +15,7 @@ use http::{Request, Response};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 
-use super::body::RequestBody;
+use super::replay::ReplayBody;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpSocket;
@@ -55,14 +55,14 @@ pub enum SendError {
     /// The connection turned out closed before the request was written;
     /// the request comes back untouched.
     #[error("pooled connection was closed before the request was sent")]
-    NotSent(Box<Request<RequestBody>>),
+    NotSent(Box<Request<ReplayBody>>),
     /// The request was (at least partly) handed to the instance.
     #[error(transparent)]
     Failed(hyper::Error),
 }
 
 struct Idle {
-    sender: http1::SendRequest<RequestBody>,
+    sender: http1::SendRequest<ReplayBody>,
     since: Instant,
 }
 
@@ -87,7 +87,7 @@ impl std::fmt::Debug for Pool {
 
 /// A connection ready for one request.
 pub struct Conn {
-    sender: http1::SendRequest<RequestBody>,
+    sender: http1::SendRequest<ReplayBody>,
     addr: SocketAddr,
     reused: bool,
     pool: Pool,
@@ -129,7 +129,7 @@ impl Pool {
         self.connect_new(addr, false).await
     }
 
-    fn take_idle(&self, addr: SocketAddr) -> Option<http1::SendRequest<RequestBody>> {
+    fn take_idle(&self, addr: SocketAddr) -> Option<http1::SendRequest<ReplayBody>> {
         let mut idle = self.lock();
         let list = idle.get_mut(&addr)?;
         while let Some(i) = list.pop() {
@@ -222,7 +222,7 @@ impl Pool {
         Ok(())
     }
 
-    fn put_back(&self, addr: SocketAddr, sender: http1::SendRequest<RequestBody>) {
+    fn put_back(&self, addr: SocketAddr, sender: http1::SendRequest<ReplayBody>) {
         if self.stop.is_cancelled() || sender.is_closed() {
             return;
         }
@@ -274,7 +274,7 @@ impl Conn {
     /// was written, [`SendError::Failed`] otherwise.
     pub async fn send(
         mut self,
-        req: Request<RequestBody>,
+        req: Request<ReplayBody>,
         pool_after: bool,
     ) -> Result<Response<UpstreamBody>, SendError> {
         if self.reused {
@@ -302,7 +302,7 @@ impl Conn {
 /// has been read to the end.
 pub struct UpstreamBody {
     inner: Incoming,
-    back: Option<(Pool, SocketAddr, http1::SendRequest<RequestBody>)>,
+    back: Option<(Pool, SocketAddr, http1::SendRequest<ReplayBody>)>,
 }
 
 impl UpstreamBody {
