@@ -2,7 +2,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: build test e2e chaos lint fmt bench bench-router bench-sim bench-controller clean control-plane
+.PHONY: build test e2e chaos fuzz fuzz-smoke lint fmt bench bench-router bench-sim bench-controller clean control-plane
 
 ## build: the release binary at target/release/skipper
 build:
@@ -41,6 +41,18 @@ e2e:
 chaos:
 	$(CARGO) build --bin skipper
 	$(CARGO) test --test chaos -- --test-threads 2 --nocapture
+
+## fuzz: coverage-guided fuzzing on stable Rust (libFuzzer; `fuzz/run` builds the targets in fuzz/
+## with coverage instrumentation) of the function header, tokens, patches and selectors,
+## FUZZ_SECONDS per target (default 600); findings go to target/fuzz/artifacts/
+FUZZ_SECONDS ?= 600
+fuzz:
+	fuzz/run $(FUZZ_SECONDS)
+
+## fuzz-smoke: FUZZ_SMOKE_SECONDS (default 15) of each fuzz target (what CI runs)
+FUZZ_SMOKE_SECONDS ?= 15
+fuzz-smoke:
+	fuzz/run $(FUZZ_SMOKE_SECONDS)
 
 ## lint: formatting and clippy with warnings as errors
 lint:

@@ -6,8 +6,8 @@
 //! which it also prints as a `chaos: <figure>: <value>` line:
 //!
 //! - router RSS under a flood of large valid headers with unknown fields;
-//! - controller RSS per 10k supervisors after a heartbeat flood, and what
-//!   is left once the supervisors stop;
+//! - controller RSS per 10k supervisors after a heartbeat flood, what is
+//!   left once the supervisors stop, and that a second flood reuses it;
 //! - oneshot releases that failed when the release reached another
 //!   controller than the claim;
 //! - tenants above `max_instances: 1` after a burst of first requests;

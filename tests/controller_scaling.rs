@@ -363,7 +363,14 @@ async fn no_ready_instance_at_max_plus_one_waits_instead_of_spinning() {
         .get_instance(get_instance(&f, Duration::from_millis(800)))
         .await
         .unwrap_err();
-    assert_eq!(err.code(), Code::DeadlineExceeded, "{err:?}");
+    // The server's DEADLINE_EXCEEDED and the client's own timer (tonic
+    // enforces grpc-timeout too) end the call at the same moment; on a
+    // loaded machine either may come first. Both mean it waited.
+    assert!(
+        err.code() == Code::DeadlineExceeded
+            || (err.code() == Code::Cancelled && err.message().contains("Timeout expired")),
+        "{err:?}"
+    );
     assert!(started.elapsed() >= Duration::from_millis(600));
     let assigned = ctl
         .core

@@ -88,6 +88,14 @@ fn strategic_merge(doc: &mut Value, patch: &Value) {
                     let key = merge_key(orig, items).unwrap_or("name");
                     merge_list(orig, items, key);
                 }
+                // A new list of keyed objects is merged into an empty one, so
+                // `$patch: delete` items have nothing to delete and are left out.
+                None if merge_key(&[], items).is_some() => {
+                    let key = merge_key(&[], items).unwrap_or("name");
+                    let mut list = Vec::new();
+                    merge_list(&mut list, items, key);
+                    target.insert(k.clone(), Value::Array(list));
+                }
                 _ => {
                     target.insert(k.clone(), strip_directives(v.clone()));
                 }
@@ -237,5 +245,19 @@ mod tests {
         .unwrap();
         assert_eq!(obj["metadata"]["annotations"]["x"], "y");
         assert!(PatchKind::from_content_type("application/apply-patch+yaml").is_err());
+    }
+
+    #[test]
+    fn a_delete_directive_in_a_new_list_deletes_nothing_and_applies_again_unchanged() {
+        let mut obj = json!({"spec": {}});
+        let patch = br#"{"spec":{"containers":[{"name":"c","$patch":"delete"},{"name":"d","image":"i"}]}}"#;
+        apply(&mut obj, PatchKind::Strategic, patch).unwrap();
+        assert_eq!(
+            obj,
+            json!({"spec": {"containers": [{"name": "d", "image": "i"}]}})
+        );
+        let once = obj.clone();
+        apply(&mut obj, PatchKind::Strategic, patch).unwrap();
+        assert_eq!(obj, once);
     }
 }

@@ -4,6 +4,8 @@ use std::collections::BTreeMap;
 
 use serde_json::Value;
 
+use crate::domain::{is_dns1123_subdomain, is_label_value};
+
 /// One requirement of a label selector.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Requirement {
@@ -24,6 +26,20 @@ impl Requirement {
             Self::NotIn(k, vs) => labels.get(k).is_none_or(|v| !vs.contains(v)),
             Self::Exists(k) => labels.contains_key(k),
             Self::NotExists(k) => !labels.contains_key(k),
+        }
+    }
+}
+
+impl std::fmt::Display for Requirement {
+    /// The query syntax [`LabelSelector::parse`] reads.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Eq(k, v) => write!(f, "{k}={v}"),
+            Self::NotEq(k, v) => write!(f, "{k}!={v}"),
+            Self::In(k, vs) => write!(f, "{k} in ({})", vs.join(",")),
+            Self::NotIn(k, vs) => write!(f, "{k} notin ({})", vs.join(",")),
+            Self::Exists(k) => f.write_str(k),
+            Self::NotExists(k) => write!(f, "!{k}"),
         }
     }
 }
@@ -115,6 +131,19 @@ impl LabelSelector {
     }
 }
 
+impl std::fmt::Display for LabelSelector {
+    /// The query syntax [`LabelSelector::parse`] reads.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, r) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            write!(f, "{r}")?;
+        }
+        Ok(())
+    }
+}
+
 /// Splits on commas that are not inside parentheses.
 fn split_top_level(s: &str) -> Vec<&str> {
     let mut out = Vec::new();
@@ -141,21 +170,54 @@ fn parse_set(rest: &str, part: &str) -> Result<Vec<String>, String> {
         .strip_prefix('(')
         .and_then(|r| r.strip_suffix(')'))
         .ok_or_else(|| format!("unable to parse requirement {part:?}: expected a parenthesised set"))?;
-    Ok(inner
+    let values = inner
         .split(',')
-        .map(|v| v.trim().to_owned())
+        .map(str::trim)
         .filter(|v| !v.is_empty())
-        .collect())
+        .map(|v| check_value(v, part))
+        .collect::<Result<Vec<_>, _>>()?;
+    if values.is_empty() {
+        return Err(format!(
+            "unable to parse requirement {part:?}: for 'in', 'notin' operators, values set can't be empty"
+        ));
+    }
+    Ok(values)
+}
+
+/// A label key: an optional DNS subdomain prefix and `/`, then a name of
+/// 1–63 characters (the Kubernetes qualified-name rule).
+fn is_label_key(key: &str) -> bool {
+    let (prefix, name) = match key.split_once('/') {
+        Some((p, n)) => (Some(p), n),
+        None => (None, key),
+    };
+    prefix.is_none_or(|p| !p.is_empty() && is_dns1123_subdomain(p))
+        && !name.is_empty()
+        && is_label_value(name)
 }
 
 fn check_key(key: &str, part: &str) -> Result<String, String> {
     let key = key.trim();
-    if key.is_empty() || key.contains(char::is_whitespace) {
+    if !is_label_key(key) {
         return Err(format!(
-            "unable to parse requirement {part:?}: invalid label key {key:?}"
+            "unable to parse requirement {part:?}: invalid label key {key:?}: name part must consist of alphanumeric \
+             characters, '-', '_' or '.', and must start and end with an alphanumeric character (at most 63), with \
+             an optional DNS subdomain prefix and '/'"
         ));
     }
     Ok(key.to_owned())
+}
+
+fn check_value(value: &str, part: &str) -> Result<String, String> {
+    let value = value.trim();
+    if !is_label_value(value) {
+        return Err(format!(
+            "unable to parse requirement {part:?}: invalid label value {value:?}: a valid label must be an empty \
+             string or consist of alphanumeric characters, '-', '_' or '.', and must start and end with an \
+             alphanumeric character (at most 63)"
+        ));
+    }
+    Ok(value.to_owned())
 }
 
 fn parse_requirement(part: &str) -> Result<Requirement, String> {
@@ -163,13 +225,13 @@ fn parse_requirement(part: &str) -> Result<Requirement, String> {
         return Ok(Requirement::NotExists(check_key(key, part)?));
     }
     if let Some((k, v)) = part.split_once("!=") {
-        return Ok(Requirement::NotEq(check_key(k, part)?, v.trim().to_owned()));
+        return Ok(Requirement::NotEq(check_key(k, part)?, check_value(v, part)?));
     }
     if let Some((k, v)) = part.split_once("==") {
-        return Ok(Requirement::Eq(check_key(k, part)?, v.trim().to_owned()));
+        return Ok(Requirement::Eq(check_key(k, part)?, check_value(v, part)?));
     }
     if let Some((k, v)) = part.split_once('=') {
-        return Ok(Requirement::Eq(check_key(k, part)?, v.trim().to_owned()));
+        return Ok(Requirement::Eq(check_key(k, part)?, check_value(v, part)?));
     }
     if let Some(idx) = part.find(" notin ") {
         return Ok(Requirement::NotIn(
@@ -186,10 +248,77 @@ fn parse_requirement(part: &str) -> Result<Requirement, String> {
     Ok(Requirement::Exists(check_key(part, part)?))
 }
 
-/// A field selector: `path=value` / `path!=value` terms on dotted paths
-/// (`metadata.name`, `metadata.namespace`, `status.phase`, `spec.nodeName`).
+/// A field selector: `path=value` / `path==value` / `path!=value` terms on
+/// dotted paths (`metadata.name`, `metadata.namespace`, `status.phase`,
+/// `spec.nodeName`), split as the API server splits them: terms on commas
+/// not escaped with a backslash, each at its first operator; in values a
+/// backslash, `,` and `=` are escaped with a backslash.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct FieldSelector(Vec<(String, bool, String)>);
+
+/// Splits on commas that a backslash does not escape.
+fn split_terms(s: &str) -> Vec<&str> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut escaped = false;
+    for (i, c) in s.char_indices() {
+        if escaped {
+            escaped = false;
+        } else if c == '\\' {
+            escaped = true;
+        } else if c == ',' {
+            out.push(&s[start..i]);
+            start = i + 1;
+        }
+    }
+    out.push(&s[start..]);
+    out
+}
+
+/// `(path, equal, raw value)` at the first position where `!=`, `==` or `=` starts.
+fn split_term(term: &str) -> Option<(&str, bool, &str)> {
+    for (i, _) in term.char_indices() {
+        let rest = &term[i..];
+        for (op, eq) in [("!=", false), ("==", true), ("=", true)] {
+            if rest.starts_with(op) {
+                return Some((&term[..i], eq, &term[i + op.len()..]));
+            }
+        }
+    }
+    None
+}
+
+/// A field selector value without its escapes.
+fn unescape(raw: &str, term: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(raw.len());
+    let mut escaped = false;
+    for c in raw.chars() {
+        match (escaped, c) {
+            (true, '\\' | ',' | '=') => {
+                out.push(c);
+                escaped = false;
+            }
+            (true, _) => {
+                return Err(format!(
+                    "invalid field selector {term:?}: invalid escape sequence \"\\{c}\""
+                ));
+            }
+            (false, '\\') => escaped = true,
+            (false, ',' | '=') => {
+                return Err(format!(
+                    "invalid field selector {term:?}: unescaped {c:?} in a value (write \"\\{c}\")"
+                ));
+            }
+            (false, _) => out.push(c),
+        }
+    }
+    if escaped {
+        return Err(format!(
+            "invalid field selector {term:?}: a value may not end in a single \"\\\""
+        ));
+    }
+    Ok(out)
+}
 
 impl FieldSelector {
     /// Parses `a.b=c,d!=e`.
@@ -198,17 +327,10 @@ impl FieldSelector {
     /// A message naming the malformed term.
     pub fn parse(s: &str) -> Result<Self, String> {
         let mut terms = Vec::new();
-        for part in s.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (path, eq, value) = if let Some((k, v)) = part.split_once("!=") {
-                (k, false, v)
-            } else if let Some((k, v)) = part.split_once("==") {
-                (k, true, v)
-            } else if let Some((k, v)) = part.split_once('=') {
-                (k, true, v)
-            } else {
-                return Err(format!("invalid field selector {part:?}: expected field=value"));
-            };
-            terms.push((path.trim().to_owned(), eq, value.trim().to_owned()));
+        for term in split_terms(s).into_iter().filter(|t| !t.is_empty()) {
+            let (path, eq, raw) = split_term(term)
+                .ok_or_else(|| format!("invalid field selector {term:?}: expected field=value"))?;
+            terms.push((path.to_owned(), eq, unescape(raw, term)?));
         }
         Ok(Self(terms))
     }
@@ -255,6 +377,24 @@ impl FieldSelector {
             };
             (actual == *value) == *eq
         })
+    }
+}
+
+impl std::fmt::Display for FieldSelector {
+    /// The syntax [`FieldSelector::parse`] reads.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        for (i, (path, eq, value)) in self.0.iter().enumerate() {
+            if i > 0 {
+                f.write_str(",")?;
+            }
+            let op = if *eq { "=" } else { "!=" };
+            let value = value
+                .replace('\\', "\\\\")
+                .replace(',', "\\,")
+                .replace('=', "\\=");
+            write!(f, "{path}{op}{value}")?;
+        }
+        Ok(())
     }
 }
 
@@ -341,6 +481,41 @@ mod tests {
         bad.insert("d".into(), "z".into());
         assert!(!s.matches(&bad));
         assert!(LabelSelector::parse("a in x").is_err());
+    }
+
+    #[test]
+    fn keys_and_values_follow_the_label_rules_and_print_back() {
+        for bad in [
+            "a=b=c",
+            "bad key=x",
+            "a==b!=c",
+            "a in ()",
+            "a in (x y)",
+            "Upper.Case/x=y",
+            "-a=b",
+            "a=b-",
+            "/a",
+        ] {
+            assert!(LabelSelector::parse(bad).is_err(), "{bad:?} was accepted");
+        }
+        let text = "example.com/a=B_1,b!=,c in (x,y-z),d notin (1),e,!f.g";
+        let s = LabelSelector::parse(text).unwrap();
+        assert_eq!(s.to_string(), text);
+        assert_eq!(LabelSelector::parse(&s.to_string()).unwrap(), s);
+    }
+
+    #[test]
+    fn field_selector_values_escape_commas_and_equals() {
+        let s = FieldSelector::parse(r"metadata.name=a\,b\=c\\d,status.phase!=Running").unwrap();
+        let obj = json!({"metadata": {"name": r"a,b=c\d"}, "status": {"phase": "Failed"}});
+        assert!(s.matches(&obj));
+        assert_eq!(s.to_string(), r"metadata.name=a\,b\=c\\d,status.phase!=Running");
+        for bad in ["a=b!=c", r"a=b\", r"a=\x", "a=b=c"] {
+            assert!(FieldSelector::parse(bad).is_err(), "{bad:?} was accepted");
+        }
+        // The first operator splits the term.
+        let s = FieldSelector::parse("a!b==c").unwrap();
+        assert_eq!(s.0, vec![("a!b".to_owned(), true, "c".to_owned())]);
     }
 
     #[test]

@@ -11,7 +11,7 @@ mod validate;
 pub use function::{Function, Scale};
 pub use id::FunctionId;
 pub use json::ParseError;
-pub use validate::ValidationError;
+pub use validate::{ValidationError, is_dns1123_subdomain, is_label_value};
 
 /// Label on pool and assigned pods naming the function deployment.
 pub const LABEL_DEPLOYMENT: &str = "skipper/deployment";

@@ -146,7 +146,8 @@ impl HeaderCache {
         if raw.len() > MAX_FUNCTION_HEADER_BYTES {
             return Err(HeaderError::TooLarge { len: raw.len() });
         }
-        let raw = raw.to_str().map_err(|_| HeaderError::NotUtf8)?;
+        // Any UTF-8 (not only visible ASCII): metadata is an opaque string.
+        let raw = std::str::from_utf8(raw.as_bytes()).map_err(|_| HeaderError::NotUtf8)?;
         if let Some(slot) = self.shard(raw).map.get_mut(raw) {
             slot.referenced = true;
             return Ok(slot.parsed.clone());
@@ -310,6 +311,21 @@ mod tests {
                 (want, got) => panic!("{values:?}: want {want:?}, got {got:?}"),
             }
         }
+    }
+
+    #[test]
+    fn utf8_beyond_ascii_is_accepted_and_other_bytes_are_not() {
+        let cache = HeaderCache::default();
+        let raw = r#"{"namespace":"ns","deployment":"app","tenant":"t","metadata":"café ☕","scale":{"max_instances":1}}"#;
+        let mut h = HeaderMap::new();
+        h.insert(HEADER_FUNCTION, HeaderValue::from_bytes(raw.as_bytes()).unwrap());
+        let parsed = cache.function(&h).unwrap();
+        assert_eq!(parsed.function.metadata.as_deref(), Some("café ☕"));
+        h.insert(
+            HEADER_FUNCTION,
+            HeaderValue::from_bytes(b"{\"tenant\":\"\xff\"}").unwrap(),
+        );
+        assert_eq!(cache.function(&h).unwrap_err(), HeaderError::NotUtf8);
     }
 
     #[test]
