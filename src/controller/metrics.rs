@@ -207,7 +207,13 @@ mod tests {
         // The help texts exactly, one period at the end (families with a
         // series are encoded).
         for (name, help) in DESCRIPTIONS.iter().filter(|(n, _)| {
-            ["assignments", "waiting_for_unassigned_pods", "informer_events", "heartbeats"].contains(n)
+            [
+                "assignments",
+                "waiting_for_unassigned_pods",
+                "informer_events",
+                "heartbeats",
+            ]
+            .contains(n)
         }) {
             let line = format!("# HELP skipper_controller_{name} {help}\n");
             assert!(out.contains(&line), "missing {line:?} in\n{out}");

@@ -80,9 +80,12 @@ impl Peers {
     ///
     /// # Errors
     /// [`Error::Peer`] when `ip` is not an IP address.
-    pub(crate) fn client(&self, ip: &str) -> Result<ControllerServiceClient<Transport>> {
+    pub(crate) fn grpc(&self, ip: &str) -> Result<ControllerServiceClient<Transport>> {
         let channel = self.channel(ip)?;
-        Ok(ControllerServiceClient::with_interceptor(channel, self.credentials.clone()))
+        Ok(ControllerServiceClient::with_interceptor(
+            channel,
+            self.credentials.clone(),
+        ))
     }
 
     fn bad_ip(ip: &str) -> Error {
@@ -120,7 +123,7 @@ impl Peers {
         hops: u32,
         deadline: Duration,
     ) -> Result<api::ScaleResponse> {
-        let mut client = self.client(ip)?;
+        let mut client = self.grpc(ip)?;
         let mut request = tonic::Request::new(req);
         request.set_timeout(deadline);
         if let Ok(v) = hops.to_string().parse() {

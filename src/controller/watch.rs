@@ -617,7 +617,7 @@ async fn forward(
     hops: u32,
     slot: StreamSlot,
 ) -> Result<Response<ResponseStream>, Status> {
-    let mut client = core.peers.client(&owner)?;
+    let mut client = core.peers.grpc(&owner)?;
     let (up_tx, up_rx) = mpsc::channel(8);
     // A fresh channel with room for eight: cannot be full.
     let _ = up_tx.try_send(first);
