@@ -8,11 +8,13 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod browser;
 // Shared with the reliability suite (`chaos/`); each uses part of it.
 #[allow(dead_code)]
 mod harness;
 mod playground;
 mod scenarios;
+mod traces;
 
 /// Prints a scenario's wall time when it ends (also on failure).
 pub struct Timer {

@@ -404,11 +404,13 @@ async fn s07_websocket_keeps_pod() {
     .await;
 }
 
-/// 8. A pool template rollout replaces stale instances with no failed requests.
+/// 8. A pool template rollout (`maxSurge: 1, maxUnavailable: 0`: the old
+///    and new ReplicaSets run side by side) replaces stale instances with no
+///    failed requests.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn s08_rollout() {
-    use k8s_openapi::api::apps::v1::Deployment;
-    use kube::api::{Patch, PatchParams};
+    use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
+    use kube::api::{ListParams, Patch, PatchParams};
     let _t = Timer::start("s08 rollout");
     let dev = Dev::start(Opts {
         pool: 4,
@@ -429,12 +431,43 @@ async fn s08_rollout() {
     api.patch(
         "fixture",
         &PatchParams::default(),
-        &Patch::Merge(
-            serde_json::json!({"spec": {"template": {"metadata": {"annotations": {"rollout": "2"}}}}}),
-        ),
+        &Patch::Merge(serde_json::json!({"spec": {
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}},
+            "template": {"metadata": {"annotations": {"rollout": "2"}}},
+        }})),
     )
     .await
     .unwrap();
+    let replicasets: kube::Api<ReplicaSet> = kube::Api::namespaced(dev.client.clone(), NS);
+    // (old ReplicaSet's pods, new ReplicaSet's pods) of the pool.
+    let pool_sets = || async {
+        let sets = replicasets.list(&ListParams::default()).await.ok()?.items;
+        let size = |rollout: Option<&str>| -> i32 {
+            sets.iter()
+                .filter(|rs| {
+                    rs.metadata
+                        .owner_references
+                        .as_ref()
+                        .is_some_and(|o| o.iter().any(|o| o.name == "fixture"))
+                })
+                .filter(|rs| {
+                    rs.spec
+                        .as_ref()
+                        .and_then(|s| s.template.as_ref()?.metadata.as_ref()?.annotations.as_ref())
+                        .and_then(|a| a.get("rollout"))
+                        .map(String::as_str)
+                        == rollout
+                })
+                .filter_map(|rs| rs.status.as_ref().map(|s| s.replicas))
+                .sum()
+        };
+        Some((size(None), size(Some("2"))))
+    };
+    wait_for(WAIT, "the old and new ReplicaSets side by side", || async {
+        let (old, new) = pool_sets().await?;
+        (old > 0 && new > 0).then_some(())
+    })
+    .await;
     wait_for(
         Duration::from_secs(90),
         "every stale instance replaced",
@@ -450,6 +483,11 @@ async fn s08_rollout() {
             now.is_disjoint(&old).then_some(())
         },
     )
+    .await;
+    wait_for(Duration::from_secs(90), "the rollout to finish", || async {
+        let (old, new) = pool_sets().await?;
+        (old == 0 && new == 4).then_some(())
+    })
     .await;
     let (stats, errors) = running.finish().await;
     eprintln!(

@@ -25,9 +25,13 @@ use backon::{BackoffBuilder, ExponentialBuilder, Retryable};
 use tokio::sync::{Notify, watch};
 use tonic::transport::{Channel, Endpoint};
 
+use tracing::Instrument as _;
+
 use crate::api;
 use crate::api::controller_service_client::ControllerServiceClient;
 use crate::credentials::Credentials;
+use crate::domain::{ASSIGN_TIMING_METADATA, AssignTiming};
+use crate::telemetry::otel;
 
 /// The transport of every call: a channel whose requests carry the
 /// caller's credentials.
@@ -366,15 +370,15 @@ impl Client {
         req: api::GetInstanceRequest,
         deadline: Duration,
     ) -> Result<api::GetInstanceResponse> {
-        let policy = Method::GetInstance.retry_policy();
         self.call(
             Method::GetInstance,
-            policy,
+            Method::GetInstance.retry_policy(),
             deadline,
             req,
             |mut c, r| async move { c.get_instance(r).await },
         )
         .await
+        .map(|(r, _)| r)
     }
 
     /// One `GetInstance` attempt, never retried here: for a caller whose
@@ -388,14 +392,33 @@ impl Client {
         req: api::GetInstanceRequest,
         deadline: Duration,
     ) -> Result<api::GetInstanceResponse> {
-        self.call(
-            Method::GetInstance,
-            RetryPolicy::NONE,
-            deadline,
-            req,
-            |mut c, r| async move { c.get_instance(r).await },
-        )
-        .await
+        self.get_instance_once_timed(req, deadline).await.map(|(r, _)| r)
+    }
+
+    /// As [`Client::get_instance_once`], with the timing of the assignment
+    /// the call made, if it assigned a pod.
+    ///
+    /// # Errors
+    /// See [`Error`].
+    pub async fn get_instance_once_timed(
+        &self,
+        req: api::GetInstanceRequest,
+        deadline: Duration,
+    ) -> Result<(api::GetInstanceResponse, Option<AssignTiming>)> {
+        let (resp, metadata) = self
+            .call(
+                Method::GetInstance,
+                RetryPolicy::NONE,
+                deadline,
+                req,
+                |mut c, r| async move { c.get_instance(r).await },
+            )
+            .await?;
+        let timing = metadata
+            .get(ASSIGN_TIMING_METADATA)
+            .and_then(|v| v.to_str().ok())
+            .and_then(AssignTiming::decode);
+        Ok((resp, timing))
     }
 
     /// Opens a `WatchInstances` stream on the next controller: `requests`
@@ -451,6 +474,7 @@ impl Client {
             |mut c, r| async move { c.heartbeat(r).await },
         )
         .await
+        .map(|(r, _)| r)
     }
 
     /// Scales a function on its ring owner.
@@ -466,6 +490,7 @@ impl Client {
             |mut c, r| async move { c.scale(r).await },
         )
         .await
+        .map(|(r, _)| r)
     }
 
     /// Releases (deletes) an instance.
@@ -485,6 +510,7 @@ impl Client {
             |mut c, r| async move { c.release_instance(r).await },
         )
         .await
+        .map(|(r, _)| r)
     }
 
     /// Fetches a controller's state snapshot.
@@ -504,10 +530,13 @@ impl Client {
             |mut c, r| async move { c.get_cluster_state(r).await },
         )
         .await
+        .map(|(r, _)| r)
     }
 
     /// One call: attempts per `policy`, each on the next endpoint, all
-    /// inside `deadline`.
+    /// inside `deadline`; the answer and its metadata. With traces on,
+    /// every attempt is a client span whose context travels in the
+    /// request's metadata.
     async fn call<Req, Resp, F, Fut>(
         &self,
         method: Method,
@@ -515,7 +544,7 @@ impl Client {
         deadline: Duration,
         req: Req,
         rpc: F,
-    ) -> Result<Resp>
+    ) -> Result<(Resp, tonic::metadata::MetadataMap)>
     where
         Req: Clone,
         F: Fn(ControllerServiceClient<Transport>, tonic::Request<Req>) -> Fut,
@@ -526,8 +555,24 @@ impl Client {
             let target = self.endpoints.pick().ok_or(Error::NoEndpoints { method })?;
             let mut request = tonic::Request::new(req.clone());
             request.set_timeout(end.saturating_duration_since(tokio::time::Instant::now()));
-            match rpc(self.endpoints.client(target), request).await {
-                Ok(resp) => Ok(resp.into_inner()),
+            let span = rpc_span(method, target.addr);
+            span.in_scope(|| otel::inject_grpc(request.metadata_mut()));
+            let answer = rpc(self.endpoints.client(target), request)
+                .instrument(span.clone())
+                .await;
+            let code = match &answer {
+                Ok(_) => tonic::Code::Ok,
+                Err(status) => status.code(),
+            };
+            span.record("rpc.grpc.status_code", code as i32);
+            if code != tonic::Code::Ok {
+                span.record("otel.status_code", "ERROR");
+            }
+            match answer {
+                Ok(resp) => {
+                    let (metadata, body, _) = resp.into_parts();
+                    Ok((body, metadata))
+                }
                 Err(_) if tokio::time::Instant::now() >= end => {
                     Err(Error::DeadlineExceeded { method, deadline })
                 }
@@ -551,6 +596,25 @@ impl Client {
             Err(_) => Err(Error::DeadlineExceeded { method, deadline }),
         }
     }
+}
+
+/// The client span of one attempt (`skipper.ControllerService/<Method>`);
+/// disabled when traces are off.
+fn rpc_span(method: Method, server: SocketAddr) -> tracing::Span {
+    if !otel::enabled() {
+        return tracing::Span::none();
+    }
+    tracing::info_span!(
+        "grpc.client",
+        otel.name = %format_args!("skipper.ControllerService/{}", method.name()),
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        rpc.system = "grpc",
+        rpc.service = "skipper.ControllerService",
+        rpc.method = method.name(),
+        server.address = %server,
+        rpc.grpc.status_code = tracing::field::Empty,
+    )
 }
 
 #[cfg(test)]

@@ -25,12 +25,14 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::any;
 use tokio::sync::Mutex;
+use tracing::Instrument as _;
 
 use crate::config::parse_duration;
 use crate::domain::{
     DEFAULT_ASSIGN_PATH, Function, HEADER_FUNCTION, HEADER_INSTANCE, HEADER_TENANT, HEADER_TOKEN,
 };
 use crate::shutdown::Shutdown;
+use crate::telemetry::otel;
 use crate::token::{KeyError, VerifyingKey};
 
 /// How long in-flight requests may take to finish after SIGTERM.
@@ -114,6 +116,8 @@ pub enum FixtureError {
     Serve(std::io::Error),
     #[error("installing signal handlers: {0}")]
     Signals(std::io::Error),
+    #[error("{0}")]
+    Telemetry(#[from] crate::telemetry::AddrError),
 }
 
 /// Validated fixture settings.
@@ -206,6 +210,7 @@ impl Fixture {
             .route("/healthz", any(|| async { StatusCode::OK }))
             .route(DEFAULT_ASSIGN_PATH, any(assign))
             .fallback(echo)
+            .layer(axum::middleware::from_fn(traced))
             .with_state(state);
         let token = shutdown.token().clone();
         shutdown.spawn("fixture-http", async move {
@@ -258,10 +263,11 @@ fn load_assignment(settings: &Settings) -> Result<Assignment, FixtureError> {
 /// # Errors
 /// [`FixtureError`] for bad flags or when the address cannot be bound.
 pub async fn main(args: Args) -> Result<ExitCode, FixtureError> {
-    crate::telemetry::init(&args.telemetry);
+    let traces = crate::telemetry::init_traced(&args.telemetry, "skipper.fixture");
     let settings = Settings::from_args(&args)?;
     let shutdown = Shutdown::new();
     shutdown.trigger_on_signals().map_err(FixtureError::Signals)?;
+    crate::profiling::start(&args.telemetry, &shutdown).await?;
     let fixture = Fixture::start(settings, shutdown.clone()).await?;
     if let Some(parent) = args.exit_with_parent {
         let s = shutdown.clone();
@@ -282,7 +288,28 @@ pub async fn main(args: Args) -> Result<ExitCode, FixtureError> {
     }
     shutdown.cancelled().await;
     fixture.stop().await;
+    traces.shutdown(SHUTDOWN_TIMEOUT).await;
     Ok(ExitCode::SUCCESS)
+}
+
+/// Every request but the health check is a server span named `fixture`,
+/// child of the caller's `traceparent`, while traces are exported.
+async fn traced(req: Request, next: axum::middleware::Next) -> Response {
+    if !otel::enabled() || req.uri().path() == "/healthz" {
+        return next.run(req).await;
+    }
+    let span = tracing::info_span!(
+        "fixture.request",
+        otel.name = "fixture",
+        otel.kind = "server",
+        http.request.method = %req.method(),
+        url.path = req.uri().path(),
+        http.response.status_code = tracing::field::Empty,
+    );
+    otel::set_remote_parent(&span, otel::extract_http(req.headers()));
+    let resp = next.run(req).instrument(span.clone()).await;
+    span.record("http.response.status_code", resp.status().as_u16());
+    resp
 }
 
 /// A Go `http.Error`-style plain-text answer.

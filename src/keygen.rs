@@ -19,7 +19,7 @@ pub struct Args {
     pub out_dir: PathBuf,
 
     /// Overwrite existing key files
-    #[arg(long, env = "SKIPPER_FORCE")]
+    #[arg(long, env = "SKIPPER_FORCE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
     pub force: bool,
 }
 

@@ -22,8 +22,8 @@
 //! - [`fixture`], [`keygen`], [`token`]: the reference pod program, key
 //!   generation and PASETO assignment tokens.
 //! - [`devcluster`]: the Kubernetes API simulator and `skipper dev`.
-//! - [`telemetry`], [`shutdown`], [`config`]: logging/metrics, cancellation,
-//!   shared flag parsing.
+//! - [`telemetry`], [`profiling`], [`shutdown`], [`config`]: logging,
+//!   metrics and traces, CPU profiles, cancellation, shared flag parsing.
 //! - [`credentials`]: the ServiceAccount token routers and controllers
 //!   present to controllers.
 
@@ -37,6 +37,7 @@ pub mod devcluster;
 pub mod domain;
 pub mod fixture;
 pub mod keygen;
+pub mod profiling;
 pub mod ring;
 pub mod ring_inspect;
 pub mod router;

@@ -66,7 +66,7 @@ pub struct Args {
     pub hashes: Vec<u64>,
 
     /// Show each member's virtual nodes and share of the key space
-    #[arg(long)]
+    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
     pub distribution: bool,
 
     /// Show what moves when this member joins

@@ -646,8 +646,7 @@ async fn events(b: &Backend) {
 differential!(
     finalizers_hold_deletion_until_removed,
     finalizers,
-    namespaces = [NS],
-    sim_deviation = "the simulator ignores finalizers: deletion is immediate"
+    namespaces = [NS]
 );
 
 async fn finalizers(b: &Backend) {
@@ -677,11 +676,9 @@ async fn finalizers(b: &Backend) {
         .await,
     );
     assert_eq!(err["code"], 422, "{err}");
-    assert!(
-        err["message"]
-            .as_str()
-            .unwrap()
-            .contains("no new finalizers can be added if the object is being deleted"),
+    assert_eq!(
+        err["message"],
+        "ConfigMap \"held\" is invalid: metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{\"example.com/more\"}",
         "{err}"
     );
     cms.patch(
@@ -700,8 +697,7 @@ async fn finalizers(b: &Backend) {
 differential!(
     cascading_deletion_follows_the_propagation_policy,
     cascading_deletion,
-    namespaces = [NS],
-    sim_deviation = "the simulator ignores propagationPolicy (no foreground or orphan deletion)"
+    namespaces = [NS]
 );
 
 async fn cascading_deletion(b: &Backend) {
@@ -801,13 +797,58 @@ async fn cascading_deletion(b: &Backend) {
     .await;
 }
 
+differential!(
+    the_garbage_collector_follows_owner_references_of_any_kind,
+    garbage_collection_of_any_kind,
+    namespaces = [NS]
+);
+
+/// ConfigMaps owned by a ConfigMap: when the owner goes, a dependent with no
+/// other owner is collected, one with another owner loses the dangling
+/// reference and stays.
+async fn garbage_collection_of_any_kind(b: &Backend) {
+    let cms: Api<ConfigMap> = Api::namespaced(b.client().await, NS);
+    let mut owners = Vec::new();
+    for name in ["owner", "other-owner"] {
+        let cm = cms
+            .create(&PostParams::default(), &from(json!({"metadata": {"name": name}})))
+            .await
+            .unwrap();
+        owners.push(json!({
+            "apiVersion": "v1", "kind": "ConfigMap", "name": name, "uid": cm.metadata.uid.unwrap(),
+        }));
+    }
+    cms.create(
+        &PostParams::default(),
+        &from(json!({"metadata": {"name": "only-dependent", "ownerReferences": [owners[0]]}})),
+    )
+    .await
+    .unwrap();
+    cms.create(
+        &PostParams::default(),
+        &from(json!({"metadata": {"name": "shared-dependent", "ownerReferences": owners}})),
+    )
+    .await
+    .unwrap();
+    cms.delete("owner", &DeleteParams::background()).await.unwrap();
+    backend::eventually("the sole dependent collected", WAIT, || async {
+        matches!(cms.get_opt("only-dependent").await, Ok(None)).then_some(())
+    })
+    .await;
+    let shared = backend::eventually("the dangling reference removed", WAIT, || async {
+        let cm = cms.get("shared-dependent").await.ok()?;
+        (cm.metadata.owner_references.as_ref()?.len() == 1).then_some(cm)
+    })
+    .await;
+    assert_eq!(shared.metadata.owner_references.unwrap()[0].name, "other-owner");
+}
+
 // === Namespace termination ===
 
 differential!(
     a_terminating_namespace_refuses_new_content_and_waits_for_finalizers,
     namespace_termination,
-    namespaces = ["doomed"],
-    sim_deviation = "the simulator deletes a namespace at once"
+    namespaces = ["doomed"]
 );
 
 async fn namespace_termination(b: &Backend) {
@@ -873,8 +914,7 @@ async fn namespace_termination(b: &Backend) {
 differential!(
     a_rolling_update_surges_by_max_surge_and_keeps_unready_old_pods,
     rolling_update_surge,
-    namespaces = [NS],
-    sim_deviation = "the simulator replaces every pod at once on a template change"
+    namespaces = [NS]
 );
 
 /// With `maxSurge: 1, maxUnavailable: 0` and pods that never become Ready,
@@ -941,6 +981,171 @@ async fn rolling_update_surge(b: &Backend) {
     let s = d.status.unwrap();
     assert_eq!(s.updated_replicas, Some(1));
     assert_eq!(s.ready_replicas.unwrap_or(0), 0);
+}
+
+differential!(
+    kubectl_rollout_pause_resume_undo_and_history,
+    rollout_undo,
+    namespaces = [NS]
+);
+
+/// `kubectl rollout pause` holds a template change back (the Deployment
+/// reports `DeploymentPaused`), `resume` rolls it out, `undo` brings back the
+/// first template: its ReplicaSet is the new one again, under revision 3
+/// with 1 in its history, and `rollout history` lists revisions 2 and 3.
+async fn rollout_undo(b: &Backend) {
+    if !backend::kubectl_available() {
+        eprintln!("skipped: kubectl is not installed");
+        return;
+    }
+    let client = b.client().await;
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    let replicasets: Api<ReplicaSet> = Api::namespaced(client.clone(), NS);
+    let strategy =
+        json!({"strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}});
+    deployments
+        .create(&PostParams::default(), &deployment("undo", 2, &strategy))
+        .await
+        .unwrap();
+    let annotation =
+        |r: &ReplicaSet, key: &str| r.metadata.annotations.as_ref().and_then(|a| a.get(key).cloned());
+    let first = backend::eventually("the first replicaset at 2", WAIT, || async {
+        let rs = replicasets
+            .list(&ListParams::default().labels("app=undo"))
+            .await
+            .ok()?
+            .items;
+        (rs.len() == 1 && rs[0].status.as_ref()?.replicas == 2).then(|| rs[0].clone())
+    })
+    .await;
+    assert_eq!(
+        annotation(&first, "deployment.kubernetes.io/revision").as_deref(),
+        Some("1")
+    );
+    assert_eq!(
+        annotation(&first, "deployment.kubernetes.io/desired-replicas").as_deref(),
+        Some("2")
+    );
+    assert_eq!(
+        annotation(&first, "deployment.kubernetes.io/max-replicas").as_deref(),
+        Some("3")
+    );
+    let first_name = first.metadata.name.clone().unwrap();
+
+    let out = b
+        .kubectl(&["-n", NS, "rollout", "pause", "deployment/undo"])
+        .await;
+    assert!(out.ok, "{out:?}");
+    let patched = deployments
+        .patch(
+            "undo",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": {"metadata": {"annotations": {"rev": "2"}}}}})),
+        )
+        .await
+        .unwrap();
+    let generation = patched.metadata.generation.unwrap();
+    let paused = backend::eventually("the paused template change to be observed", WAIT, || async {
+        let d = deployments.get("undo").await.ok()?;
+        let status = d.status.as_ref()?;
+        (status.observed_generation == Some(generation)).then(|| status.clone())
+    })
+    .await;
+    let progressing = paused
+        .conditions
+        .unwrap_or_default()
+        .into_iter()
+        .find(|c| c.type_ == "Progressing")
+        .expect("a Progressing condition");
+    assert_eq!(
+        (progressing.status.as_str(), progressing.reason.as_deref()),
+        ("Unknown", Some("DeploymentPaused"))
+    );
+    assert_eq!(
+        replicasets
+            .list(&ListParams::default().labels("app=undo"))
+            .await
+            .unwrap()
+            .items
+            .len(),
+        1,
+        "a paused deployment creates no replicaset"
+    );
+
+    let out = b
+        .kubectl(&["-n", NS, "rollout", "resume", "deployment/undo"])
+        .await;
+    assert!(out.ok, "{out:?}");
+    let second_name = backend::eventually("a second replicaset at 1 (revision 2)", WAIT, || async {
+        let rs = replicasets
+            .list(&ListParams::default().labels("app=undo"))
+            .await
+            .ok()?
+            .items;
+        let second = rs
+            .iter()
+            .find(|r| annotation(r, "deployment.kubernetes.io/revision").as_deref() == Some("2"))?;
+        (rs.len() == 2 && second.status.as_ref()?.replicas == 1)
+            .then(|| second.metadata.name.clone().unwrap())
+    })
+    .await;
+
+    let out = b.kubectl(&["-n", NS, "rollout", "undo", "deployment/undo"]).await;
+    assert!(out.ok, "{out:?}");
+    assert!(out.stdout.contains("rolled back"), "{out:?}");
+    let (revived, second) = backend::eventually("the first replicaset under revision 3", WAIT, || async {
+        let rs = replicasets
+            .list(&ListParams::default().labels("app=undo"))
+            .await
+            .ok()?
+            .items;
+        let revived = rs
+            .iter()
+            .find(|r| r.metadata.name.as_deref() == Some(first_name.as_str()))?;
+        let second = rs
+            .iter()
+            .find(|r| r.metadata.name.as_deref() == Some(second_name.as_str()))?;
+        (rs.len() == 2 && annotation(revived, "deployment.kubernetes.io/revision").as_deref() == Some("3"))
+            .then(|| (revived.clone(), second.clone()))
+    })
+    .await;
+    assert_eq!(
+        annotation(&revived, "deployment.kubernetes.io/revision-history").as_deref(),
+        Some("1")
+    );
+    assert_eq!(revived.spec.unwrap().replicas, Some(2));
+    assert_eq!(
+        second.spec.unwrap().replicas,
+        Some(1),
+        "maxUnavailable 0 keeps the unready revision-2 pod until revision 3 is available"
+    );
+    let d = backend::eventually("the deployment at revision 3", WAIT, || async {
+        let d = deployments.get("undo").await.ok()?;
+        (d.metadata
+            .annotations
+            .as_ref()?
+            .get("deployment.kubernetes.io/revision")?
+            == "3")
+            .then_some(d)
+    })
+    .await;
+    let template_annotations = d.spec.unwrap().template.metadata.unwrap().annotations;
+    assert!(
+        template_annotations.is_none_or(|a| !a.contains_key("rev")),
+        "the undo restores the first template"
+    );
+    let out = b
+        .kubectl(&["-n", NS, "rollout", "history", "deployment/undo"])
+        .await;
+    assert!(out.ok, "{out:?}");
+    let revisions: Vec<&str> = out
+        .stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("REVISION"))
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().next())
+        .collect();
+    assert_eq!(revisions, ["2", "3"], "{out:?}");
 }
 
 // === ServiceAccount tokens ===

@@ -67,6 +67,7 @@ impl Context for Idle {
             addr: "10.0.0.1:8080".into(),
             cpu_milli: 0,
             memory_mib: 0,
+            assign_timing: None,
         }])
     }
     fn replica_set_retired(&self, _: &Function, _: &str) -> bool {

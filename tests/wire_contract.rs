@@ -243,8 +243,38 @@ fn cluster_state_and_events() {
         }],
         responsible_controller_ip: Some("10.0.0.2".into()),
         active_replica_set: Some("my-app-5f4b8c".into()),
+        recent_recommendations: Vec::new(),
     };
     check(&sup, &supervisor);
+
+    // ScaleRecommendation (Skipper's addition, field 8 of SupervisorState):
+    // 1 timestamp, 2 decision, 3 acted.
+    let mut dec = BytesMut::new();
+    prost::encoding::uint32::encode(1, &2, &mut dec);
+    let mut rec = BytesMut::new();
+    message::encode(1, &ts(3, 0), &mut rec);
+    prost::encoding::bytes::encode(2, &dec.to_vec(), &mut rec);
+    prost::encoding::bool::encode(3, &true, &mut rec);
+    let recommendation = api::ScaleRecommendation {
+        timestamp: Some(ts(3, 0)),
+        decision: Some(api::ScaleDecision {
+            desired_instances: Some(2),
+            ..Default::default()
+        }),
+        acted: Some(true),
+        ticks: None,
+        since: None,
+    };
+    check(&rec, &recommendation);
+    let mut with_rec = sup.clone();
+    prost::encoding::bytes::encode(8, &rec.to_vec(), &mut with_rec);
+    check(
+        &with_rec,
+        &api::SupervisorState {
+            recent_recommendations: vec![recommendation],
+            ..supervisor.clone()
+        },
+    );
 
     // ClusterState: 1 pod_ip, 2 started_at, 3 controller_ips, 4 supervisors, 5 events, 6 config.
     let mut cfg = BytesMut::new();

@@ -16,6 +16,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use rand::seq::IndexedRandom;
 use tokio::time::Instant;
+use tracing::Instrument as _;
 
 use super::error::Error;
 use super::events;
@@ -24,8 +25,9 @@ use super::kube::stores::Namespace;
 use super::kube::{Instance, InvalidPod, format_time, is_ready, join_addr, pod_port};
 use super::metrics::{AssignFailureLabels, Metrics};
 use crate::api::{EventSeverity, EventType};
-use crate::domain::{Function, HEADER_FUNCTION, HEADER_TOKEN};
+use crate::domain::{AssignTiming, Function, HEADER_FUNCTION, HEADER_TOKEN};
 use crate::shutdown::Shutdown;
+use crate::telemetry::otel;
 use crate::token::{SigningKey, TokenError, Version};
 
 /// Consecutive failed assignments of one deployment after which it backs
@@ -262,9 +264,12 @@ impl Assigner {
             .assignments_total
             .get_or_create(&Metrics::function(&function.deployment))
             .inc();
+        let started = Instant::now();
         let pod = self.claim(ns, function, deadline).await?;
         let name = pod.metadata.name.clone().unwrap_or_default();
+        let claimed = Instant::now();
         let result = self.post(&pod, function).await;
+        let posted = Instant::now();
         let ready_at = match result {
             Ok(t) => t,
             Err(e) => {
@@ -325,6 +330,11 @@ impl Assigner {
             .unwrap_or_default()
             .as_secs();
         instance.ready_at = Some(SystemTime::UNIX_EPOCH + Duration::from_secs(secs));
+        instance.assign_timing = Some(Box::new(AssignTiming {
+            instance: name,
+            claim: claimed - started,
+            assign: posted - claimed,
+        }));
         Ok(instance)
     }
 
@@ -401,15 +411,31 @@ impl Assigner {
             .sign(self.version, &function.tenant, now)
             .map_err(PostError::Sign)?;
         let uri = format!("http://{}{}", join_addr(&ip, &port), self.path);
-        let req = http::Request::post(uri)
+        let mut req = http::Request::post(uri)
             .header(HEADER_TOKEN, token)
             .header(HEADER_FUNCTION, function.to_json())
             .header(http::header::CONTENT_LENGTH, "0")
             .body(Empty::<Bytes>::new())
             .map_err(PostError::Build)?;
+        let span = if otel::enabled() {
+            tracing::info_span!(
+                "controller.assign_post",
+                otel.name = %format_args!("POST {}", self.path),
+                otel.kind = "client",
+                otel.status_code = tracing::field::Empty,
+                http.request.method = "POST",
+                server.address = %ip,
+                k8s.pod.name = pod.metadata.name.as_deref().unwrap_or_default(),
+                http.response.status_code = tracing::field::Empty,
+            )
+        } else {
+            tracing::Span::none()
+        };
+        span.in_scope(|| otel::inject_http(req.headers_mut()));
         let exchange = async {
             let resp = self.http.request(req).await.map_err(PostError::Send)?;
             let status = resp.status();
+            span.record("http.response.status_code", status.as_u16());
             if status == http::StatusCode::OK {
                 return Ok(());
             }
@@ -424,11 +450,18 @@ impl Assigner {
                 body: quote(&String::from_utf8_lossy(&body)),
             })
         };
-        match tokio::time::timeout(self.timeout, exchange).await {
+        let outcome = match tokio::time::timeout(self.timeout, exchange)
+            .instrument(span.clone())
+            .await
+        {
             Ok(Ok(())) => Ok(now),
             Ok(Err(e)) => Err(e),
             Err(_) => Err(PostError::Timeout(self.timeout)),
+        };
+        if outcome.is_err() {
+            span.record("otel.status_code", "ERROR");
         }
+        outcome
     }
 }
 

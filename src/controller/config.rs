@@ -12,7 +12,7 @@ use crate::token::{SigningKey, Version};
 /// Flags of `skipper controller`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Bind host of the gRPC server
+    /// Bind host of the gRPC server and the web UI
     #[arg(long, env = "SKIPPER_HOST", default_value = "0.0.0.0")]
     pub host: String,
 
@@ -111,7 +111,7 @@ pub struct Args {
     pub max_heartbeat_routers: u32,
 
     /// Accept calls without a token (Go routers during a migration); a token that is sent is still verified
-    #[arg(long, env = "SKIPPER_ALLOW_UNAUTHENTICATED", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, env = "SKIPPER_ALLOW_UNAUTHENTICATED", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
     pub allow_unauthenticated: bool,
 
     /// Audience of the ServiceAccount tokens callers present (and this controller presents to its peers)
@@ -139,11 +139,19 @@ pub struct Args {
     pub token_file: String,
 
     /// Skip a function namespace that answers Forbidden at start-up instead of failing
-    #[arg(long, env = "SKIPPER_SKIP_FORBIDDEN_NAMESPACES", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, env = "SKIPPER_SKIP_FORBIDDEN_NAMESPACES", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
     pub skip_forbidden_namespaces: bool,
 
+    /// Port of the web UI (bound on --host)
+    #[arg(long, env = "SKIPPER_WEB_PORT", default_value_t = 8080)]
+    pub web_port: u16,
+
+    /// Read the web UI's templates from DIR/templates/ and static files from DIR/static/ on every request (working on them)
+    #[arg(long, env = "SKIPPER_WEB_TEMPLATE_DIR", value_name = "DIR")]
+    pub web_template_dir: Option<PathBuf>,
+
     /// Put only --pod-ip in the ring and skip controller-pod discovery (local development)
-    #[arg(long, env = "SKIPPER_SINGLE_CONTROLLER_MODE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
+    #[arg(long, env = "SKIPPER_SINGLE_CONTROLLER_MODE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
     pub single_controller_mode: bool,
 
     #[command(flatten)]
@@ -179,6 +187,10 @@ pub enum ConfigError {
     BadServiceAccount { flag: &'static str, value: String },
     #[error("--router-service-accounts: at least one ServiceAccount is required")]
     NoRouterServiceAccounts,
+    #[error("--host/--web-port: {0}")]
+    BadWebAddr(String),
+    #[error("--web-template-dir {0}: not a directory with templates/ in it")]
+    BadTemplateDir(PathBuf),
 }
 
 /// `NAME` (in `namespace`) or `NAMESPACE/NAME`.
@@ -277,6 +289,10 @@ pub struct Config {
     pub token_file: Option<PathBuf>,
     pub skip_forbidden_namespaces: bool,
     pub single_controller_mode: bool,
+    /// Where the web UI listens (`None`: not served; tests and embedders).
+    pub web_addr: Option<SocketAddr>,
+    /// `--web-template-dir`.
+    pub web_template_dir: Option<PathBuf>,
     /// Bound on waiting for routers to report a draining instance idle.
     pub drain_timeout: Duration,
     pub telemetry: crate::telemetry::Args,
@@ -327,6 +343,13 @@ impl TryFrom<Args> for Config {
             a.controller_service_account.trim(),
             &a.namespace,
         )?;
+        let web_addr = host_port(&a.host, a.web_port).map_err(ConfigError::BadWebAddr)?;
+        let web_template_dir = a.web_template_dir.filter(|d| !d.as_os_str().is_empty());
+        if let Some(dir) = &web_template_dir
+            && !dir.join("templates").is_dir()
+        {
+            return Err(ConfigError::BadTemplateDir(dir.clone()));
+        }
         let cfg = Self {
             host: a.host,
             port: a.port,
@@ -365,6 +388,8 @@ impl TryFrom<Args> for Config {
             },
             skip_forbidden_namespaces: a.skip_forbidden_namespaces,
             single_controller_mode: a.single_controller_mode,
+            web_addr: Some(web_addr),
+            web_template_dir,
             drain_timeout: a.drain_timeout,
             telemetry: a.telemetry,
         };
@@ -376,6 +401,16 @@ impl TryFrom<Args> for Config {
 /// DNS-1123 labels joined by dots, at most 253 characters.
 fn is_dns1123_subdomain(s: &str) -> bool {
     s.len() <= 253 && s.split('.').all(is_dns1123_label)
+}
+
+/// `host:port` as a socket address; the message quotes what failed.
+fn host_port(host: &str, port: u16) -> Result<SocketAddr, String> {
+    let addr = if host.contains(':') {
+        format!("[{host}]:{port}")
+    } else {
+        format!("{host}:{port}")
+    };
+    addr.parse().map_err(|e| format!("{addr:?}: {e}"))
 }
 
 /// Lowercase alphanumerics and `-`, at most 63, alphanumeric at both ends.
@@ -426,6 +461,8 @@ impl Config {
             token_file: None,
             skip_forbidden_namespaces: false,
             single_controller_mode: false,
+            web_addr: None,
+            web_template_dir: None,
             drain_timeout: Duration::from_secs(10),
             telemetry: crate::telemetry::Args::default(),
         }
@@ -436,14 +473,7 @@ impl Config {
     /// # Errors
     /// When they do not form a socket address.
     pub fn listen_addr(&self) -> Result<SocketAddr, ConfigError> {
-        let host = &self.host;
-        let addr = if host.contains(':') {
-            format!("[{host}]:{}", self.port)
-        } else {
-            format!("{host}:{}", self.port)
-        };
-        addr.parse()
-            .map_err(|e| ConfigError::BadListenAddr(format!("{addr:?}: {e}")))
+        host_port(&self.host, self.port).map_err(ConfigError::BadListenAddr)
     }
 
     /// `(name, value, description)` for every flag, as `GetClusterState`
@@ -452,7 +482,11 @@ impl Config {
     pub fn describe(&self) -> Vec<(&'static str, String, &'static str)> {
         let d = format_duration;
         vec![
-            ("host", self.host.clone(), "Bind host of the gRPC server"),
+            (
+                "host",
+                self.host.clone(),
+                "Bind host of the gRPC server and the web UI",
+            ),
             (
                 "port",
                 self.port.to_string(),
@@ -607,6 +641,19 @@ impl Config {
                 "Skip a function namespace that answers Forbidden at start-up",
             ),
             (
+                "web-port",
+                self.web_addr.map_or_else(String::new, |a| a.port().to_string()),
+                "Port of the web UI",
+            ),
+            (
+                "web-template-dir",
+                self.web_template_dir
+                    .as_ref()
+                    .map(|d| d.display().to_string())
+                    .unwrap_or_default(),
+                "Read the web UI's templates from this directory on every request",
+            ),
+            (
                 "single-controller-mode",
                 self.single_controller_mode.to_string(),
                 "Put only --pod-ip in the ring",
@@ -661,6 +708,8 @@ mod tests {
         assert_eq!(cfg.max_concurrent_stale_replacements, 10);
         assert_eq!(cfg.drain_timeout, Duration::from_secs(10));
         assert_eq!(cfg.paseto_version, Version::V2);
+        assert_eq!(cfg.web_addr, Some("0.0.0.0:8080".parse().unwrap()));
+        assert_eq!(cfg.web_template_dir, None);
         assert!((cfg.scale.tolerance - 0.1).abs() < f64::EPSILON);
         assert_eq!(cfg.scale.protection_period(), Duration::from_secs(90));
         assert_eq!(cfg.limits, Limits::default());

@@ -189,12 +189,18 @@ impl Core {
                     reason: Some(decision.reason as i32),
                 };
                 let budget = deadline.saturating_duration_since(Instant::now());
-                let resp = self.peers.scale(&o, req, hops + 1, budget).await?;
-                Ok(resp
+                let (resp, timing) = self.peers.scale(&o, req, hops + 1, budget).await?;
+                let mut instances: Vec<Instance> = resp
                     .instances
                     .iter()
                     .filter_map(|i| self.instance_from_api(i))
-                    .collect())
+                    .collect();
+                if let Some(t) = timing
+                    && let Some(i) = instances.iter_mut().find(|i| i.name == t.instance)
+                {
+                    i.assign_timing = Some(Box::new(t));
+                }
+                Ok(instances)
             }
             _ => loop {
                 if self.shutdown.is_shutting_down() {
@@ -224,6 +230,7 @@ impl Core {
             addr: i.addr.clone().unwrap_or_default(),
             cpu_milli: i.cpu_usage_milli.unwrap_or(0),
             memory_mib: i.memory_usage_mib.unwrap_or(0),
+            assign_timing: None,
         })
     }
 
@@ -445,6 +452,12 @@ impl Core {
                 router_heartbeats,
                 responsible_controller_ip: Some(owner),
                 active_replica_set: active,
+                recent_recommendations: h
+                    .shared
+                    .recommendations()
+                    .iter()
+                    .map(super::supervisor::Recommendation::to_api)
+                    .collect(),
             });
         }
         let events = self
@@ -562,6 +575,7 @@ mod tests {
             addr: "1.2.3.4:80".into(),
             cpu_milli: 0,
             memory_mib: 0,
+            assign_timing: None,
         }
     }
 

@@ -6,12 +6,15 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
+use tracing::Instrument as _;
 
 use super::auth::Caller;
 use super::core::Core;
 use super::peers::HOPS_METADATA;
 use super::supervisor::converge::Decision;
 use crate::api::{self, ScaleReason};
+use crate::domain::ASSIGN_TIMING_METADATA;
+use crate::telemetry::otel;
 
 /// The gRPC service.
 #[derive(Debug, Clone)]
@@ -77,16 +80,25 @@ impl api::controller_service_server::ControllerService for Service {
         &self,
         request: Request<api::GetInstanceRequest>,
     ) -> Result<Response<api::GetInstanceResponse>, Status> {
-        let deadline = self.deadline(&request);
-        let req = request.into_inner();
-        let f = self.core.admit(req.function.as_ref())?;
-        let instance = self
-            .core
-            .get_instance(f, &req.exclude_instance_names, deadline)
-            .await?;
-        Ok(Response::new(api::GetInstanceResponse {
-            instance: Some(instance.to_api()),
-        }))
+        let span = server_span("GetInstance", request.metadata());
+        let answer = async {
+            let deadline = self.deadline(&request);
+            let req = request.into_inner();
+            let f = self.core.admit(req.function.as_ref())?;
+            let instance = self
+                .core
+                .get_instance(f, &req.exclude_instance_names, deadline)
+                .await?;
+            span.record("has_instances", instance.assign_timing.is_none());
+            let mut resp = Response::new(api::GetInstanceResponse {
+                instance: Some(instance.to_api()),
+            });
+            with_timing(&mut resp, std::iter::once(&instance));
+            Ok(resp)
+        }
+        .instrument(span.clone())
+        .await;
+        finish(&span, answer)
     }
 
     async fn heartbeat(
@@ -101,30 +113,9 @@ impl api::controller_service_server::ControllerService for Service {
         &self,
         request: Request<api::ScaleRequest>,
     ) -> Result<Response<api::ScaleResponse>, Status> {
-        let deadline = self.deadline(&request);
-        // Only a peer controller forwards: a router cannot make a
-        // non-owner scale by claiming hops.
-        let hops = if caller(&request).may_forward() {
-            request
-                .metadata()
-                .get(HOPS_METADATA)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        } else {
-            0
-        };
-        let req = request.into_inner();
-        let f = self.core.admit(req.function.as_ref())?;
-        let reason = req
-            .reason
-            .and_then(|r| ScaleReason::try_from(r).ok())
-            .unwrap_or(ScaleReason::Unspecified);
-        let decision = Decision::new(req.desired_instances.unwrap_or(0), reason);
-        let instances = self.core.scale(f, decision, deadline, hops).await?;
-        Ok(Response::new(api::ScaleResponse {
-            instances: instances.iter().map(super::kube::Instance::to_api).collect(),
-        }))
+        let span = server_span("Scale", request.metadata());
+        let answer = self.scale_traced(request).instrument(span.clone()).await;
+        finish(&span, answer)
     }
 
     async fn release_instance(
@@ -153,6 +144,92 @@ impl api::controller_service_server::ControllerService for Service {
         Ok(Response::new(api::GetClusterStateResponse {
             cluster_state: Some(state),
         }))
+    }
+}
+
+impl Service {
+    async fn scale_traced(
+        &self,
+        request: Request<api::ScaleRequest>,
+    ) -> Result<Response<api::ScaleResponse>, Status> {
+        let deadline = self.deadline(&request);
+        // Only a peer controller forwards: a router cannot make a
+        // non-owner scale by claiming hops.
+        let hops = if caller(&request).may_forward() {
+            request
+                .metadata()
+                .get(HOPS_METADATA)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        } else {
+            0
+        };
+        let req = request.into_inner();
+        let f = self.core.admit(req.function.as_ref())?;
+        let reason = req
+            .reason
+            .and_then(|r| ScaleReason::try_from(r).ok())
+            .unwrap_or(ScaleReason::Unspecified);
+        let decision = Decision::new(req.desired_instances.unwrap_or(0), reason);
+        let instances = self.core.scale(f, decision, deadline, hops).await?;
+        let mut resp = Response::new(api::ScaleResponse {
+            instances: instances.iter().map(super::kube::Instance::to_api).collect(),
+        });
+        with_timing(&mut resp, instances.iter());
+        Ok(resp)
+    }
+}
+
+/// The server span of one call (`skipper.ControllerService/<method>`),
+/// child of the caller's context from the request metadata; disabled when
+/// traces are off.
+fn server_span(method: &'static str, metadata: &tonic::metadata::MetadataMap) -> tracing::Span {
+    if !otel::enabled() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(
+        "grpc.server",
+        otel.name = %format_args!("skipper.ControllerService/{method}"),
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        rpc.system = "grpc",
+        rpc.service = "skipper.ControllerService",
+        rpc.method = method,
+        rpc.grpc.status_code = tracing::field::Empty,
+        has_instances = tracing::field::Empty,
+    );
+    otel::set_remote_parent(&span, otel::extract_grpc(metadata));
+    span
+}
+
+/// Records the call's status on its span.
+fn finish<T>(span: &tracing::Span, answer: Result<T, Status>) -> Result<T, Status> {
+    let code = match &answer {
+        Ok(_) => tonic::Code::Ok,
+        Err(s) => s.code(),
+    };
+    span.record("rpc.grpc.status_code", code as i32);
+    if matches!(
+        code,
+        tonic::Code::Unknown | tonic::Code::Internal | tonic::Code::Unavailable | tonic::Code::DataLoss
+    ) {
+        span.record("otel.status_code", "ERROR");
+    }
+    answer
+}
+
+/// Puts the timing of the assignment among `instances` (if one was made by
+/// this call) into the answer's metadata.
+fn with_timing<'a, T>(
+    resp: &mut Response<T>,
+    mut instances: impl Iterator<Item = &'a super::kube::Instance>,
+) {
+    let Some(t) = instances.find_map(|i| i.assign_timing.as_deref()) else {
+        return;
+    };
+    if let Ok(v) = tonic::metadata::MetadataValue::try_from(t.encode()) {
+        resp.metadata_mut().insert(ASSIGN_TIMING_METADATA, v);
     }
 }
 

@@ -130,8 +130,11 @@ impl Metrics {
         let sub = registry
             .sub_registry_with_prefix("skipper")
             .sub_registry_with_prefix("controller");
-        // The encoder ends every help text with a period of its own.
-        let help = |i: usize| DESCRIPTIONS[i].1.trim_end_matches('.');
+        // prometheus-client appends the final period itself.
+        let help = |i: usize| {
+            let h = DESCRIPTIONS[i].1;
+            h.strip_suffix('.').unwrap_or(h)
+        };
         sub.register(DESCRIPTIONS[0].0, help(0), m.waiting_for_unassigned_pods.clone());
         sub.register(DESCRIPTIONS[1].0, help(1), m.assignments_total.clone());
         sub.register(DESCRIPTIONS[2].0, help(2), m.scale_ups_total.clone());
@@ -232,6 +235,12 @@ mod tests {
         }
         for (_, help) in DESCRIPTIONS {
             assert!(help.len() <= 120 && help.ends_with('.'));
+        }
+        for line in out.lines().filter(|l| l.starts_with("# HELP")) {
+            assert!(
+                line.ends_with('.') && !line.ends_with(".."),
+                "one final period: {line}"
+            );
         }
     }
 }

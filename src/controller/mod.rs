@@ -14,6 +14,7 @@
 //! - [`core`]: the operations behind the RPCs; [`grpc`]: the service;
 //!   [`watch`]: the `WatchInstances` streams that feed routers' tables, and
 //!   draining before a scale-down.
+//! - [`web`]: the operator's web UI (`--web-port`).
 
 pub mod assign;
 pub mod auth;
@@ -29,6 +30,7 @@ pub mod metrics;
 pub mod peers;
 pub mod supervisor;
 pub mod watch;
+pub mod web;
 
 use std::collections::HashSet;
 use std::process::ExitCode;
@@ -67,12 +69,18 @@ pub enum RunError {
     Metrics(#[source] std::io::Error),
     #[error("--token-file: {0}")]
     Credentials(#[from] crate::credentials::CredentialsError),
+    #[error("invalid configuration: {0}")]
+    Telemetry(#[from] crate::telemetry::AddrError),
+    #[error("failed to serve the web UI: {0}")]
+    Web(#[from] web::Error),
 }
 
 /// A running controller's handles, for tests and the dev playground.
 #[derive(Debug, Clone)]
 pub struct Running {
     pub core: Arc<Core>,
+    /// Where the web UI listens, when it is served.
+    pub web_addr: Option<std::net::SocketAddr>,
 }
 
 /// Runs the controller on `listener` until `shutdown` fires.
@@ -107,6 +115,7 @@ pub async fn run(
     credentials.keep_fresh(&shutdown);
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::register(&mut registry);
+    crate::telemetry::process::register(&mut registry);
     if let Some(addr) = config
         .telemetry
         .metrics_addr()
@@ -180,6 +189,16 @@ pub async fn run(
         ),
     });
 
+    // The web UI answers from the start (its pages show what the caches
+    // hold so far); a port that cannot be bound is a start-up error.
+    let web_addr = match config.web_addr {
+        Some(addr) => {
+            let listener = web::bind(addr).await?;
+            Some(web::serve(&core, listener, config.web_template_dir.clone())?)
+        }
+        None => None,
+    };
+
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_service_status("", ServingStatus::NotServing).await;
     // Every call but the health service's is authenticated first.
@@ -215,7 +234,10 @@ pub async fn run(
     start_peer_pruning(&core);
     reporter.set_service_status("", ServingStatus::Serving).await;
     tracing::info!(pod_ip = %config.pod_ip, "controller serving");
-    ready(Running { core: core.clone() });
+    ready(Running {
+        core: core.clone(),
+        web_addr,
+    });
     let result = server.await.map_err(RunError::Serve);
     core.supervisors.stop_all();
     tracing::info!("controller shutdown");
@@ -294,7 +316,7 @@ fn start_peer_pruning(core: &Arc<Core>) {
 /// Kubernetes restarts it).
 pub async fn main(args: Args) -> Result<ExitCode, RunError> {
     let config = Config::try_from(args)?;
-    crate::telemetry::init(&config.telemetry);
+    let traces = crate::telemetry::init_traced(&config.telemetry, "skipper.controller");
     let kube_config = ::kube::Config::infer()
         .await
         .map_err(|e| RunError::KubeClient(Box::new(::kube::Error::InferConfig(e))))?;
@@ -304,15 +326,19 @@ pub async fn main(args: Args) -> Result<ExitCode, RunError> {
             config.kube_qps,
             config.kube_burst,
         ))
+        .with_layer(&kube::trace::TraceLayer)
         .build();
     let addr = config.listen_addr()?;
     let listener = TcpListener::bind(addr).await.map_err(RunError::Listen)?;
     let shutdown = Shutdown::new();
     shutdown.trigger_on_signals().map_err(RunError::Listen)?;
+    crate::profiling::start(&config.telemetry, &shutdown).await?;
     let grace = config.shutdown_timeout;
+    let flush = config.telemetry.telemetry_shutdown_timeout;
     let result = run(config, client, listener, shutdown.clone(), |_| {}).await;
     if !shutdown.drain(grace).await {
         tracing::warn!("graceful stop timed out, forcing stop");
     }
+    traces.shutdown(flush).await;
     result.map(|()| ExitCode::SUCCESS)
 }

@@ -12,6 +12,7 @@ use super::error::{Error, Result};
 use crate::api::{self, controller_service_client::ControllerServiceClient};
 use crate::client::{ChannelSettings, Client, Endpoints, Transport};
 use crate::credentials::Credentials;
+use crate::domain::{ASSIGN_TIMING_METADATA, AssignTiming};
 
 /// Metadata key carrying how many controllers a `Scale` passed through.
 pub const HOPS_METADATA: &str = "x-skipper-forward-hops";
@@ -122,16 +123,24 @@ impl Peers {
         req: api::ScaleRequest,
         hops: u32,
         deadline: Duration,
-    ) -> Result<api::ScaleResponse> {
+    ) -> Result<(api::ScaleResponse, Option<AssignTiming>)> {
         let mut client = self.grpc(ip)?;
         let mut request = tonic::Request::new(req);
         request.set_timeout(deadline);
         if let Ok(v) = hops.to_string().parse() {
             request.metadata_mut().insert(HOPS_METADATA, v);
         }
+        crate::telemetry::otel::inject_grpc(request.metadata_mut());
         let call = client.scale(request);
         match tokio::time::timeout(deadline, call).await {
-            Ok(Ok(resp)) => Ok(resp.into_inner()),
+            Ok(Ok(resp)) => {
+                let timing = resp
+                    .metadata()
+                    .get(ASSIGN_TIMING_METADATA)
+                    .and_then(|v| v.to_str().ok())
+                    .and_then(AssignTiming::decode);
+                Ok((resp.into_inner(), timing))
+            }
             Ok(Err(status)) => Err(Self::wrap(
                 ip,
                 crate::client::Error::Rpc {

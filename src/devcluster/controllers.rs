@@ -2,17 +2,19 @@
 //! dependents, and EndpointSlices for Services. One pass reconciles every
 //! object; the cluster runs a pass after each store change.
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 
 use serde_json::{Value, json};
 
+use super::deployment;
 use super::error::ApiError;
+use super::replicaset;
 use super::resources::by_kind;
 use super::selector::{LabelSelector, labels_of};
 use super::store::{Store, is_terminating, name_of, namespace_of, uid_of};
 
 /// Label carrying the template hash on ReplicaSets and their pods.
-pub const POD_TEMPLATE_HASH: &str = "pod-template-hash";
+pub use super::deployment::POD_TEMPLATE_HASH;
 
 /// What the control loops need besides the store.
 #[derive(Debug, Clone, Default)]
@@ -40,6 +42,7 @@ pub fn reconcile(store: &Store, ctx: &Context) -> Result<(), ApiError> {
     expire_events(store);
     note(deployments(store));
     note(replicasets(store));
+    note(terminate_namespaces(store));
     note(garbage_collect(store));
     note(endpoint_slices(store));
     first_err.map_or(Ok(()), Err)
@@ -70,20 +73,8 @@ fn owner_ref(owner: &Value) -> Value {
     })
 }
 
-fn template_hash(template: &Value) -> String {
-    let h = xxhash_rust::xxh64::xxh64(template.to_string().as_bytes(), 0);
-    let s = format!("{h:016x}");
-    s[..10].to_owned()
-}
-
 fn replicas_of(obj: &Value) -> i64 {
     obj.pointer("/spec/replicas").and_then(Value::as_i64).unwrap_or(1)
-}
-
-fn status_i64(obj: &Value, field: &str) -> i64 {
-    obj.pointer(&format!("/status/{field}"))
-        .and_then(Value::as_i64)
-        .unwrap_or(0)
 }
 
 /// Whether a pod is Ready (condition `Ready` is `True`).
@@ -148,7 +139,7 @@ fn namespace_defaults(store: &Store, ctx: &Context) -> Result<(), ApiError> {
         let ns = name_of(ns);
         if store.get(sares, ns, "default").is_none() {
             match store.create(sares, ns, json!({"metadata": {"name": "default"}})) {
-                Ok(_) | Err(ApiError::AlreadyExists { .. } | ApiError::Terminating(_)) => {}
+                Ok(_) | Err(ApiError::AlreadyExists { .. } | ApiError::Terminating { .. }) => {}
                 Err(e) => return Err(e),
             }
         }
@@ -164,7 +155,7 @@ fn namespace_defaults(store: &Store, ctx: &Context) -> Result<(), ApiError> {
                     "data": data,
                 });
                 match store.create(cmres, ns, cm) {
-                    Ok(_) | Err(ApiError::AlreadyExists { .. } | ApiError::Terminating(_)) => {}
+                    Ok(_) | Err(ApiError::AlreadyExists { .. } | ApiError::Terminating { .. }) => {}
                     Err(e) => return Err(e),
                 }
             }
@@ -268,20 +259,100 @@ fn expire_events(store: &Store) {
     }
 }
 
-/// `ScalingReplicaSet` on the Deployment, as the deployment controller words it.
-fn record_scaling(store: &Store, deployment: &Value, rs: &Value, from: i64, to: i64) {
-    let direction = if to > from { "up" } else { "down" };
-    record_event(
-        store,
-        deployment,
-        "Normal",
-        "ScalingReplicaSet",
-        &format!(
-            "Scaled {direction} replica set {} from {from} to {to}",
-            name_of(rs)
-        ),
-        DEPLOYMENT_CONTROLLER,
-    );
+/// Removes the ownerReference with `owner_uid` (the owner releases the object).
+fn release(
+    store: &Store,
+    res: &'static super::resources::ResourceDef,
+    obj: &Value,
+    owner_uid: &str,
+) -> Result<(), ApiError> {
+    let rv = obj.pointer("/metadata/resourceVersion").cloned();
+    ignore_gone(store.update(res, namespace_of(obj), name_of(obj), |o| {
+        if let Some(rv) = rv {
+            o["metadata"]["resourceVersion"] = rv;
+        }
+        if let Some(refs) = o["metadata"]["ownerReferences"].as_array_mut() {
+            refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(owner_uid));
+            if refs.is_empty()
+                && let Some(m) = o["metadata"].as_object_mut()
+            {
+                m.remove("ownerReferences");
+            }
+        }
+        Ok(())
+    }))
+}
+
+/// Adds a controller ownerReference to `owner` (the owner adopts the object);
+/// the adopted object as stored.
+fn adopt(
+    store: &Store,
+    res: &'static super::resources::ResourceDef,
+    obj: &Value,
+    owner: &Value,
+) -> Result<Option<Value>, ApiError> {
+    let rv = obj.pointer("/metadata/resourceVersion").cloned();
+    let rref = owner_ref(owner);
+    match store.update(res, namespace_of(obj), name_of(obj), |o| {
+        if let Some(rv) = rv {
+            o["metadata"]["resourceVersion"] = rv;
+        }
+        match o["metadata"]["ownerReferences"].as_array_mut() {
+            Some(refs) => refs.push(rref),
+            None => o["metadata"]["ownerReferences"] = json!([rref]),
+        }
+        Ok(())
+    }) {
+        Ok(v) => Ok(Some(v)),
+        Err(ApiError::NotFound { .. } | ApiError::Conflict { .. }) => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// Like [`ignore_not_found`], also for a write that lost a race (the next pass retries).
+fn ignore_gone(r: Result<Value, ApiError>) -> Result<(), ApiError> {
+    match r {
+        Ok(_) | Err(ApiError::NotFound { .. } | ApiError::Conflict { .. }) => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// The objects of `candidates` (one namespace) that `owner` controls,
+/// adopting orphans its selector matches and releasing what it controls but
+/// no longer matches (`ClaimObject`); nothing changes hands while either is
+/// being deleted.
+fn claim(
+    store: &Store,
+    res: &'static super::resources::ResourceDef,
+    owner: &Value,
+    selector: &LabelSelector,
+    candidates: &[&Value],
+) -> Result<Vec<Value>, ApiError> {
+    let uid = uid_of(owner);
+    let owner_deleting = is_terminating(owner);
+    let mut claimed = Vec::new();
+    for obj in candidates {
+        let matches = !selector.0.is_empty() && selector.matches(&labels_of(obj));
+        match controller_ref(obj)
+            .and_then(|r| r.get("uid"))
+            .and_then(Value::as_str)
+        {
+            Some(u) if u == uid => {
+                if matches || owner_deleting {
+                    claimed.push((*obj).clone());
+                } else {
+                    release(store, res, obj, uid)?;
+                }
+            }
+            Some(_) => {}
+            None => {
+                if matches && !owner_deleting && !is_terminating(obj) {
+                    claimed.extend(adopt(store, res, obj, owner)?);
+                }
+            }
+        }
+    }
+    Ok(claimed)
 }
 
 fn deployments(store: &Store) -> Result<(), ApiError> {
@@ -289,96 +360,186 @@ fn deployments(store: &Store) -> Result<(), ApiError> {
     let rsres = by_kind("ReplicaSet");
     let (deploys, _) = store.list(dres, None);
     let (all_rs, _) = store.list(rsres, None);
-    for d in deploys.iter().filter(|d| !is_terminating(d)) {
+    let (pods, _) = store.list(by_kind("Pod"), None);
+    let mut first_err = None;
+    for d in &deploys {
         let ns = namespace_of(d);
-        let uid = uid_of(d);
-        let Some(template) = d.pointer("/spec/template") else {
+        let Ok(selector) = LabelSelector::from_object(d.pointer("/spec/selector").unwrap_or(&Value::Null))
+        else {
             continue;
         };
-        let hash = template_hash(template);
-        let replicas = replicas_of(d);
-        let owned: Vec<&Value> = all_rs
-            .iter()
-            .filter(|rs| namespace_of(rs) == ns && controlled_by(rs, uid))
-            .collect();
-        let current = owned.iter().find(|rs| {
-            rs.pointer(&format!("/metadata/labels/{POD_TEMPLATE_HASH}"))
-                .and_then(Value::as_str)
-                == Some(&hash)
-        });
-        let revision = owned.len() + usize::from(current.is_none());
-        match current {
-            None => {
-                let mut template = template.clone();
-                template["metadata"]["labels"][POD_TEMPLATE_HASH] = json!(hash);
-                let mut selector = d.pointer("/spec/selector").cloned().unwrap_or_else(|| json!({}));
-                selector["matchLabels"][POD_TEMPLATE_HASH] = json!(hash);
-                let mut labels = template["metadata"]["labels"].clone();
-                labels[POD_TEMPLATE_HASH] = json!(hash);
-                let rs = json!({
-                    "metadata": {
-                        "name": format!("{}-{hash}", name_of(d)),
-                        "labels": labels,
-                        "annotations": {"deployment.kubernetes.io/revision": revision.to_string(),
-                                        "deployment.kubernetes.io/desired-replicas": replicas.to_string()},
-                        "ownerReferences": [owner_ref(d)],
-                    },
-                    "spec": {"replicas": replicas, "selector": selector, "template": template},
-                });
-                match store.create(rsres, ns, rs) {
-                    Ok(created) if replicas > 0 => record_scaling(store, d, &created, 0, replicas),
-                    Ok(_) | Err(ApiError::AlreadyExists { .. }) => {}
-                    Err(e) => return Err(e),
+        let candidates: Vec<&Value> = all_rs.iter().filter(|rs| namespace_of(rs) == ns).collect();
+        let owned = claim(store, rsres, d, &selector, &candidates)?;
+        let mut live_pods: HashMap<String, usize> = HashMap::new();
+        for rs in &owned {
+            let uid = uid_of(rs);
+            let n = pods
+                .iter()
+                .filter(|p| namespace_of(p) == ns && controlled_by(p, uid) && !pod_finished(p))
+                .count();
+            live_pods.insert(uid.to_owned(), n);
+        }
+        let input = deployment::Input {
+            deployment: deployment::Deployment::from_json(d),
+            replica_sets: owned.iter().map(deployment::ReplicaSet::from_json).collect(),
+            live_pods,
+            now: jiff::Timestamp::now(),
+        };
+        for action in deployment::sync(input) {
+            if let Err(e) = carry_out(store, d, action) {
+                tracing::debug!(error = %e, deployment = name_of(d), "deployment sync");
+                if first_err.is_none() {
+                    first_err = Some(e);
                 }
+                break;
             }
-            Some(rs) if replicas_of(rs) != replicas => {
-                let from = replicas_of(rs);
-                ignore_not_found(store.update(rsres, ns, name_of(rs), |o| {
-                    o["spec"]["replicas"] = json!(replicas);
-                    Ok(())
-                }))?;
-                record_scaling(store, d, rs, from, replicas);
-            }
-            Some(_) => {}
-        }
-        for old in owned.iter().filter(|rs| {
-            rs.pointer(&format!("/metadata/labels/{POD_TEMPLATE_HASH}"))
-                .and_then(Value::as_str)
-                != Some(&hash)
-                && replicas_of(rs) != 0
-        }) {
-            let from = replicas_of(old);
-            ignore_not_found(store.update(rsres, ns, name_of(old), |o| {
-                o["spec"]["replicas"] = json!(0);
-                Ok(())
-            }))?;
-            record_scaling(store, d, old, from, 0);
-        }
-        let sum = |f: &str| owned.iter().map(|rs| status_i64(rs, f)).sum::<i64>();
-        let updated = current.map_or(0, |rs| status_i64(rs, "replicas"));
-        let ready = sum("readyReplicas");
-        let total = sum("replicas");
-        let available = if ready >= replicas { "True" } else { "False" };
-        let status = json!({
-            "observedGeneration": d.pointer("/metadata/generation").cloned().unwrap_or(json!(1)),
-            "replicas": total,
-            "updatedReplicas": updated,
-            "readyReplicas": ready,
-            "availableReplicas": ready,
-            "unavailableReplicas": (replicas - ready).max(0),
-            "conditions": [
-                {"type": "Available", "status": available, "reason": if available == "True" { "MinimumReplicasAvailable" } else { "MinimumReplicasUnavailable" }},
-                {"type": "Progressing", "status": "True", "reason": "NewReplicaSetAvailable"},
-            ],
-        });
-        if d.get("status") != Some(&status) {
-            ignore_not_found(store.update(dres, ns, name_of(d), |o| {
-                o["status"] = status;
-                Ok(())
-            }))?;
         }
     }
-    Ok(())
+    first_err.map_or(Ok(()), Err)
+}
+
+/// Performs one write the Deployment controller decided on.
+fn carry_out(store: &Store, d: &Value, action: deployment::Action) -> Result<(), ApiError> {
+    use deployment::Action;
+    let dres = by_kind("Deployment");
+    let rsres = by_kind("ReplicaSet");
+    let ns = namespace_of(d);
+    let precondition = |o: &mut Value, rv: String| {
+        if !rv.is_empty() {
+            o["metadata"]["resourceVersion"] = json!(rv);
+        }
+    };
+    match action {
+        Action::CreateReplicaSet(rs) => match store.create(rsres, ns, rs.clone()) {
+            Ok(_) => Ok(()),
+            Err(ApiError::AlreadyExists { .. }) => {
+                let existing = store.get(rsres, ns, name_of(&rs));
+                let ours = existing.as_ref().is_some_and(|e| {
+                    controlled_by(e, uid_of(d))
+                        && deployment::equal_ignore_hash(
+                            e.pointer("/spec/template").unwrap_or(&Value::Null),
+                            d.pointer("/spec/template").unwrap_or(&Value::Null),
+                        )
+                });
+                if ours {
+                    return Ok(());
+                }
+                // A hash collision: the next template hash includes the count.
+                let rv = d.pointer("/metadata/resourceVersion").cloned();
+                store.update(dres, ns, name_of(d), |o| {
+                    if let Some(rv) = rv {
+                        o["metadata"]["resourceVersion"] = rv;
+                    }
+                    let count = o
+                        .pointer("/status/collisionCount")
+                        .and_then(Value::as_i64)
+                        .unwrap_or(0);
+                    o["status"]["collisionCount"] = json!(count + 1);
+                    Ok(())
+                })?;
+                Err(ApiError::AlreadyExists {
+                    res: rsres,
+                    name: name_of(&rs).to_owned(),
+                })
+            }
+            Err(e @ ApiError::Terminating { .. }) => Err(e),
+            Err(e) => {
+                let message = format!(
+                    "Failed to create new replica set {:?}: {}",
+                    name_of(&rs),
+                    e.status()["message"].as_str().unwrap_or("")
+                );
+                if d.pointer("/spec/progressDeadlineSeconds").is_some() {
+                    let now = super::store::now_rfc3339();
+                    let _ = store.update(dres, ns, name_of(d), |o| {
+                        let mut conditions: Vec<Value> = o
+                            .pointer("/status/conditions")
+                            .and_then(Value::as_array)
+                            .cloned()
+                            .unwrap_or_default();
+                        conditions.retain(|c| c["type"] != "Progressing");
+                        conditions.push(json!({"type": "Progressing", "status": "False",
+                            "lastUpdateTime": now, "lastTransitionTime": now,
+                            "reason": deployment::reason::FAILED_RS_CREATE, "message": message}));
+                        o["status"]["conditions"] = json!(conditions);
+                        Ok(())
+                    });
+                }
+                record_event(
+                    store,
+                    d,
+                    "Warning",
+                    deployment::reason::FAILED_RS_CREATE,
+                    &message,
+                    DEPLOYMENT_CONTROLLER,
+                );
+                Err(e)
+            }
+        },
+        Action::UpdateReplicaSet {
+            name,
+            resource_version,
+            replicas,
+            min_ready_seconds,
+            annotations,
+        } => store
+            .update(rsres, ns, &name, |o| {
+                precondition(o, resource_version);
+                o["spec"]["replicas"] = json!(replicas);
+                if min_ready_seconds == 0 {
+                    if let Some(spec) = o["spec"].as_object_mut() {
+                        spec.remove("minReadySeconds");
+                    }
+                } else {
+                    o["spec"]["minReadySeconds"] = json!(min_ready_seconds);
+                }
+                o["metadata"]["annotations"] = json!(annotations);
+                Ok(())
+            })
+            .map(|_| ()),
+        Action::DeleteReplicaSet { name, uid } => {
+            ignore_not_found(store.remove(rsres, ns, &name, Some(&uid)))
+        }
+        Action::UpdateDeployment {
+            resource_version,
+            template,
+            annotations,
+        } => store
+            .update(dres, ns, name_of(d), |o| {
+                precondition(o, resource_version);
+                o["spec"]["template"] = template;
+                o["metadata"]["annotations"] = json!(annotations);
+                Ok(())
+            })
+            .map(|_| ()),
+        Action::UpdateStatus {
+            resource_version,
+            annotations,
+            status,
+        } => store
+            .update(dres, ns, name_of(d), |o| {
+                precondition(o, resource_version);
+                o["status"] = status;
+                if annotations.is_empty() {
+                    if let Some(m) = o["metadata"].as_object_mut() {
+                        m.remove("annotations");
+                    }
+                } else {
+                    o["metadata"]["annotations"] = json!(annotations);
+                }
+                Ok(())
+            })
+            .map(|_| ()),
+        Action::Event {
+            warning,
+            reason,
+            message,
+        } => {
+            let type_ = if warning { "Warning" } else { "Normal" };
+            record_event(store, d, type_, reason, &message, DEPLOYMENT_CONTROLLER);
+            Ok(())
+        }
+    }
 }
 
 fn replicasets(store: &Store) -> Result<(), ApiError> {
@@ -386,7 +547,9 @@ fn replicasets(store: &Store) -> Result<(), ApiError> {
     let podres = by_kind("Pod");
     let (all_rs, _) = store.list(rsres, None);
     let (pods, _) = store.list(podres, None);
-    for rs in all_rs.iter().filter(|rs| !is_terminating(rs)) {
+    let now = jiff::Timestamp::now();
+    let mut first_err = None;
+    for rs in &all_rs {
         let ns = namespace_of(rs);
         let uid = uid_of(rs);
         let Ok(selector) = LabelSelector::from_object(rs.pointer("/spec/selector").unwrap_or(&Value::Null))
@@ -396,148 +559,475 @@ fn replicasets(store: &Store) -> Result<(), ApiError> {
         if selector.0.is_empty() {
             continue;
         }
-        let mut active: Vec<&Value> = Vec::new();
-        for pod in pods.iter().filter(|p| namespace_of(p) == ns) {
-            let matches = selector.matches(&labels_of(pod));
-            if controlled_by(pod, uid) {
-                if !matches {
-                    // Release: the pod's labels no longer match.
-                    ignore_not_found(store.update(podres, ns, name_of(pod), |o| {
-                        if let Some(refs) = o["metadata"]["ownerReferences"].as_array_mut() {
-                            refs.retain(|r| r.get("uid").and_then(Value::as_str) != Some(uid));
-                            if refs.is_empty()
-                                && let Some(m) = o["metadata"].as_object_mut()
-                            {
-                                m.remove("ownerReferences");
-                            }
-                        }
-                        Ok(())
-                    }))?;
-                    continue;
-                }
-            } else if controller_ref(pod).is_none() && matches && !is_terminating(pod) && !pod_finished(pod) {
-                // Adopt an orphan that matches.
-                let rref = owner_ref(rs);
-                ignore_not_found(store.update(podres, ns, name_of(pod), |o| {
-                    match o["metadata"]["ownerReferences"].as_array_mut() {
-                        Some(refs) => refs.push(rref),
-                        None => o["metadata"]["ownerReferences"] = json!([rref]),
+        let in_ns: Vec<&Value> = pods.iter().filter(|p| namespace_of(p) == ns).collect();
+        let active_candidates: Vec<&Value> = in_ns
+            .iter()
+            .copied()
+            .filter(|p| replicaset::is_active(p))
+            .collect();
+        let active = claim(store, podres, rs, &selector, &active_candidates)?;
+        let terminating = in_ns
+            .iter()
+            .filter(|p| {
+                controlled_by(p, uid) && replicaset::is_terminating(p) && selector.matches(&labels_of(p))
+            })
+            .count();
+        let mut failure = None;
+        if !is_terminating(rs) {
+            let want = replicas_of(rs);
+            let have = i64::try_from(active.len()).unwrap_or(i64::MAX);
+            if have < want {
+                let n = usize::try_from(want - have)
+                    .unwrap_or(0)
+                    .min(replicaset::BURST_REPLICAS);
+                if let Err(e) = create_pods(store, rs, n)
+                    && !matches!(e, ApiError::Terminating { .. })
+                {
+                    failure = Some((
+                        "FailedCreate",
+                        e.status()["message"].as_str().unwrap_or("").to_owned(),
+                    ));
+                    if first_err.is_none() {
+                        first_err = Some(e);
                     }
-                    Ok(())
-                }))?;
-            } else {
-                continue;
-            }
-            if !is_terminating(pod) && !pod_finished(pod) {
-                active.push(pod);
+                }
+            } else if have > want {
+                let n = usize::try_from(have - want)
+                    .unwrap_or(0)
+                    .min(replicaset::BURST_REPLICAS);
+                let related = related_pods(rs, &all_rs, &in_ns);
+                let active_refs: Vec<&Value> = active.iter().collect();
+                let order = replicaset::deletion_order(&active_refs, &related, now);
+                for i in order.into_iter().take(n) {
+                    let p = &active[i];
+                    match delete_pod(store, ns, name_of(p), None) {
+                        Ok(_) => record_event(
+                            store,
+                            rs,
+                            "Normal",
+                            "SuccessfulDelete",
+                            &format!("Deleted pod: {}", name_of(p)),
+                            REPLICASET_CONTROLLER,
+                        ),
+                        Err(ApiError::NotFound { .. }) => {}
+                        Err(e) => {
+                            let message = e.status()["message"].as_str().unwrap_or("").to_owned();
+                            record_event(
+                                store,
+                                rs,
+                                "Warning",
+                                "FailedDelete",
+                                &format!("Error deleting: {message}"),
+                                REPLICASET_CONTROLLER,
+                            );
+                            failure = Some(("FailedDelete", message));
+                            if first_err.is_none() {
+                                first_err = Some(e);
+                            }
+                            break;
+                        }
+                    }
+                }
             }
         }
-        let want = replicas_of(rs);
-        let have = i64::try_from(active.len()).unwrap_or(i64::MAX);
-        if have < want {
-            for _ in have..want {
-                let mut template = rs.pointer("/spec/template").cloned().unwrap_or_else(|| json!({}));
-                if !template.get("metadata").is_some_and(Value::is_object) {
-                    template["metadata"] = json!({});
-                }
-                template["metadata"]["generateName"] = json!(format!("{}-", name_of(rs)));
-                template["metadata"]["ownerReferences"] = json!([owner_ref(rs)]);
-                if let Some(m) = template["metadata"].as_object_mut() {
-                    m.remove("name");
-                }
-                let pod = json!({"metadata": template["metadata"], "spec": template["spec"]});
-                let created = store.create(podres, ns, pod)?;
-                record_event(
-                    store,
-                    rs,
-                    "Normal",
-                    "SuccessfulCreate",
-                    &format!("Created pod: {}", name_of(&created)),
-                    REPLICASET_CONTROLLER,
-                );
-            }
-        } else if have > want {
-            let mut victims = active.clone();
-            victims.sort_by_key(|p| {
-                let scheduled = p.pointer("/spec/nodeName").is_some();
-                let created = p
-                    .pointer("/metadata/creationTimestamp")
-                    .and_then(Value::as_str)
-                    .unwrap_or("")
-                    .to_owned();
-                (scheduled, pod_ready(p), std::cmp::Reverse(created))
-            });
-            let excess = usize::try_from(have - want).unwrap_or(0);
-            for p in victims.into_iter().take(excess) {
-                ignore_not_found(delete_pod(store, ns, name_of(p), None))?;
-                record_event(
-                    store,
-                    rs,
-                    "Normal",
-                    "SuccessfulDelete",
-                    &format!("Deleted pod: {}", name_of(p)),
-                    REPLICASET_CONTROLLER,
-                );
-            }
-        }
-        let ready = i64::try_from(active.iter().filter(|p| pod_ready(p)).count()).unwrap_or(0);
-        let replicas = have;
-        let status = json!({
-            "replicas": replicas,
-            "fullyLabeledReplicas": replicas,
-            "readyReplicas": ready,
-            "availableReplicas": ready,
-            "observedGeneration": rs.pointer("/metadata/generation").cloned().unwrap_or(json!(1)),
-        });
+        let active_refs: Vec<&Value> = active.iter().collect();
+        let status = replicaset::status(rs, &active_refs, terminating, failure, now);
         if rs.get("status") != Some(&status) {
-            ignore_not_found(store.update(rsres, ns, name_of(rs), |o| {
+            let rv = rs.pointer("/metadata/resourceVersion").cloned();
+            ignore_gone(store.update(rsres, ns, name_of(rs), |o| {
+                if let Some(rv) = rv {
+                    o["metadata"]["resourceVersion"] = rv;
+                }
                 o["status"] = status;
                 Ok(())
             }))?;
         }
     }
-    Ok(())
+    first_err.map_or(Ok(()), Err)
 }
 
-fn garbage_collect(store: &Store) -> Result<(), ApiError> {
-    let owner_kinds = ["Deployment", "ReplicaSet", "Service"];
-    let mut uids: HashSet<String> = HashSet::new();
-    for kind in owner_kinds {
-        let (objs, _) = store.list(by_kind(kind), None);
-        uids.extend(objs.iter().map(|o| uid_of(o).to_owned()));
-    }
-    for kind in ["ReplicaSet", "Pod", "EndpointSlice"] {
-        let res = by_kind(kind);
-        let (objs, _) = store.list(res, None);
-        for obj in objs.iter().filter(|o| !is_terminating(o)) {
-            let Some(refs) = obj.pointer("/metadata/ownerReferences").and_then(Value::as_array) else {
-                continue;
-            };
-            let tracked: Vec<&Value> = refs
-                .iter()
-                .filter(|r| {
-                    r.get("kind")
-                        .and_then(Value::as_str)
-                        .is_some_and(|k| owner_kinds.contains(&k))
-                })
-                .collect();
-            if tracked.is_empty() || tracked.len() != refs.len() {
-                continue;
-            }
-            let orphaned = tracked
-                .iter()
-                .all(|r| !uids.contains(r.get("uid").and_then(Value::as_str).unwrap_or("")));
-            if orphaned {
-                let ns = namespace_of(obj);
-                if kind == "Pod" {
-                    ignore_not_found(delete_pod(store, ns, name_of(obj), None))?;
-                } else {
-                    ignore_not_found(store.remove(res, ns, name_of(obj), None))?;
+/// Creates `n` pods from a ReplicaSet's template, recording each.
+fn create_pods(store: &Store, rs: &Value, n: usize) -> Result<(), ApiError> {
+    let podres = by_kind("Pod");
+    let ns = namespace_of(rs);
+    for _ in 0..n {
+        let mut template = rs.pointer("/spec/template").cloned().unwrap_or_else(|| json!({}));
+        if !template.get("metadata").is_some_and(Value::is_object) {
+            template["metadata"] = json!({});
+        }
+        template["metadata"]["generateName"] = json!(format!("{}-", name_of(rs)));
+        template["metadata"]["ownerReferences"] = json!([owner_ref(rs)]);
+        if let Some(m) = template["metadata"].as_object_mut() {
+            m.remove("name");
+        }
+        let pod = json!({"metadata": template["metadata"], "spec": template["spec"]});
+        match store.create(podres, ns, pod) {
+            Ok(created) => record_event(
+                store,
+                rs,
+                "Normal",
+                "SuccessfulCreate",
+                &format!("Created pod: {}", name_of(&created)),
+                REPLICASET_CONTROLLER,
+            ),
+            Err(e) => {
+                if !matches!(e, ApiError::Terminating { .. }) {
+                    let message = e.status()["message"].as_str().unwrap_or("").to_owned();
+                    record_event(
+                        store,
+                        rs,
+                        "Warning",
+                        "FailedCreate",
+                        &format!("Error creating: {message}"),
+                        REPLICASET_CONTROLLER,
+                    );
                 }
+                return Err(e);
             }
         }
     }
     Ok(())
+}
+
+/// The pods of every ReplicaSet with the same controller as `rs` (by each
+/// one's selector): how crowded a node is counts them all.
+fn related_pods<'a>(rs: &Value, all_rs: &[Value], in_ns: &[&'a Value]) -> Vec<&'a Value> {
+    let Some(owner) = controller_ref(rs)
+        .and_then(|r| r.get("uid"))
+        .and_then(Value::as_str)
+    else {
+        return in_ns
+            .iter()
+            .copied()
+            .filter(|p| controlled_by(p, uid_of(rs)))
+            .collect();
+    };
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    for other in all_rs
+        .iter()
+        .filter(|o| namespace_of(o) == namespace_of(rs) && controlled_by(o, owner))
+    {
+        let Ok(sel) = LabelSelector::from_object(other.pointer("/spec/selector").unwrap_or(&Value::Null))
+        else {
+            continue;
+        };
+        for p in in_ns.iter().copied().filter(|p| sel.matches(&labels_of(p))) {
+            if seen.insert(uid_of(p)) {
+                out.push(p);
+            }
+        }
+    }
+    out
+}
+
+/// The namespace controller: a namespace being deleted has its content
+/// deleted (pods gracefully, finalizers honoured), reports what remains in
+/// its conditions, and goes (its `kubernetes` finalizer removed) once it
+/// is empty.
+fn terminate_namespaces(store: &Store) -> Result<(), ApiError> {
+    let nsres = by_kind("Namespace");
+    let (namespaces, _) = store.list(nsres, None);
+    let mut first_err = None;
+    for ns in namespaces.iter().filter(|n| is_terminating(n)) {
+        let name = name_of(ns);
+        let mut delete_failed = None;
+        for (group, plural, obj_name) in store.keys_in_namespace(name) {
+            let Some(res) = super::resources::RESOURCES
+                .iter()
+                .find(|r| r.group == group && r.plural == plural && !r.computed)
+            else {
+                continue;
+            };
+            let Some(obj) = store.get(res, name, &obj_name) else {
+                continue;
+            };
+            if is_terminating(&obj) {
+                continue;
+            }
+            let r = if res.kind == "Pod" {
+                delete_pod(store, name, &obj_name, None)
+            } else {
+                store.remove(res, name, &obj_name, Some(uid_of(&obj)))
+            };
+            if let Err(e) = ignore_gone(r) {
+                delete_failed = Some(e.to_string());
+                if first_err.is_none() {
+                    first_err = Some(e);
+                }
+            }
+        }
+        // What is left: per resource how many, per finalizer how many.
+        let mut remaining: BTreeMap<String, usize> = BTreeMap::new();
+        let mut held: BTreeMap<String, usize> = BTreeMap::new();
+        for (group, plural, obj_name) in store.keys_in_namespace(name) {
+            let Some(res) = super::resources::RESOURCES
+                .iter()
+                .find(|r| r.group == group && r.plural == plural && !r.computed)
+            else {
+                continue;
+            };
+            let Some(obj) = store.get(res, name, &obj_name) else {
+                continue;
+            };
+            *remaining
+                .entry(format!("{}.{}", res.plural, res.group))
+                .or_default() += 1;
+            for f in super::store::finalizers_of(&obj) {
+                *held.entry(f.to_owned()).or_default() += 1;
+            }
+        }
+        let conditions = namespace_conditions(ns, delete_failed.as_deref(), &remaining, &held);
+        let rv = ns.pointer("/metadata/resourceVersion").cloned();
+        let empty = remaining.is_empty();
+        let r = store.update(nsres, "", name, |o| {
+            if let Some(rv) = rv {
+                o["metadata"]["resourceVersion"] = rv;
+            }
+            o["status"]["phase"] = json!("Terminating");
+            o["status"]["conditions"] = json!(conditions);
+            if empty && let Some(list) = o.pointer_mut("/spec/finalizers").and_then(Value::as_array_mut) {
+                list.retain(|f| f != "kubernetes");
+            }
+            Ok(())
+        });
+        if let Err(e) = ignore_gone(r)
+            && first_err.is_none()
+        {
+            first_err = Some(e);
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+/// The namespace controller's conditions (kept in their order; a
+/// condition's transition time stays while its status does).
+fn namespace_conditions(
+    ns: &Value,
+    delete_failed: Option<&str>,
+    remaining: &BTreeMap<String, usize>,
+    held: &BTreeMap<String, usize>,
+) -> Vec<Value> {
+    let now = super::store::now_rfc3339();
+    let existing: Vec<Value> = ns
+        .pointer("/status/conditions")
+        .and_then(Value::as_array)
+        .cloned()
+        .unwrap_or_default();
+    let content = match delete_failed {
+        Some(e) => (
+            "True",
+            "ContentDeletionFailed",
+            format!("Failed to delete all resource types, 1 remaining: {e}"),
+        ),
+        None => (
+            "False",
+            "ContentDeleted",
+            "All content successfully deleted, may be waiting on finalization".to_owned(),
+        ),
+    };
+    let rest = if remaining.is_empty() {
+        (
+            "False",
+            "ContentRemoved",
+            "All content successfully removed".to_owned(),
+        )
+    } else {
+        let parts: Vec<String> = remaining
+            .iter()
+            .map(|(r, n)| format!("{r} has {n} resource instances"))
+            .collect();
+        (
+            "True",
+            "SomeResourcesRemain",
+            format!("Some resources are remaining: {}", parts.join(", ")),
+        )
+    };
+    let fin = if held.is_empty() {
+        (
+            "False",
+            "ContentHasNoFinalizers",
+            "All content-preserving finalizers finished".to_owned(),
+        )
+    } else {
+        let parts: Vec<String> = held
+            .iter()
+            .map(|(f, n)| format!("{f} in {n} resource instances"))
+            .collect();
+        (
+            "True",
+            "SomeFinalizersRemain",
+            format!(
+                "Some content in the namespace has finalizers remaining: {}",
+                parts.join(", ")
+            ),
+        )
+    };
+    [
+        (
+            "NamespaceDeletionDiscoveryFailure",
+            ("False", "ResourcesDiscovered", "All resources successfully discovered".to_owned()),
+        ),
+        (
+            "NamespaceDeletionGroupVersionParsingFailure",
+            ("False", "ParsedGroupVersions", "All legacy kube types successfully parsed".to_owned()),
+        ),
+        ("NamespaceDeletionContentFailure", content),
+        ("NamespaceContentRemaining", rest),
+        ("NamespaceFinalizersRemaining", fin),
+    ]
+    .into_iter()
+    .map(|(type_, (status, reason, message))| {
+        let since = existing
+            .iter()
+            .find(|c| c["type"] == type_ && c["status"] == status)
+            .and_then(|c| c.get("lastTransitionTime").cloned())
+            .unwrap_or_else(|| json!(now));
+        json!({"type": type_, "status": status, "lastTransitionTime": since, "reason": reason, "message": message})
+    })
+    .collect()
+}
+
+/// Finalizer that keeps an object until its blocking dependents are gone
+/// (`propagationPolicy: Foreground`).
+pub const FOREGROUND_DELETION: &str = "foregroundDeletion";
+/// Finalizer that releases an object's dependents before it goes
+/// (`propagationPolicy: Orphan`).
+pub const ORPHAN: &str = "orphan";
+
+/// One dependent of an owner.
+struct Dependent<'a> {
+    res: &'static super::resources::ResourceDef,
+    obj: &'a Value,
+    /// `blockOwnerDeletion`: a foreground deletion of the owner waits for it.
+    blocking: bool,
+}
+
+/// The garbage collector, for every kind: an owner deleted with `orphan`
+/// releases its dependents, one deleted with `foregroundDeletion` deletes
+/// them and waits for the blocking ones, and an object whose owners are
+/// all gone is deleted (references to some gone owners are removed).
+fn garbage_collect(store: &Store) -> Result<(), ApiError> {
+    let (uids, objs) = store.gc_view();
+    let resource = |g: &str, p: &str| {
+        super::resources::RESOURCES
+            .iter()
+            .find(|r| r.group == g && r.plural == p && !r.computed)
+    };
+    let owner_refs = |o: &Value| -> Vec<Value> {
+        o.pointer("/metadata/ownerReferences")
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let mut dependents: HashMap<String, Vec<Dependent<'_>>> = HashMap::new();
+    for (g, p, o) in &objs {
+        let Some(res) = resource(g, p) else { continue };
+        for r in owner_refs(o) {
+            let Some(owner) = r.get("uid").and_then(Value::as_str) else {
+                continue;
+            };
+            dependents.entry(owner.to_owned()).or_default().push(Dependent {
+                res,
+                obj: o,
+                blocking: r.get("blockOwnerDeletion").and_then(Value::as_bool) == Some(true),
+            });
+        }
+    }
+    let mut first_err = None;
+    let mut note = |r: Result<(), ApiError>| {
+        if let Err(e) = r
+            && first_err.is_none()
+        {
+            first_err = Some(e);
+        }
+    };
+    for (g, p, owner) in objs.iter().filter(|(_, _, o)| is_terminating(o)) {
+        let Some(res) = resource(g, p) else { continue };
+        let finalizers = super::store::finalizers_of(owner);
+        let uid = uid_of(owner);
+        let deps = dependents.get(uid).map_or(&[][..], Vec::as_slice);
+        if finalizers.contains(&ORPHAN) {
+            // The finalizer goes once no dependent refers to the owner.
+            for d in deps {
+                note(release(store, d.res, d.obj, uid));
+            }
+            if deps.is_empty() {
+                note(remove_finalizer(store, res, owner, ORPHAN));
+            }
+        } else if finalizers.contains(&FOREGROUND_DELETION) {
+            for d in deps.iter().filter(|d| !is_terminating(d.obj)) {
+                // A dependent with dependents of its own goes in the foreground too.
+                let policy = dependents
+                    .contains_key(uid_of(d.obj))
+                    .then_some(FOREGROUND_DELETION);
+                note(delete_dependent(store, d.res, d.obj, policy));
+            }
+            if !deps.iter().any(|d| d.blocking) {
+                note(remove_finalizer(store, res, owner, FOREGROUND_DELETION));
+            }
+        }
+    }
+    for (g, p, obj) in objs.iter().filter(|(_, _, o)| !is_terminating(o)) {
+        let Some(res) = resource(g, p) else { continue };
+        let refs = owner_refs(obj);
+        let dangling: Vec<&str> = refs
+            .iter()
+            .filter_map(|r| r.get("uid").and_then(Value::as_str))
+            .filter(|u| !uids.contains(*u))
+            .collect();
+        if dangling.is_empty() {
+            continue;
+        }
+        if dangling.len() == refs.len() {
+            note(delete_dependent(store, res, obj, None));
+        } else {
+            for u in dangling {
+                note(release(store, res, obj, u));
+            }
+        }
+    }
+    first_err.map_or(Ok(()), Err)
+}
+
+/// Deletes a dependent for the garbage collector (a pod gracefully).
+fn delete_dependent(
+    store: &Store,
+    res: &'static super::resources::ResourceDef,
+    obj: &Value,
+    finalizer: Option<&str>,
+) -> Result<(), ApiError> {
+    let (ns, name) = (namespace_of(obj), name_of(obj));
+    let r = if res.kind == "Pod" && finalizer.is_none() {
+        delete_pod(store, ns, name, None)
+    } else {
+        store.delete_with_finalizer(res, ns, name, Some(uid_of(obj)), finalizer)
+    };
+    ignore_gone(r)
+}
+
+/// Removes `finalizer` from an object (which may then go).
+fn remove_finalizer(
+    store: &Store,
+    res: &'static super::resources::ResourceDef,
+    obj: &Value,
+    finalizer: &str,
+) -> Result<(), ApiError> {
+    let rv = obj.pointer("/metadata/resourceVersion").cloned();
+    ignore_gone(store.update(res, namespace_of(obj), name_of(obj), |o| {
+        if let Some(rv) = rv {
+            o["metadata"]["resourceVersion"] = rv;
+        }
+        if let Some(list) = o["metadata"]["finalizers"].as_array_mut() {
+            list.retain(|f| f != finalizer);
+            if list.is_empty()
+                && let Some(m) = o["metadata"].as_object_mut()
+            {
+                m.remove("finalizers");
+            }
+        }
+        Ok(())
+    }))
 }
 
 fn resolve_target_port(target: &Value, pods: &[&Value]) -> Option<i64> {

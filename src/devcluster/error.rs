@@ -51,8 +51,16 @@ pub enum ApiError {
         "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list."
     )]
     ContinueTooOld,
-    #[error("namespace {0} is being terminated")]
-    Terminating(String),
+    /// A create in a namespace being deleted (`NamespaceLifecycle` admission).
+    #[error("{}", forbidden_text(&res.group_resource(), name, &format!("unable to create new content in namespace {namespace} because it is being terminated")))]
+    Terminating {
+        /// The kind being created.
+        res: &'static ResourceDef,
+        /// Its name (empty for `generateName`).
+        name: String,
+        /// The namespace being deleted.
+        namespace: String,
+    },
     /// A request the authorizer (or an admission rule) refused. `message`
     /// is the part after `is forbidden: `.
     #[error("{}", forbidden_text(group_resource, name, message))]
@@ -87,7 +95,7 @@ impl ApiError {
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
             Self::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType"),
             Self::Gone { .. } | Self::ListTooOld | Self::ContinueTooOld => (StatusCode::GONE, "Expired"),
-            Self::Terminating(_) | Self::Forbidden { .. } => (StatusCode::FORBIDDEN, "Forbidden"),
+            Self::Terminating { .. } | Self::Forbidden { .. } => (StatusCode::FORBIDDEN, "Forbidden"),
             Self::Injected(code) => (*code, reason_for(*code)),
         }
     }
@@ -122,6 +130,23 @@ impl ApiError {
                 if !resource.is_empty() {
                     details.insert("kind".into(), json!(resource));
                 }
+            }
+            Self::Terminating { res, name, namespace } => {
+                if !name.is_empty() {
+                    details.insert("name".into(), json!(name));
+                }
+                if !res.group.is_empty() {
+                    details.insert("group".into(), json!(res.group));
+                }
+                details.insert("kind".into(), json!(res.plural));
+                details.insert(
+                    "causes".into(),
+                    json!([{
+                        "reason": "NamespaceTerminating",
+                        "message": format!("namespace {namespace} is being terminated"),
+                        "field": "metadata.namespace",
+                    }]),
+                );
             }
             Self::NamespaceNotFound(name) => {
                 details.insert("name".into(), json!(name));

@@ -7,9 +7,12 @@
 //! and kubectl, with one global resourceVersion, watches with bookmarks,
 //! `timeoutSeconds` and `410 Gone`, JSON Patch with `test`, merge and
 //! strategic-merge patches, optimistic concurrency and graceful deletion.
-//! Deployments own ReplicaSets, ReplicaSets keep their pods (and release a
-//! pod whose labels stop matching), and every pod is a real process on its
-//! own loopback IP (see [`kubelet`]).
+//! Deployments own ReplicaSets and roll them out as kube-controller-manager
+//! does, ReplicaSets keep their pods (and release a pod whose labels stop
+//! matching), finalizers hold deleted objects, the garbage collector follows
+//! ownerReferences of every kind (`Background`, `Foreground`, `Orphan`), a
+//! deleted namespace terminates (content first), and every pod is a real
+//! process on its own loopback IP (see [`kubelet`]).
 //!
 //! # Identity
 //!
@@ -83,9 +86,13 @@
 //! | RBAC escalation checks | creating a Role or binding needs the rights it grants (or `escalate`/`bind`) | not checked |
 //! | Aggregated ClusterRoles | `view`/`edit`/`admin` aggregate labelled roles | fixed rules (core, apps, batch, discovery, policy, coordination, events, metrics) |
 //! | Node authorizer | graph of pods, volumes, PVs, ResourceClaims, ... | pods, secrets, configmaps, PVCs and ServiceAccounts referenced by pods bound to the node |
-//! | Admission and schema validation | full | names, selectors and required containers |
+//! | Admission and schema validation | full (`422` with `details.causes`, immutable fields, strict decoding) | names, selectors, required containers and finalizers of objects being deleted, `422` without `details.causes`; other invalid values are stored |
+//! | Defaulting | every decoded object, pod templates included | Deployment and ReplicaSet specs (strategy 25%/25%, `revisionHistoryLimit` 10, `progressDeadlineSeconds` 600), pods and their containers; pod templates inside workloads are stored as sent, `imagePullPolicy` is `IfNotPresent` whatever the tag |
+//! | Request bodies | JSON, YAML, protobuf | JSON only: kubectl's protobuf bodies (`create configmap\|secret\|namespace\|deployment`, `create token`, `auth can-i`, `auth whoami`) answer `400` |
 //! | Server-side apply | yes | no (`415`) |
-//! | Rollouts | surge and unavailability bounds | all pods replaced at once |
+//! | Rollouts | kube-controller-manager's deployment controller | the same decisions ([`deployment`], [`replicaset`]); ReplicaSet names hash the template's canonical JSON (FNV-1a), so they differ from a real cluster's for the same template; `minReadySeconds` is noticed at the next resync (1 s) rather than by a timed requeue |
+//! | Events | `events.k8s.io/v1` and core `v1` | core `v1` only |
+//! | EndpointSlice and Endpoints addresses | loopback (`127.0.0.0/8`, `::1`) refused with `422` | accepted: every pod runs on its own loopback IP |
 //! | Cluster DNS, Service virtual IPs | yes | none (reach pods by IP or through EndpointSlices) |
 //!
 //! The pod runtime's own differences are listed in [`kubelet`]. A normal
@@ -100,6 +107,8 @@ pub mod auth;
 pub mod control_plane;
 /// Deployment, ReplicaSet, garbage-collection and EndpointSlice loops.
 pub mod controllers;
+/// The Deployment controller's decisions (rollouts, scaling, history, status).
+pub mod deployment;
 /// API errors and their `Status` mapping.
 pub mod error;
 /// The HTTPS listener.
@@ -116,6 +125,8 @@ pub mod pki;
 pub mod playground;
 /// Node and RBAC authorization.
 pub mod rbac;
+/// The ReplicaSet controller's decisions (which pods go first, availability, status).
+pub mod replicaset;
 /// Served resource kinds and discovery.
 pub mod resources;
 /// TokenRequest, TokenReview and the access reviews.
@@ -785,6 +796,8 @@ pub fn pool_deployment_json(namespace: &str, name: &str, replicas: i32, public_k
                         "env": [
                             {"name": "SKIPPER_PUBLIC_KEY", "value": public_key_pem},
                             {"name": "SKIPPER_FIXTURE_TOKEN_PATH", "value": "$(POD_DIR)/token"},
+                            // Pods share one host here: no profiling port to contend for.
+                            {"name": "SKIPPER_PPROF", "value": "false"},
                             {"name": "SKIPPER_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         ],
                         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},

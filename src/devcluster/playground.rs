@@ -62,6 +62,9 @@ pub const CONTROLLER_HEADLESS_SERVICE: &str = "skipper-controller-headless";
 pub const CONTROLLER_PORT: u16 = 50051;
 /// The controllers' metrics port (as in `manifests/controller.yaml`).
 pub const CONTROLLER_METRICS_PORT: u16 = 9090;
+/// The controllers' web UI port (the `--web-port` default, as in
+/// `manifests/controller.yaml`).
+pub const CONTROLLER_WEB_PORT: u16 = 8080;
 /// The Secret holding the controllers' PASETO private key.
 pub const PASETO_SECRET: &str = "skipper-controller-paseto";
 /// The ConfigMap holding the pools' PASETO public key.
@@ -177,9 +180,27 @@ pub struct PlaygroundArgs {
     #[arg(long, env = "SKIPPER_READY_TIMEOUT", default_value = "120s", value_parser = parse_positive_duration)]
     pub ready_timeout: Duration,
 
+    /// Export the traces of the router, the controllers and the pool pods over OTLP/HTTP to this
+    /// collector (e.g. http://127.0.0.1:4318): sets their OTEL_EXPORTER_OTLP_ENDPOINT and --telemetry
+    #[arg(long, env = "SKIPPER_OTLP_ENDPOINT", value_name = "URL", value_parser = parse_otlp_endpoint)]
+    pub otlp_endpoint: Option<String>,
+
     /// Log level of the playground itself (pods and the router log to files in its work directory)
     #[arg(long, env = "SKIPPER_LOG_LEVEL", default_value = "warn", ignore_case = true)]
     pub log_level: Level,
+}
+
+/// Checks an OTLP/HTTP collector address: an `http://` or `https://` URL
+/// with a host (the exporter appends `/v1/traces`).
+///
+/// # Errors
+/// When it is not such a URL.
+pub fn parse_otlp_endpoint(s: &str) -> Result<String, String> {
+    let uri: http::Uri = s.parse().map_err(|e| format!("{s:?} is not a URL: {e}"))?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("http" | "https"), Some(h)) if !h.is_empty() => Ok(s.trim_end_matches('/').to_owned()),
+        _ => Err(format!("{s:?} is not an http:// or https:// URL with a host")),
+    }
 }
 
 /// Parses `KEY=VALUE`.
@@ -303,6 +324,7 @@ pub fn pool_manifest(
     namespace: &str,
     pool: &PoolSpec,
     command: Option<&str>,
+    otlp_endpoint: Option<&str>,
 ) -> Result<Value, PlaygroundError> {
     let mut d = documents("example-pool.yaml", EXAMPLE_POOL_YAML)?
         .into_iter()
@@ -327,6 +349,10 @@ pub fn pool_manifest(
         obj.remove("volumeMounts");
     }
     set_env(container, "SKIPPER_FIXTURE_TOKEN_PATH", "$(POD_DIR)/token");
+    if let Some(url) = otlp_endpoint {
+        set_env(container, "SKIPPER_TELEMETRY", "true");
+        set_env(container, "OTEL_EXPORTER_OTLP_ENDPOINT", url);
+    }
     if let Some(cmd) = command {
         container["command"] = json!(["sh", "-c", cmd]);
         if let Some(obj) = container.as_object_mut() {
@@ -582,6 +608,7 @@ fn spawn_router(
         ])
         .args(["--heartbeat-interval", &crate::config::format_duration(heartbeat)])
         .args(["--log-format", "text"])
+        .args(["--pprof-host", &args.listen.ip().to_string()])
         .args(["--telemetry", "true"])
         .args([
             "--telemetry-prometheus-host",
@@ -604,6 +631,9 @@ fn spawn_router(
         if let Ok(v) = std::env::var(var) {
             cmd.env(var, v);
         }
+    }
+    if let Some(url) = &args.otlp_endpoint {
+        cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", url);
     }
     let child = cmd.spawn().map_err(start_err)?;
     Ok(RouterProcess { child, log })
@@ -704,6 +734,10 @@ fn print_ready(args: &PlaygroundArgs, cluster: &Cluster, up: &Up) {
         "  kubectl:       KUBECONFIG={} kubectl get pods -A",
         kubeconfig.display()
     );
+    println!("  web UI:        http://{first}:{CONTROLLER_WEB_PORT}/ (every controller serves one)");
+    if let Some(url) = &args.otlp_endpoint {
+        println!("  traces:        OTLP/HTTP to {url} (router, controllers, pool pods)");
+    }
     println!("  controllers:   {members} (gRPC :{CONTROLLER_PORT}, metrics :{CONTROLLER_METRICS_PORT})");
     println!("  metrics:       curl -s http://{}/metrics", args.metrics_listen);
     println!("                 curl -s http://{first}:{CONTROLLER_METRICS_PORT}/metrics");
@@ -852,7 +886,12 @@ async fn apply_manifests(args: &PlaygroundArgs, cluster: &Cluster) -> Result<(),
     for pool in &args.pools {
         create_object(
             &client,
-            &pool_manifest(POOL_NAMESPACE, pool, args.pod_command.as_deref())?,
+            &pool_manifest(
+                POOL_NAMESPACE,
+                pool,
+                args.pod_command.as_deref(),
+                args.otlp_endpoint.as_deref(),
+            )?,
         )
         .await?;
     }
@@ -867,6 +906,10 @@ async fn apply_manifests(args: &PlaygroundArgs, cluster: &Cluster) -> Result<(),
         crate::config::format_duration(args.heartbeat_timeout),
     );
     env.insert("SKIPPER_LOG_FORMAT".into(), "text".into());
+    if let Some(url) = &args.otlp_endpoint {
+        env.insert("SKIPPER_TELEMETRY".into(), "true".into());
+        env.insert("OTEL_EXPORTER_OTLP_ENDPOINT".into(), url.clone());
+    }
     for (k, v) in &args.controller_env {
         env.insert(k.clone(), v.clone());
     }
@@ -880,6 +923,38 @@ async fn apply_manifests(args: &PlaygroundArgs, cluster: &Cluster) -> Result<(),
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn otlp_endpoint_is_an_http_url_and_reaches_the_pool_pods() {
+        assert_eq!(
+            parse_otlp_endpoint("http://127.0.0.1:4318/").as_deref(),
+            Ok("http://127.0.0.1:4318")
+        );
+        assert!(parse_otlp_endpoint("https://collector.example:4318").is_ok());
+        for bad in ["127.0.0.1:4318", "ftp://host", "http://", "not a url"] {
+            assert!(parse_otlp_endpoint(bad).is_err(), "{bad}");
+        }
+        let pool = PoolSpec {
+            name: "fixture".into(),
+            replicas: 1,
+        };
+        let d = pool_manifest("default", &pool, None, Some("http://127.0.0.1:4318")).unwrap();
+        let env = &d["spec"]["template"]["spec"]["containers"][0]["env"];
+        let value = |name: &str| {
+            env.as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["name"] == name)
+                .map(|e| e["value"].clone())
+        };
+        assert_eq!(
+            value("OTEL_EXPORTER_OTLP_ENDPOINT"),
+            Some(json!("http://127.0.0.1:4318"))
+        );
+        assert_eq!(value("SKIPPER_TELEMETRY"), Some(json!("true")));
+        let plain = pool_manifest("default", &pool, None, None).unwrap();
+        assert!(!plain.to_string().contains("OTEL_EXPORTER_OTLP_ENDPOINT"));
+    }
 
     #[test]
     fn pool_flag_parses_and_rejects() {
@@ -909,7 +984,7 @@ mod tests {
             name: "echo".into(),
             replicas: 5,
         };
-        let d = pool_manifest("default", &pool, None).unwrap();
+        let d = pool_manifest("default", &pool, None, None).unwrap();
         assert_eq!(d["metadata"]["name"], "echo");
         assert_eq!(d["metadata"]["namespace"], "default");
         assert_eq!(d["spec"]["replicas"], 5);
@@ -939,7 +1014,7 @@ mod tests {
             name: "mine".into(),
             replicas: 1,
         };
-        let d = pool_manifest("default", &pool, Some("exec my-server")).unwrap();
+        let d = pool_manifest("default", &pool, Some("exec my-server"), None).unwrap();
         let c = &d["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(c["command"], json!(["sh", "-c", "exec my-server"]));
         assert!(c.get("args").is_none());

@@ -16,7 +16,7 @@ use serde_json::{Value, json};
 use tokio_util::sync::CancellationToken;
 
 use super::auth::{Authenticator, PeerCertificate, UserInfo};
-use super::controllers::delete_pod;
+use super::controllers::{FOREGROUND_DELETION, ORPHAN, delete_pod};
 use super::error::ApiError;
 use super::kubelet::Kubelet;
 use super::patch::{self, PatchKind};
@@ -1007,12 +1007,38 @@ fn scale_of(obj: &Value) -> Value {
 }
 
 /// Parsed `DeleteOptions` (body or query).
+/// What happens to an object's dependents when it is deleted.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Propagation {
+    /// The object goes; the garbage collector removes its dependents.
+    #[default]
+    Background,
+    /// The object stays (`foregroundDeletion`) until its dependents are gone.
+    Foreground,
+    /// The dependents stay, released (`orphan`).
+    Orphan,
+}
+
+impl Propagation {
+    fn parse(s: &str) -> Result<Self, ApiError> {
+        match s {
+            "Background" => Ok(Self::Background),
+            "Foreground" => Ok(Self::Foreground),
+            "Orphan" => Ok(Self::Orphan),
+            other => Err(ApiError::BadRequest(format!(
+                "DeleteOptions.meta.k8s.io \"\" is invalid: propagationPolicy: Unsupported value: {other:?}: supported values: \"Foreground\", \"Background\", \"Orphan\""
+            ))),
+        }
+    }
+}
+
 #[derive(Debug, Default)]
 struct DeleteOpts {
     grace: Option<i64>,
     /// `dryRun: ["All"]` in the body.
     dry_run: bool,
-    orphan: bool,
+    /// `propagationPolicy` (or `orphanDependents`).
+    policy: Propagation,
     uid: Option<String>,
     rv: Option<String>,
 }
@@ -1027,8 +1053,11 @@ fn delete_options(body: &[u8], q: &HashMap<String, String>) -> Result<DeleteOpts
             .get("dryRun")
             .and_then(Value::as_array)
             .is_some_and(|d| d.iter().any(|x| x == "All"));
-        o.orphan = v.get("propagationPolicy").and_then(Value::as_str) == Some("Orphan")
-            || v.get("orphanDependents").and_then(Value::as_bool) == Some(true);
+        if let Some(p) = v.get("propagationPolicy").and_then(Value::as_str) {
+            o.policy = Propagation::parse(p)?;
+        } else if v.get("orphanDependents").and_then(Value::as_bool) == Some(true) {
+            o.policy = Propagation::Orphan;
+        }
         o.uid = v
             .pointer("/preconditions/uid")
             .and_then(Value::as_str)
@@ -1044,8 +1073,10 @@ fn delete_options(body: &[u8], q: &HashMap<String, String>) -> Result<DeleteOpts
                 .map_err(|_| ApiError::BadRequest(format!("gracePeriodSeconds {g:?} is not a number")))?,
         );
     }
-    if q.get("propagationPolicy").map(String::as_str) == Some("Orphan") {
-        o.orphan = true;
+    if let Some(p) = q.get("propagationPolicy") {
+        o.policy = Propagation::parse(p)?;
+    } else if q.get("orphanDependents").map(String::as_str) == Some("true") {
+        o.policy = Propagation::Orphan;
     }
     Ok(o)
 }
@@ -1077,44 +1108,26 @@ fn delete_one(
     match res.kind {
         "Pod" => delete_pod(store, ns, name, opts.grace),
         "Namespace" => {
-            if matches!(name, "default" | "kube-system") {
-                return Err(ApiError::Terminating(name.to_owned()));
+            if matches!(name, "default" | "kube-system" | "kube-public") {
+                return Err(ApiError::Forbidden {
+                    group_resource: "namespaces".into(),
+                    name: name.to_owned(),
+                    group: String::new(),
+                    resource: "namespaces".into(),
+                    message: "this namespace may not be deleted".into(),
+                });
             }
-            let marked = store.mark_terminating(res, "", name, 0)?;
-            for (group, plural, obj_name) in store.keys_in_namespace(name) {
-                let Some(r) = resources::RESOURCES
-                    .iter()
-                    .find(|r| r.group == group && r.plural == plural && !r.computed)
-                else {
-                    continue;
-                };
-                let _ = store.remove(r, name, &obj_name, None);
-            }
-            let _ = store.remove(res, "", name, Some(uid_of(&marked)));
-            Ok(marked)
+            // The namespace controller removes the content, then the namespace.
+            store.delete_with_finalizer(res, "", name, None, None)
         }
         _ => {
-            let removed = store.remove(res, ns, name, None)?;
-            if opts.orphan {
-                let uid = uid_of(&removed).to_owned();
-                for kind in ["ReplicaSet", "Pod"] {
-                    let r = by_kind(kind);
-                    let (objs, _) = store.list(r, Some(ns));
-                    for o in objs.iter().filter(|o| {
-                        o.pointer("/metadata/ownerReferences")
-                            .and_then(Value::as_array)
-                            .is_some_and(|refs| refs.iter().any(|x| x["uid"] == uid.as_str()))
-                    }) {
-                        let _ = store.update(r, ns, name_of(o), |cur| {
-                            if let Some(refs) = cur["metadata"]["ownerReferences"].as_array_mut() {
-                                refs.retain(|x| x["uid"] != uid.as_str());
-                            }
-                            Ok(())
-                        });
-                    }
-                }
-            }
-            Ok(removed)
+            // The garbage collector honours `foregroundDeletion` and `orphan`.
+            let finalizer = match opts.policy {
+                Propagation::Background => None,
+                Propagation::Foreground => Some(FOREGROUND_DELETION),
+                Propagation::Orphan => Some(ORPHAN),
+            };
+            store.delete_with_finalizer(res, ns, name, None, finalizer)
         }
     }
 }

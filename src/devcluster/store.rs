@@ -2,7 +2,7 @@
 //! increasing resourceVersion, and a bounded event history that watches
 //! replay from (older resourceVersions answer `410 Gone`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use serde_json::{Value, json};
@@ -125,6 +125,35 @@ pub fn is_terminating(obj: &Value) -> bool {
         .is_some_and(|v| !v.is_null())
 }
 
+/// `metadata.finalizers`.
+#[must_use]
+pub fn finalizers_of(obj: &Value) -> Vec<&str> {
+    obj.pointer("/metadata/finalizers")
+        .and_then(Value::as_array)
+        .map(|f| f.iter().filter_map(Value::as_str).collect())
+        .unwrap_or_default()
+}
+
+/// Whether an object being deleted may go now: no finalizers left, a pod's
+/// grace period over (its kubelet confirmed), a namespace's own finalizers
+/// (`spec.finalizers`) done.
+fn ready_to_go(res: &'static ResourceDef, obj: &Value) -> bool {
+    if !is_terminating(obj) || !finalizers_of(obj).is_empty() {
+        return false;
+    }
+    match res.kind {
+        "Pod" => obj
+            .pointer("/metadata/deletionGracePeriodSeconds")
+            .and_then(Value::as_i64)
+            .is_none_or(|g| g <= 0),
+        "Namespace" => obj
+            .pointer("/spec/finalizers")
+            .and_then(Value::as_array)
+            .is_none_or(Vec::is_empty),
+        _ => true,
+    }
+}
+
 fn is_dns_subdomain(s: &str) -> bool {
     !s.is_empty()
         && s.len() <= 253
@@ -224,6 +253,27 @@ impl Store {
         (items, inner.rv)
     }
 
+    /// What the garbage collector looks at: the uid of every object, and
+    /// (with group and plural) every object that has ownerReferences or is
+    /// being deleted.
+    #[must_use]
+    pub fn gc_view(&self) -> (HashSet<String>, Vec<(&'static str, &'static str, Value)>) {
+        let inner = self.lock();
+        let mut uids = HashSet::with_capacity(inner.objects.len());
+        let mut interesting = Vec::new();
+        for ((g, p, _, _), v) in &inner.objects {
+            uids.insert(uid_of(v).to_owned());
+            if is_terminating(v)
+                || v.pointer("/metadata/ownerReferences")
+                    .and_then(Value::as_array)
+                    .is_some_and(|r| !r.is_empty())
+            {
+                interesting.push((*g, *p, v.clone()));
+            }
+        }
+        (uids, interesting)
+    }
+
     /// The objects of a resource as they were at resourceVersion `rv`
     /// (current data when `rv` is the newest), rebuilt from the history.
     ///
@@ -263,14 +313,23 @@ impl Store {
         Ok(objects.into_values().collect())
     }
 
-    fn namespace_check(inner: &Inner, res: &'static ResourceDef, ns: &str) -> Result<(), ApiError> {
+    fn namespace_check(
+        inner: &Inner,
+        res: &'static ResourceDef,
+        ns: &str,
+        name: &str,
+    ) -> Result<(), ApiError> {
         if !res.namespaced {
             return Ok(());
         }
         let nsres = by_kind("Namespace");
         match inner.objects.get(&key(nsres, "", ns)) {
             None => Err(ApiError::NamespaceNotFound(ns.to_owned())),
-            Some(n) if is_terminating(n) => Err(ApiError::Terminating(ns.to_owned())),
+            Some(n) if is_terminating(n) => Err(ApiError::Terminating {
+                res,
+                name: name.to_owned(),
+                namespace: ns.to_owned(),
+            }),
             Some(_) => Ok(()),
         }
     }
@@ -303,7 +362,11 @@ impl Store {
             obj["metadata"] = json!({});
         }
         let mut inner = self.lock();
-        Self::namespace_check(&inner, res, ns)?;
+        let given = obj
+            .pointer("/metadata/name")
+            .and_then(Value::as_str)
+            .unwrap_or("");
+        Self::namespace_check(&inner, res, ns, given)?;
         let meta = &mut obj["metadata"];
         let name = match meta.get("name").and_then(Value::as_str) {
             Some(n) if !n.is_empty() => n.to_owned(),
@@ -433,6 +496,22 @@ impl Store {
         if !new.get("metadata").is_some_and(Value::is_object) {
             new["metadata"] = json!({});
         }
+        default_spec(res, &mut new);
+        if is_terminating(&old) {
+            let before = finalizers_of(&old);
+            let added: Vec<&str> = finalizers_of(&new)
+                .into_iter()
+                .filter(|f| !before.contains(f))
+                .collect();
+            if !added.is_empty() {
+                let quoted: Vec<String> = added.iter().map(|f| format!("{f:?}")).collect();
+                return Err(ApiError::Invalid(format!(
+                    "{} {name:?} is invalid: metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{{{}}}",
+                    res.kind,
+                    quoted.join(", ")
+                )));
+            }
+        }
         let old_rv = old
             .pointer("/metadata/resourceVersion")
             .cloned()
@@ -487,7 +566,93 @@ impl Store {
         if new == old || dry_run {
             return Ok(new);
         }
+        if ready_to_go(res, &new) {
+            // The last finalizer is gone: the deletion completes.
+            return Ok(self.commit_deleted(&mut inner, res, ns, &k, new));
+        }
         Ok(self.commit_modified(&mut inner, res, ns, k, old, new))
+    }
+
+    /// Marks an object as being deleted (`deletionTimestamp`, no grace
+    /// period) and adds `finalizer` (`foregroundDeletion`, `orphan`) when
+    /// given; an object already marked keeps its timestamp. Without
+    /// finalizers the object goes at once.
+    ///
+    /// # Errors
+    /// `NotFound`, or `Conflict` when `uid` does not match.
+    pub fn delete_with_finalizer(
+        &self,
+        res: &'static ResourceDef,
+        ns: &str,
+        name: &str,
+        uid: Option<&str>,
+        finalizer: Option<&str>,
+    ) -> Result<Value, ApiError> {
+        let mut inner = self.lock();
+        let k = key(res, ns, name);
+        let Some(old) = inner.objects.get(&k).cloned() else {
+            return Err(ApiError::NotFound {
+                res,
+                name: name.to_owned(),
+            });
+        };
+        if uid.is_some_and(|u| u != uid_of(&old)) {
+            return Err(ApiError::Conflict {
+                res,
+                name: name.to_owned(),
+            });
+        }
+        let mut new = old.clone();
+        if !is_terminating(&new) {
+            new["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
+        }
+        new["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+        if res.kind == "Namespace" {
+            new["status"]["phase"] = json!("Terminating");
+        }
+        if let Some(f) = finalizer
+            && !finalizers_of(&new).contains(&f)
+        {
+            match new["metadata"]["finalizers"].as_array_mut() {
+                Some(list) => list.push(json!(f)),
+                None => new["metadata"]["finalizers"] = json!([f]),
+            }
+        }
+        if ready_to_go(res, &new) {
+            return Ok(self.commit_deleted(&mut inner, res, ns, &k, new));
+        }
+        if new == old {
+            return Ok(new);
+        }
+        Ok(self.commit_modified(&mut inner, res, ns, k, old, new))
+    }
+
+    /// Removes the object at `k` (last seen as `obj`) under the next
+    /// resourceVersion and records the `DELETED` event.
+    fn commit_deleted(
+        &self,
+        inner: &mut Inner,
+        res: &'static ResourceDef,
+        ns: &str,
+        k: &Key,
+        mut obj: Value,
+    ) -> Value {
+        let before = inner.objects.remove(k).unwrap_or_else(|| obj.clone());
+        inner.rv += 1;
+        let rv = inner.rv;
+        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+        self.record(
+            inner,
+            Event {
+                rv,
+                res,
+                namespace: ns.to_owned(),
+                kind: EventType::Deleted,
+                object: obj.clone(),
+                old: Some(before),
+            },
+        );
+        obj
     }
 
     /// Marks an object as terminating (`deletionTimestamp`, grace period).
@@ -547,8 +712,10 @@ impl Store {
         new
     }
 
-    /// Removes an object for good (emits `DELETED`). When `uid` is given, only
-    /// that incarnation is removed.
+    /// Deletes an object: it goes for good (emits `DELETED`) unless it has
+    /// finalizers, which keep it, marked with a `deletionTimestamp`, until
+    /// an update removes the last one. When `uid` is given, only that
+    /// incarnation is deleted.
     ///
     /// # Errors
     /// `NotFound`.
@@ -571,28 +738,25 @@ impl Store {
                 name: name.to_owned(),
             });
         }
-        let Some(mut obj) = inner.objects.remove(&k) else {
+        let Some(obj) = inner.objects.get(&k).cloned() else {
             return Err(ApiError::NotFound {
                 res,
                 name: name.to_owned(),
             });
         };
-        let before = obj.clone();
-        inner.rv += 1;
-        let rv = inner.rv;
-        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
-        self.record(
-            &mut inner,
-            Event {
-                rv,
-                res,
-                namespace: ns.to_owned(),
-                kind: EventType::Deleted,
-                object: obj.clone(),
-                old: Some(before),
-            },
-        );
-        Ok(obj)
+        if !finalizers_of(&obj).is_empty() {
+            // Finalizers hold the object: it is only marked.
+            let mut marked = obj.clone();
+            if !is_terminating(&marked) {
+                marked["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
+            }
+            marked["metadata"]["deletionGracePeriodSeconds"] = json!(0);
+            if marked == obj {
+                return Ok(obj);
+            }
+            return Ok(self.commit_modified(&mut inner, res, ns, k, obj, marked));
+        }
+        Ok(self.commit_deleted(&mut inner, res, ns, &k, obj))
     }
 
     /// Every (resource, namespace, name) in a namespace (used to empty a deleted namespace).
@@ -641,6 +805,44 @@ fn default_container(c: &mut Value) {
     }
 }
 
+/// Defaults of a Deployment's or ReplicaSet's `spec` that the API server
+/// fills in whenever it decodes one, on creates and updates alike
+/// (`SetDefaults_Deployment`, `SetDefaults_ReplicaSet`).
+fn default_spec(res: &'static ResourceDef, obj: &mut Value) {
+    if !matches!(res.kind, "Deployment" | "ReplicaSet") || !obj.get("spec").is_some_and(Value::is_object) {
+        return;
+    }
+    let spec = &mut obj["spec"];
+    if spec.get("replicas").is_none_or(Value::is_null) {
+        spec["replicas"] = json!(1);
+    }
+    if res.kind != "Deployment" {
+        return;
+    }
+    if !spec.get("strategy").is_some_and(Value::is_object) {
+        spec["strategy"] = json!({});
+    }
+    let strategy = &mut spec["strategy"];
+    if strategy.get("type").is_none_or(|t| t.is_null() || t == "") {
+        strategy["type"] = json!("RollingUpdate");
+    }
+    if strategy["type"] == "RollingUpdate" {
+        if !strategy.get("rollingUpdate").is_some_and(Value::is_object) {
+            strategy["rollingUpdate"] = json!({});
+        }
+        for bound in ["maxUnavailable", "maxSurge"] {
+            if strategy["rollingUpdate"].get(bound).is_none_or(Value::is_null) {
+                strategy["rollingUpdate"][bound] = json!("25%");
+            }
+        }
+    }
+    for (field, value) in [("revisionHistoryLimit", 10), ("progressDeadlineSeconds", 600)] {
+        if spec.get(field).is_none_or(Value::is_null) {
+            spec[field] = json!(value);
+        }
+    }
+}
+
 /// Server-side defaults a freshly created object gets.
 fn apply_defaults(res: &'static ResourceDef, obj: &mut Value) {
     match res.kind {
@@ -670,9 +872,7 @@ fn apply_defaults(res: &'static ResourceDef, obj: &mut Value) {
             obj["spec"] = json!({"finalizers": ["kubernetes"]});
         }
         "Deployment" | "ReplicaSet" => {
-            if obj.pointer("/spec/replicas").is_none() {
-                obj["spec"]["replicas"] = json!(1);
-            }
+            default_spec(res, obj);
             if obj.pointer("/metadata/labels").is_none()
                 && let Some(labels) = obj.pointer("/spec/template/metadata/labels").cloned()
             {
@@ -796,6 +996,107 @@ mod tests {
             d["metadata"]["generation"], 2,
             "status changes keep the generation"
         );
+    }
+
+    #[test]
+    fn deployments_get_their_spec_defaults_on_every_write() {
+        let s = store_with_ns(100);
+        let res = by_kind("Deployment");
+        let d = s
+            .create(res, "ns", json!({"metadata": {"name": "web"}, "spec": {}}))
+            .unwrap();
+        let defaulted = json!({
+            "replicas": 1,
+            "strategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": "25%"}},
+            "revisionHistoryLimit": 10,
+            "progressDeadlineSeconds": 600,
+        });
+        assert_eq!(d["spec"], defaulted);
+        let d = s
+            .update(res, "ns", "web", |o| {
+                o["spec"]["strategy"] = json!({"rollingUpdate": {"maxSurge": 1}});
+                o["spec"]["revisionHistoryLimit"] = Value::Null;
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(
+            d["spec"]["strategy"],
+            json!({"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": "25%", "maxSurge": 1}})
+        );
+        assert_eq!(d["spec"]["revisionHistoryLimit"], 10);
+        let d = s
+            .update(res, "ns", "web", |o| {
+                o["spec"]["strategy"] = json!({"type": "Recreate"});
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(d["spec"]["strategy"], json!({"type": "Recreate"}));
+    }
+
+    #[test]
+    fn finalizers_hold_a_deleted_object_until_the_last_one_goes() {
+        let s = store_with_ns(100);
+        let res = by_kind("ConfigMap");
+        s.create(
+            res,
+            "ns",
+            json!({"metadata": {"name": "held", "finalizers": ["a/x", "a/y"]}}),
+        )
+        .unwrap();
+        let marked = s.remove(res, "ns", "held", None).unwrap();
+        assert!(is_terminating(&marked));
+        assert_eq!(marked["metadata"]["deletionGracePeriodSeconds"], 0);
+        assert!(s.get(res, "ns", "held").is_some(), "finalizers keep it");
+        let err = s
+            .update(res, "ns", "held", |o| {
+                o["metadata"]["finalizers"] = json!(["a/x", "a/y", "a/z"]);
+                Ok(())
+            })
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "ConfigMap \"held\" is invalid: metadata.finalizers: Forbidden: no new finalizers can be added if the object is being deleted, found new finalizers []string{\"a/z\"}"
+        );
+        s.update(res, "ns", "held", |o| {
+            o["metadata"]["finalizers"] = json!(["a/y"]);
+            Ok(())
+        })
+        .unwrap();
+        assert!(s.get(res, "ns", "held").is_some());
+        let gone = s
+            .update(res, "ns", "held", |o| {
+                o["metadata"]["finalizers"] = json!([]);
+                Ok(())
+            })
+            .unwrap();
+        assert!(s.get(res, "ns", "held").is_none(), "{gone}");
+
+        // A pod in its grace period stays without finalizers; the kubelet's
+        // final delete removes it.
+        let pods = by_kind("Pod");
+        s.create(
+            pods,
+            "ns",
+            json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "c", "image": "i"}]}}),
+        )
+        .unwrap();
+        s.mark_terminating(pods, "ns", "p", 30).unwrap();
+        s.update(pods, "ns", "p", |o| {
+            o["status"]["phase"] = json!("Running");
+            Ok(())
+        })
+        .unwrap();
+        assert!(s.get(pods, "ns", "p").is_some());
+        s.remove(pods, "ns", "p", None).unwrap();
+        assert!(s.get(pods, "ns", "p").is_none());
+
+        // Foreground: the finalizer is added and holds the object.
+        s.create(res, "ns", json!({"metadata": {"name": "fg"}})).unwrap();
+        let fg = s
+            .delete_with_finalizer(res, "ns", "fg", None, Some("foregroundDeletion"))
+            .unwrap();
+        assert_eq!(fg["metadata"]["finalizers"], json!(["foregroundDeletion"]));
+        assert!(s.get(res, "ns", "fg").is_some());
     }
 
     #[test]

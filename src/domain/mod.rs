@@ -6,11 +6,13 @@
 mod function;
 mod id;
 mod json;
+mod timing;
 mod validate;
 
 pub use function::{Function, Scale};
 pub use id::FunctionId;
 pub use json::ParseError;
+pub use timing::{ASSIGN_TIMING_METADATA, AssignTiming};
 pub use validate::{ValidationError, is_dns1123_subdomain, is_label_value};
 
 /// Label on pool and assigned pods naming the function deployment.

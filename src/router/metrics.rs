@@ -209,6 +209,12 @@ mod tests {
         m.heartbeats.get_or_create(&label).inc();
         m.controller_call("GetInstance");
         let text = render(&r);
+        for line in text.lines().filter(|l| l.starts_with("# HELP")) {
+            assert!(
+                line.ends_with('.') && !line.ends_with(".."),
+                "one final period: {line}"
+            );
+        }
         for line in [
             "# HELP skipper_router_requests Total requests processed by the router.",
             "skipper_router_requests_total{function_deployment=\"app\"} 1",

@@ -42,6 +42,7 @@ use tokio::net::TcpListener;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
 
 pub use config::{Args, Config, Discovery, InvalidFlag};
 
@@ -76,6 +77,8 @@ pub enum Error {
     Signals(#[source] std::io::Error),
     #[error("--controller-token-file: {0}")]
     Credentials(#[from] crate::credentials::CredentialsError),
+    #[error("invalid configuration")]
+    Telemetry(#[from] crate::telemetry::AddrError),
 }
 
 /// State shared by every request.
@@ -93,7 +96,7 @@ struct State {
 /// # Errors
 /// Bad flags, a port that cannot be bound, discovery that cannot start.
 pub async fn main(args: Args) -> Result<ExitCode, Error> {
-    crate::telemetry::init(&args.telemetry);
+    let traces = crate::telemetry::init_traced(&args.telemetry, "skipper.router");
     let config = Config::try_from(&args)?;
     let addr = config::listen_addr(&args)?;
     let listener = TcpListener::bind(addr)
@@ -101,11 +104,13 @@ pub async fn main(args: Args) -> Result<ExitCode, Error> {
         .map_err(|source| Error::Bind { addr, source })?;
     let shutdown = Shutdown::new();
     shutdown.trigger_on_signals().map_err(Error::Signals)?;
+    crate::profiling::start(&args.telemetry, &shutdown).await?;
     tracing::info!(%addr, "router listening");
     run(config, listener, shutdown.clone()).await?;
     if !shutdown.drain(args.telemetry.telemetry_shutdown_timeout).await {
         tracing::warn!("background tasks did not stop within --telemetry-shutdown-timeout");
     }
+    traces.shutdown(args.telemetry.telemetry_shutdown_timeout).await;
     tracing::info!("router shutdown");
     Ok(ExitCode::SUCCESS)
 }
@@ -143,6 +148,7 @@ pub async fn serve(
     config.validate()?;
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
+    crate::telemetry::process::register(&mut registry);
     if let Some(l) = metrics_listener {
         metrics::serve(l, Arc::new(registry), &shutdown);
     }
@@ -326,13 +332,15 @@ async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Re
             return proxy::Error::from(e).into_response();
         }
     };
+    let span = request_span(&req);
     let guard = state.activity.begin(&parsed).await;
     let forwarding = state.proxy.forward(&parsed, req, remote, guard);
     let result = match state.request_timeout {
         Some(t) => tokio::time::timeout(t, forwarding)
+            .instrument(span.clone())
             .await
             .unwrap_or(Err(proxy::Error::RequestTimeout(t))),
-        None => forwarding.await,
+        None => forwarding.instrument(span.clone()).await,
     };
     if result.is_ok() {
         state.metrics.learn(&parsed.function.deployment);
@@ -348,7 +356,30 @@ async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Re
             status_class: metrics::status_class(resp.status()).to_owned(),
         })
         .observe(start.elapsed().as_secs_f64());
+    span.record("http.response.status_code", resp.status().as_u16());
+    if resp.status().is_server_error() {
+        span.record("otel.status_code", "ERROR");
+    }
     resp
+}
+
+/// The server span of one proxied request (`HTTP <METHOD>`), child of the
+/// client's `traceparent`; disabled when traces are off.
+fn request_span<B>(req: &Request<B>) -> tracing::Span {
+    if !crate::telemetry::otel::enabled() {
+        return tracing::Span::none();
+    }
+    let span = tracing::info_span!(
+        "router.request",
+        otel.name = %format_args!("HTTP {}", req.method()),
+        otel.kind = "server",
+        otel.status_code = tracing::field::Empty,
+        http.request.method = %req.method(),
+        url.path = req.uri().path(),
+        http.response.status_code = tracing::field::Empty,
+    );
+    crate::telemetry::otel::set_remote_parent(&span, crate::telemetry::otel::extract_http(req.headers()));
+    span
 }
 
 /// `GET /healthz`: 200, or 503 once shutdown has begun.

@@ -252,6 +252,8 @@ impl Sim {
 /// A controller running in this process.
 pub struct Ctl {
     pub addr: SocketAddr,
+    /// The web UI, when the configuration asked for one.
+    pub web: Option<SocketAddr>,
     pub core: Arc<Core>,
     pub shutdown: Shutdown,
     pub task: tokio::task::JoinHandle<Result<(), RunError>>,
@@ -283,6 +285,7 @@ impl Ctl {
             .unwrap();
         Self {
             addr,
+            web: running.web_addr,
             core: running.core,
             shutdown,
             task,

@@ -13,6 +13,7 @@ pub mod cache;
 pub mod pods;
 pub mod stores;
 pub mod throttle;
+pub mod trace;
 
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -149,6 +150,9 @@ pub struct Instance {
     pub addr: String,
     pub cpu_milli: u32,
     pub memory_mib: u32,
+    /// How the assignment that made this instance went, on the value the
+    /// assigning controller returns (never read back from the pod).
+    pub assign_timing: Option<Box<crate::domain::AssignTiming>>,
 }
 
 impl Instance {
@@ -189,6 +193,7 @@ impl Instance {
             addr,
             cpu_milli: 0,
             memory_mib: 0,
+            assign_timing: None,
         })
     }
 

@@ -26,6 +26,7 @@ mod task;
 #[cfg(test)]
 mod tests;
 
+use std::collections::VecDeque;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -133,7 +134,67 @@ pub(crate) enum Command {
         decision: Decision,
         deadline: Instant,
         reply: oneshot::Sender<Result<Vec<Instance>>>,
+        /// The caller's span: the execution is part of its trace.
+        span: tracing::Span,
     },
+}
+
+/// How many of the autoscaler's recommendations a supervisor keeps.
+pub const RECOMMENDATIONS: usize = 20;
+
+/// The autoscaler's recommendation at consecutive converge ticks that
+/// agreed, kept for the operator surface.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Recommendation {
+    /// The latest tick.
+    pub at: SystemTime,
+    pub decision: Decision,
+    /// Whether this controller acted on it (ring owner, not held back).
+    pub acted: bool,
+    /// Consecutive ticks with this recommendation, the first at `since`.
+    pub ticks: u32,
+    pub since: SystemTime,
+}
+
+impl Recommendation {
+    /// One tick's recommendation.
+    #[must_use]
+    pub fn new(at: SystemTime, decision: Decision, acted: bool) -> Self {
+        Self {
+            at,
+            decision,
+            acted,
+            ticks: 1,
+            since: at,
+        }
+    }
+}
+
+impl Recommendation {
+    /// The wire form.
+    #[must_use]
+    pub fn to_api(&self) -> crate::api::ScaleRecommendation {
+        let d = &self.decision;
+        crate::api::ScaleRecommendation {
+            timestamp: Some(self.at.into()),
+            decision: Some(crate::api::ScaleDecision {
+                desired_instances: Some(d.desired),
+                unclamped_desired_instances: Some(d.unclamped),
+                reason: Some(d.reason as i32),
+                metrics: d
+                    .metrics
+                    .iter()
+                    .map(|(name, value)| crate::api::ScaleMetric {
+                        name: Some((*name).to_owned()),
+                        value: Some(*value),
+                    })
+                    .collect(),
+            }),
+            acted: Some(self.acted),
+            ticks: Some(self.ticks),
+            since: Some(self.since.into()),
+        }
+    }
 }
 
 /// State shared between the actor and the RPC handlers. Std mutexes: every
@@ -143,6 +204,7 @@ pub struct Shared {
     spec: Mutex<Arc<Function>>,
     heartbeats: Mutex<heartbeat::Store>,
     mailbox: Mailbox,
+    recommendations: Mutex<VecDeque<Recommendation>>,
 }
 
 impl Shared {
@@ -151,6 +213,8 @@ impl Shared {
             spec: Mutex::new(Arc::new(spec)),
             heartbeats: Mutex::new(heartbeat::Store::default()),
             mailbox: Mailbox::default(),
+            // Empty until the first tick; an idle function holds one entry.
+            recommendations: Mutex::new(VecDeque::new()),
         }
     }
 
@@ -171,6 +235,41 @@ impl Shared {
         if !spec.same_config(f) {
             *spec = Arc::new(f.clone());
         }
+    }
+
+    /// Records a converge tick's recommendation: a repeat of the latest
+    /// one extends it, anything else is appended (the oldest beyond
+    /// [`RECOMMENDATIONS`] is dropped).
+    pub fn record_recommendation(&self, r: Recommendation) {
+        let mut recs = self
+            .recommendations
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(last) = recs.back_mut()
+            && last.decision == r.decision
+            && last.acted == r.acted
+        {
+            last.at = r.at;
+            last.ticks = last.ticks.saturating_add(r.ticks);
+            return;
+        }
+        if recs.len() == RECOMMENDATIONS {
+            recs.pop_front();
+        }
+        // Grow one at a time: most supervisors keep a single entry.
+        recs.reserve_exact(1);
+        recs.push_back(r);
+    }
+
+    /// The latest recommendations, oldest first.
+    #[must_use]
+    pub fn recommendations(&self) -> Vec<Recommendation> {
+        self.recommendations
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .iter()
+            .cloned()
+            .collect()
     }
 
     /// Runs `f` on the heartbeat store.
@@ -205,6 +304,7 @@ impl Handle {
             decision,
             deadline,
             reply,
+            span: tracing::Span::current(),
         };
         self.shared
             .mailbox
@@ -357,5 +457,38 @@ impl<C: Context> Registry<C> {
     /// Stops every supervisor (they remove themselves as they exit).
     pub fn stop_all(&self) {
         self.inner.token.cancel();
+    }
+}
+
+#[cfg(test)]
+mod recommendation_tests {
+    use super::*;
+    use crate::api::ScaleReason;
+
+    fn shared() -> Shared {
+        Shared::new(Function::default())
+    }
+
+    #[test]
+    fn repeats_extend_the_latest_and_the_list_is_bounded() {
+        let s = shared();
+        let t = |n: u64| SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(n);
+        let one = Decision::new(1, ScaleReason::Cpu);
+        s.record_recommendation(Recommendation::new(t(1), one.clone(), true));
+        s.record_recommendation(Recommendation::new(t(2), one.clone(), true));
+        s.record_recommendation(Recommendation::new(t(3), one.clone(), false));
+        let recs = s.recommendations();
+        assert_eq!(recs.len(), 2);
+        assert_eq!((recs[0].ticks, recs[0].since, recs[0].at), (2, t(1), t(2)));
+        for n in 0..100 {
+            s.record_recommendation(Recommendation::new(
+                t(10 + n),
+                Decision::new(u32::try_from(n).unwrap(), ScaleReason::Cpu),
+                true,
+            ));
+        }
+        let recs = s.recommendations();
+        assert_eq!(recs.len(), RECOMMENDATIONS);
+        assert_eq!(recs.last().unwrap().decision.desired, 99);
     }
 }

@@ -62,6 +62,7 @@ async fn actor_loop<C: Context>(registry: &Registry<C>, handle: &Handle) {
             decision,
             deadline,
             reply,
+            span,
         }) = handle.shared.mailbox.pop()
         {
             let f = handle.shared.spec();
@@ -71,7 +72,7 @@ async fn actor_loop<C: Context>(registry: &Registry<C>, handle: &Handle) {
                     let _ = reply.send(Err(Error::ShuttingDown));
                     return;
                 }
-                result = Box::pin(scale_locally(ctx.as_ref(), &f, &decision, deadline)) => {
+                result = Box::pin(scale_locally(ctx.as_ref(), &f, &decision, deadline).instrument(span)) => {
                     let _ = reply.send(result);
                 }
             }
@@ -156,6 +157,16 @@ async fn tick<C: Context>(ctx: &C, handle: &Handle, actor: &mut Actor) -> Result
         owner: ctx.is_owner(f.id()),
     };
     let plan = converge::plan_tick(&input, &mut actor.window, &ctx.settings().scale);
+    let recommended = match &plan {
+        TickPlan::Idle { decision, .. } => Some((decision.clone(), false)),
+        TickPlan::Act { decision, .. } => Some((decision.clone(), true)),
+        TickPlan::OneshotCleanup { .. } => None,
+    };
+    if let Some((decision, acted)) = recommended {
+        handle
+            .shared
+            .record_recommendation(super::Recommendation::new(input.now, decision, acted));
+    }
     let busy = match &plan {
         TickPlan::Idle { .. } => false,
         TickPlan::OneshotCleanup { .. } => true,
@@ -179,7 +190,9 @@ async fn tick<C: Context>(ctx: &C, handle: &Handle, actor: &mut Actor) -> Result
         TickPlan::Idle { stop, .. } => Ok(stop),
         TickPlan::Act { stop, .. } if !busy => Ok(stop),
         plan => {
-            let span = tracing::info_span!("controller.supervisor.converge", function = %handle.id);
+            // Each tick that acts is a trace of its own.
+            let span =
+                tracing::info_span!(parent: None, "controller.supervisor.converge", function = %handle.id);
             act(ctx, &f, plan, instances).instrument(span).await
         }
     }

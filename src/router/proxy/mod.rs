@@ -58,7 +58,7 @@ use super::metrics::Metrics;
 use super::subscription::Subscriber;
 use crate::api;
 use crate::client::Client;
-use crate::domain::{HEADER_GET_INSTANCE_DURATION_MS, HEADER_INSTANCE, HEADER_TENANT};
+use crate::domain::{AssignTiming, HEADER_GET_INSTANCE_DURATION_MS, HEADER_INSTANCE, HEADER_TENANT};
 use attempt::Outcome;
 use select::Selected;
 
@@ -194,6 +194,7 @@ impl Prepared {
         let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
         headers::rewrite(&mut parts.headers, Some(client_addr), upgrade.clone());
+        crate::telemetry::otel::inject_http(&mut parts.headers);
         let path = parts
             .uri
             .path_and_query()
@@ -330,7 +331,11 @@ impl Proxy {
                         slot: chosen.guard,
                         release: chosen.release,
                     };
-                    return match (client_upgrade, prepared.upgrade) {
+                    let cold = tries
+                        .timing
+                        .as_ref()
+                        .and_then(|t| HeaderValue::try_from(t.server_timing(tries.get_instance_time)).ok());
+                    let resp = match (client_upgrade, prepared.upgrade) {
                         (Some(client_upgrade), Some(want))
                             if resp.status() == http::StatusCode::SWITCHING_PROTOCOLS =>
                         {
@@ -338,6 +343,13 @@ impl Proxy {
                         }
                         _ => Ok(finish(resp, hold, ms)),
                     };
+                    return resp.map(|mut r| {
+                        if let Some(v) = cold {
+                            r.headers_mut()
+                                .append(http::header::HeaderName::from_static("server-timing"), v);
+                        }
+                        r
+                    });
                 }
                 Outcome::Unusable(failure) => {
                     tracing::debug!(attempt, instance = %chosen.slot.name, error = %failure, "instance unusable; trying another");
@@ -366,6 +378,9 @@ struct Tries {
     controller_retries: u32,
     /// Time spent in `GetInstance` calls.
     get_instance_time: Duration,
+    /// How the assignment a `GetInstance` call made went (a cold start):
+    /// the response's `Server-Timing`.
+    timing: Option<AssignTiming>,
 }
 
 impl Tries {

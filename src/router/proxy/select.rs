@@ -70,7 +70,7 @@ impl Proxy {
         self.metrics.controller_call("GetInstance");
         let got = self
             .client
-            .get_instance_once(
+            .get_instance_once_timed(
                 api::GetInstanceRequest {
                     function: Some(parsed.api.clone()),
                     exclude_instance_names: tries.excluded.clone(),
@@ -79,6 +79,12 @@ impl Proxy {
             )
             .await;
         tries.get_instance_time += t0.elapsed();
+        let got = got.map(|(r, timing)| {
+            if timing.is_some() {
+                tries.timing = timing;
+            }
+            r
+        });
         let instance = match got.map(|r| r.instance) {
             Ok(Some(i)) => i,
             Ok(None) => return Selected::Retry(Error::NoInstance),
