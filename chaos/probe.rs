@@ -98,13 +98,8 @@ pub async fn controllers(dev: &Dev) -> Vec<(String, String, u32)> {
         .filter_map(|p| {
             let status = p.status.as_ref()?;
             let ip = status.pod_ip.clone()?;
-            let pid = status
-                .container_statuses
-                .as_ref()?
-                .first()?
-                .container_id
-                .as_deref()?;
-            let pid = pid.strip_prefix("sim://")?.parse().ok()?;
+            // The controller process: the one serving gRPC on the pod IP.
+            let pid = crate::harness::listener_pid(ip.parse().ok()?, 50051)?;
             Some((p.metadata.name?, ip, pid))
         })
         .collect();

@@ -403,24 +403,69 @@ impl Dev {
         status
     }
 
-    /// Pids of every pod process (from the pods' `sim://PID` container ids).
-    pub async fn pod_pids(&self) -> Vec<i32> {
-        let api: Api<Pod> = Api::all(self.client.clone());
-        api.list(&ListParams::default())
-            .await
-            .unwrap()
-            .items
-            .iter()
-            .filter_map(|p| {
-                p.status.as_ref()?.container_statuses.as_ref()?[0]
-                    .container_id
-                    .as_deref()?
-                    .strip_prefix("sim://")?
-                    .parse()
-                    .ok()
-            })
-            .collect()
+    /// Every process `skipper dev` started, directly or not: the router,
+    /// and each pod's shims, main processes and their children.
+    pub fn process_tree(&self) -> Vec<i32> {
+        let Some(root) = self.child.as_ref().and_then(tokio::process::Child::id) else {
+            return Vec::new();
+        };
+        let mut parent_of = std::collections::HashMap::new();
+        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            if let Some(ppid) = stat
+                .rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                .and_then(|s| s.parse::<u32>().ok())
+            {
+                parent_of.insert(pid, ppid);
+            }
+        }
+        let mut out = Vec::new();
+        let mut frontier = vec![root];
+        while let Some(cur) = frontier.pop() {
+            for (child, parent) in &parent_of {
+                if *parent == cur {
+                    out.push(i32::try_from(*child).unwrap());
+                    frontier.push(*child);
+                }
+            }
+        }
+        out
     }
+}
+
+/// The pid of the process listening on `ip:port` (TCP), found the way
+/// `ss -p` finds it: the socket in `/proc/net/tcp`, then the process that
+/// holds it (a pod's main process, in the simulator).
+pub fn listener_pid(ip: std::net::Ipv4Addr, port: u16) -> Option<u32> {
+    let want = format!("{:08X}:{port:04X}", u32::from_le_bytes(ip.octets()));
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let inode = table.lines().skip(1).find_map(|l| {
+        let f: Vec<&str> = l.split_whitespace().collect();
+        // State 0A is LISTEN.
+        (f.get(1) == Some(&want.as_str()) && f.get(3) == Some(&"0A"))
+            .then(|| f.get(9).map(|s| (*s).to_owned()))?
+    })?;
+    let link = format!("socket:[{inode}]");
+    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
+        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+            continue;
+        };
+        for fd in fds.flatten() {
+            if std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == link) {
+                return Some(pid);
+            }
+        }
+    }
+    None
 }
 
 impl Drop for Dev {

@@ -7,7 +7,8 @@ use std::time::Duration;
 use crate::Timer;
 use crate::harness::{Dev, Opts, single};
 
-/// SIGINT: exit status 0, no pod process and no router left.
+/// SIGINT: exit status 0, no process it started (router, pod processes and
+/// their children) left.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ctrl_c_stops_everything() {
     let _t = Timer::start("playground ctrl-c");
@@ -17,16 +18,23 @@ async fn ctrl_c_stops_everything() {
     })
     .await;
     assert_eq!(dev.echo_tenant(&single("t1"), "/").await, "t1");
-    let pids = dev.pod_pids().await;
-    // 2 controllers + 3 pool pods + the assigned one (the pool refills).
-    assert!(pids.len() >= 5, "pod pids: {pids:?}");
+    let pids = dev.process_tree();
+    // The router, and a shim and a main process for each of 2 controllers
+    // and 3 pool pods (and the assigned one's replacement as it starts).
+    assert!(pids.len() >= 11, "processes: {pids:?}");
     let router = dev.router.trim_start_matches("http://").to_owned();
     let status = dev.interrupt().await;
     assert_eq!(status.code(), Some(0));
-    for pid in pids {
-        let alive = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), None).is_ok();
-        assert!(!alive, "pod process {pid} survived");
-    }
+    // Gone, or a zombie waiting for init to reap it.
+    let running = |pid: &i32| {
+        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                .is_some_and(|state| state != "Z" && state != "X")
+        })
+    };
+    let survivors: Vec<i32> = pids.iter().copied().filter(running).collect();
+    assert!(survivors.is_empty(), "processes survived: {survivors:?}");
     assert!(
         tokio::net::TcpStream::connect(&router).await.is_err(),
         "router still listening"

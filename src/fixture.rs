@@ -9,7 +9,9 @@
 //! `--pod-name`) or another tenant (`X-Skipper-Tenant`) is answered
 //! `421 Misdirected Request` before anything else happens. Test knobs on
 //! the echo path: `?delay_ms=N`, `?status=N`, `?burn_ms=N`, `?bytes=N` and
-//! `/sse?events=N&interval_ms=M`.
+//! `/sse?events=N&interval_ms=M`. With `--fixture-grpc-health-port` it also
+//! serves `grpc.health.v1.Health`, reporting `--fixture-grpc-health-status` (a test knob for
+//! gRPC probes).
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -73,10 +75,14 @@ pub struct Args {
     #[arg(long, env = "SKIPPER_ASSIGN_STATUS", value_parser = parse_status)]
     pub assign_status: Option<u16>,
 
-    /// Exit when this process is no longer our parent (the simulator sets it,
-    /// so its pods do not outlive a killed simulator)
-    #[arg(long, env = "SKIPPER_EXIT_WITH_PARENT", hide = true)]
-    pub exit_with_parent: Option<u32>,
+    /// Also serve the gRPC health service (grpc.health.v1.Health) on this port
+    #[arg(long, env = "SKIPPER_FIXTURE_GRPC_HEALTH_PORT")]
+    pub fixture_grpc_health_port: Option<u16>,
+
+    /// Test knob: what the gRPC health service reports for the server (service "")
+    #[arg(long, env = "SKIPPER_FIXTURE_GRPC_HEALTH_STATUS", default_value = "SERVING",
+          value_parser = ["SERVING", "NOT_SERVING"])]
+    pub fixture_grpc_health_status: String,
 
     /// Logging and telemetry flags.
     #[command(flatten)]
@@ -133,6 +139,8 @@ pub struct Settings {
     pub assign_delay: Duration,
     /// Answer every assign request with this status.
     pub assign_status: Option<u16>,
+    /// Where the gRPC health service listens, and whether it reports `SERVING`.
+    pub grpc_health: Option<(SocketAddr, bool)>,
     /// This pod's name, checked against `X-Skipper-Instance` (`None`: not
     /// checked).
     pub pod_name: Option<String>,
@@ -164,6 +172,12 @@ impl Settings {
             token_path: args.fixture_token_path.clone(),
             assign_delay: args.assign_delay,
             assign_status: args.assign_status,
+            grpc_health: args.fixture_grpc_health_port.map(|port| {
+                (
+                    SocketAddr::new(ip, port),
+                    args.fixture_grpc_health_status == "SERVING",
+                )
+            }),
             pod_name: Some(args.pod_name.trim().to_owned()).filter(|n| !n.is_empty()),
         })
     }
@@ -202,6 +216,9 @@ impl Fixture {
                 source,
             })?;
         let addr = listener.local_addr().map_err(FixtureError::Serve)?;
+        if let Some((health_addr, serving)) = settings.grpc_health {
+            serve_grpc_health(health_addr, serving, &shutdown).await?;
+        }
         let state = Arc::new(AppState {
             settings,
             assignment: Mutex::new(assignment),
@@ -237,6 +254,36 @@ impl Fixture {
     }
 }
 
+/// `grpc.health.v1.Health` on `addr`, reporting `SERVING` or `NOT_SERVING`
+/// for the server as a whole (service `""`); other service names are unknown.
+async fn serve_grpc_health(addr: SocketAddr, serving: bool, shutdown: &Shutdown) -> Result<(), FixtureError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| FixtureError::Bind { addr, source })?;
+    let (reporter, service) = tonic_health::server::health_reporter();
+    let status = if serving {
+        tonic_health::ServingStatus::Serving
+    } else {
+        tonic_health::ServingStatus::NotServing
+    };
+    reporter.set_service_status("", status).await;
+    let token = shutdown.token().clone();
+    shutdown.spawn("fixture-grpc-health", async move {
+        // The reporter lives as long as the server.
+        let _reporter = reporter;
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        if let Err(e) = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, token.cancelled_owned())
+            .await
+        {
+            tracing::warn!(error = %e, "fixture gRPC health server stopped");
+        }
+    });
+    tracing::info!(address = %addr, serving, "fixture gRPC health listening");
+    Ok(())
+}
+
 fn load_assignment(settings: &Settings) -> Result<Assignment, FixtureError> {
     match std::fs::read_to_string(&settings.token_path) {
         Ok(token) => {
@@ -269,23 +316,6 @@ pub async fn main(args: Args) -> Result<ExitCode, FixtureError> {
     shutdown.trigger_on_signals().map_err(FixtureError::Signals)?;
     crate::profiling::start(&args.telemetry, &shutdown).await?;
     let fixture = Fixture::start(settings, shutdown.clone()).await?;
-    if let Some(parent) = args.exit_with_parent {
-        let s = shutdown.clone();
-        shutdown.spawn("parent-watch", async move {
-            let mut tick = tokio::time::interval(Duration::from_millis(250));
-            loop {
-                tokio::select! {
-                    _ = tick.tick() => {}
-                    () = s.cancelled() => return,
-                }
-                if u32::try_from(nix::unistd::getppid().as_raw()).ok() != Some(parent) {
-                    tracing::warn!(parent, "parent process is gone, shutting down");
-                    s.trigger();
-                    return;
-                }
-            }
-        });
-    }
     shutdown.cancelled().await;
     fixture.stop().await;
     traces.shutdown(SHUTDOWN_TIMEOUT).await;

@@ -23,7 +23,9 @@
 //!   generation and PASETO assignment tokens.
 //! - [`devcluster`]: the Kubernetes API simulator and `skipper dev`.
 //! - [`telemetry`], [`profiling`], [`shutdown`], [`config`]: logging,
-//!   metrics and traces, CPU profiles, cancellation, shared flag parsing.
+//!   metrics and traces, CPU profiles, cancellation, shared flag parsing;
+//!   [`watch_access`]: watches the API server refuses, reported in the
+//!   health of the controller and the router.
 //! - [`credentials`]: the ServiceAccount token routers and controllers
 //!   present to controllers.
 
@@ -44,3 +46,4 @@ pub mod router;
 pub mod shutdown;
 pub mod telemetry;
 pub mod token;
+pub mod watch_access;

@@ -6,6 +6,15 @@ use clap::Parser;
 use skipper::cli::{Cli, Command};
 
 fn main() -> ExitCode {
+    // The pod sandbox shim works on namespaces, which needs a process with a
+    // single thread: it runs before the async runtime (or anything else) starts.
+    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if args
+        .get(1)
+        .is_some_and(|a| a == skipper::devcluster::kubelet::sandbox::SUBCOMMAND)
+    {
+        return skipper::devcluster::kubelet::sandbox::main(&args[2..]);
+    }
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,

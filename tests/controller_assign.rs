@@ -283,7 +283,10 @@ async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_controllers_claim_concurrently_without_double_assignment() {
-    const TENANTS: usize = 200;
+    // Twice the pool: half the claims race for pods that replace claimed
+    // ones. Every replacement is a real process that must pass its
+    // readiness probe, so the last claim waits for all of them.
+    const TENANTS: usize = 100;
     const POOL: i32 = 50;
     let sim = std::sync::Arc::new(Sim::start().await);
     sim.deploy_pool("race", POOL, &[]).await;
@@ -513,6 +516,17 @@ async fn a_router_keeps_at_most_its_limit_of_functions_active() {
     config.limits.functions_per_router = 3;
     config.limits.heartbeat_routers = 2;
     let ctl = Ctl::start(&sim, config, listener).await;
+    // Heartbeats for a Deployment the controller does not know yet are
+    // dropped, not counted against the router.
+    eventually(Duration::from_secs(10), "the pool's ReplicaSet", || async {
+        ctl.core
+            .namespace(NS)
+            .unwrap()
+            .replica_sets
+            .knows_deployment("pool")
+            .then_some(())
+    })
+    .await;
     let batch = |router: &str, tenants: std::ops::Range<usize>| api::HeartbeatRequest {
         router_ip: Some(router.into()),
         heartbeats: tenants

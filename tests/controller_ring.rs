@@ -11,9 +11,7 @@ use std::time::Duration;
 
 use harness::{CTL_NS, Ctl, NS, Sim, eventually, function, heartbeat};
 use skipper::api;
-use skipper::controller::RunError;
 use skipper::ring::HashRing;
-use skipper::shutdown::Shutdown;
 use tokio::net::TcpListener;
 
 /// Binds `ip1:0` and `ip2:<same port>` (peers are dialled on one port).
@@ -189,23 +187,32 @@ async fn forwarded_scale_between_disagreeing_rings_does_not_deadlock() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn empty_ring_is_an_orderly_startup_failure() {
+async fn an_empty_ring_fails_lookups_not_start_up() {
     let sim = Sim::start().await;
+    sim.deploy_pool("pool", 1, &[]).await;
+    // No controller pod in "other": the ring stays empty.
     let mut config = ring_config(&sim, "other", "127.0.0.1");
     config.hash_ring_wait_time = Duration::from_millis(300);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut ctl = Ctl::start(&sim, config, listener).await;
+    let f = function("pool", "lonely", 1);
     let started = tokio::time::Instant::now();
-    let result = tokio::time::timeout(
-        Duration::from_secs(10),
-        skipper::controller::run(config, sim.client.clone(), listener, Shutdown::new(), |_| {}),
-    )
-    .await
-    .expect("run returns instead of waiting forever");
-    match result {
-        Err(RunError::RingEmpty(e)) => assert!(e.to_string().contains("hash ring is still empty")),
-        other => panic!("expected an empty-ring error, got {other:?}"),
-    }
-    assert!(started.elapsed() < Duration::from_secs(5));
+    let err = ctl
+        .grpc
+        .get_instance(api::GetInstanceRequest {
+            function: Some((&f).into()),
+            exclude_instance_names: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("hash ring is still empty"), "{err:?}");
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "{:?}",
+        started.elapsed()
+    );
+    ctl.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -294,7 +301,7 @@ async fn wrong_pod_ip_forwards_to_itself_once_and_does_not_deadlock() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn the_binary_exits_non_zero_on_an_empty_ring_and_zero_on_sigterm() {
+async fn the_binary_rejects_bad_flags_and_exits_zero_on_sigterm() {
     let sim = Sim::start().await;
     let key = sim.key.to_pem();
     let base = |extra: &[&str]| {
@@ -311,17 +318,6 @@ async fn the_binary_exits_non_zero_on_an_empty_ring_and_zero_on_sigterm() {
             .kill_on_drop(true);
         cmd
     };
-    let out = tokio::time::timeout(
-        Duration::from_secs(20),
-        base(&["--namespace", "other", "--hash-ring-wait-time", "300ms"]).output(),
-    )
-    .await
-    .expect("exits instead of waiting forever")
-    .unwrap();
-    assert_eq!(out.status.code(), Some(1));
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("hash ring is still empty"), "{stderr}");
-
     let out = base(&["--namespace", CTL_NS, "--scale-interval", "0s"])
         .output()
         .await

@@ -1,6 +1,8 @@
 //! Controller start-up against the simulator: the per-namespace probe with
 //! and without `--skip-forbidden-namespaces`, and gRPC health that says
-//! `NOT_SERVING` until the caches have synced and the ring has a member.
+//! `SERVING` once the caches have synced, before the ring has a member (a
+//! controller joins the ring only when its pod is Ready, and readiness is
+//! this health).
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -77,7 +79,7 @@ async fn a_forbidden_namespace_fails_start_up_unless_skipped() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn health_is_not_serving_until_the_ring_has_a_member() {
+async fn health_is_serving_once_caches_sync_before_the_ring_forms() {
     let sim = Sim::start().await;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
@@ -97,21 +99,22 @@ async fn health_is_not_serving_until_the_ring_has_a_member() {
             let _ = tx.send(r);
         },
     ));
-
-    let not_serving = ServingStatus::NotServing as i32;
-    eventually(
-        Duration::from_secs(10),
-        "health NOT_SERVING while the ring is empty",
-        || async { (health_of(addr).await == Some(not_serving)).then_some(()) },
-    )
-    .await;
-
-    // A controller pod becomes Ready: the ring forms and health flips.
-    sim.controller_pod(CTL_NS, "controller-0").await;
-    tokio::time::timeout(Duration::from_secs(10), ready)
+    let running = tokio::time::timeout(Duration::from_secs(10), ready)
         .await
         .expect("ready in time")
         .expect("ready");
+    assert_eq!(health_of(addr).await, Some(ServingStatus::Serving as i32));
+    assert!(
+        running.core.ring.current().sorted_members().is_empty(),
+        "no ring yet"
+    );
+
+    // A controller pod becomes Ready: the ring forms.
+    sim.controller_pod(CTL_NS, "controller-0").await;
+    eventually(Duration::from_secs(10), "the ring has a member", || async {
+        (!running.core.ring.current().sorted_members().is_empty()).then_some(())
+    })
+    .await;
     assert_eq!(health_of(addr).await, Some(ServingStatus::Serving as i32));
 
     shutdown.trigger();

@@ -130,12 +130,10 @@ fn ready(pod: &Value) -> bool {
         && pod["metadata"]["deletionTimestamp"].is_null()
 }
 
+/// The fixture process of a pod: the one listening on its IP.
 fn pid_of(pod: &Value) -> u32 {
-    pod["status"]["containerStatuses"][0]["containerID"]
-        .as_str()
-        .and_then(|c| c.strip_prefix("sim://"))
-        .and_then(|p| p.parse().ok())
-        .unwrap()
+    let ip = pod["status"]["podIP"].as_str().unwrap().parse().unwrap();
+    common::listener_pid(ip, 8888).unwrap()
 }
 
 async fn ready_pool(api: &Apiserver, n: usize) -> Vec<Value> {
@@ -370,7 +368,7 @@ fn a_busy_address_is_named() {
 }
 
 #[tokio::test]
-async fn fixture_pods_exit_when_the_simulator_is_killed() {
+async fn every_pod_process_exits_when_the_simulator_is_killed() {
     let mut api = Apiserver::start().await;
     let kubeconfig = kube::config::Kubeconfig::read_from(api.path("kubeconfig")).unwrap();
     let config =
@@ -405,11 +403,18 @@ async fn fixture_pods_exit_when_the_simulator_is_killed() {
     .await;
     assert!(pids.iter().all(|p| common::process_alive(*p)));
     let server_pid = api.child.id().unwrap();
+    // Every process of every pod: shims, main processes and their children.
+    let tree = common::descendants(server_pid);
+    assert!(pids.iter().all(|p| tree.contains(p)), "{pids:?} under {tree:?}");
     api.child.start_kill().unwrap();
     api.child.wait().await.unwrap();
-    common::eventually("orphaned fixtures exit", WAIT, || {
-        let alive = pids.iter().any(|p| common::process_alive(*p));
-        async move { (!alive).then_some(()) }
+    common::eventually("orphaned pod processes exit", WAIT, || {
+        let alive: Vec<u32> = tree
+            .iter()
+            .copied()
+            .filter(|p| common::process_alive(*p))
+            .collect();
+        async move { alive.is_empty().then_some(()) }
     })
     .await;
     // A killed simulator cannot remove its work directory.

@@ -1,7 +1,8 @@
 //! The fixture pool in the simulator: Deployment → ReplicaSet → real fixture
 //! processes on distinct loopback IPs; the claim patch of spec §4.4 (exactly
-//! one concurrent claim wins); released pods are replaced; deletion, crashes,
-//! rollouts, env wiring, EndpointSlices, pod metrics and process cleanup.
+//! one concurrent claim wins); released pods are replaced; deletion, crashes
+//! (restarted in place), rollouts, env wiring, EndpointSlices, pod metrics
+//! and process cleanup.
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -241,7 +242,7 @@ async fn the_claim_patch_fails_on_a_pod_without_annotations() {
 }
 
 #[tokio::test]
-async fn deleting_a_pod_stops_its_process_and_a_crash_leaves_it_unready() {
+async fn deleting_a_pod_stops_its_process_and_a_crashed_container_restarts() {
     let (cluster, client, _) = start_pool(2).await;
     let pods = ready_pool(&cluster, 2).await;
     let api: Api<Pod> = Api::namespaced(client.clone(), NS);
@@ -293,17 +294,19 @@ async fn deleting_a_pod_stops_its_process_and_a_crash_leaves_it_unready() {
     })
     .await;
 
-    // A crash leaves the pod Running but unready; nothing restarts or replaces it.
+    // A crash restarts the container in place (restartPolicy Always): the
+    // pod turns unready, then Ready again with restartCount 1 and the crash
+    // in lastState; nothing replaces it.
     let fresh = ready_pool(&cluster, 2).await;
     let crashed = name_of(&fresh[0]);
     let pid = cluster.kill_pod_process(NS, &crashed).unwrap();
-    let pod = common::eventually("crashed pod unready", WAIT, || {
+    let pod = common::eventually("crashed container restarted and Ready", WAIT, || {
         let api = api.clone();
         let crashed = crashed.clone();
         async move {
             let p = api.get(&crashed).await.ok()?;
             let cs = p.status.as_ref()?.container_statuses.as_ref()?.first()?.clone();
-            (!cs.ready && cs.last_state.is_some()).then_some(p)
+            (cs.ready && cs.restart_count == 1).then_some(p)
         }
     })
     .await;
@@ -311,34 +314,17 @@ async fn deleting_a_pod_stops_its_process_and_a_crash_leaves_it_unready() {
     let status = pod.status.unwrap();
     assert_eq!(status.phase.as_deref(), Some("Running"));
     let cs = &status.container_statuses.unwrap()[0];
-    assert_eq!(
-        cs.last_state
-            .as_ref()
-            .unwrap()
-            .terminated
-            .as_ref()
-            .unwrap()
-            .exit_code,
-        137
-    );
-    assert_eq!(
-        cs.state
-            .as_ref()
-            .unwrap()
-            .waiting
-            .as_ref()
-            .unwrap()
-            .reason
-            .as_deref(),
-        Some("CrashLoopBackOff")
-    );
-    assert_eq!(cs.restart_count, 0);
-    let survivors = ready_pool(&cluster, 1).await;
+    let last = cs.last_state.as_ref().unwrap().terminated.as_ref().unwrap();
+    assert_eq!(last.exit_code, 137, "SIGKILL");
+    assert_eq!(last.reason.as_deref(), Some("Error"));
+    assert!(cs.state.as_ref().unwrap().running.is_some());
+    assert_ne!(cluster.pod_pid(NS, &crashed), Some(pid), "a new process");
+    let survivors = ready_pool(&cluster, 2).await;
     let all = api
         .list(&ListParams::default().labels("skipper/deployment=fixture"))
         .await
         .unwrap();
-    assert_eq!(all.items.len(), 2, "no replacement for an unready pod");
+    assert_eq!(all.items.len(), 2, "no replacement for a restarted pod");
     // Over HTTP too.
     let target = name_of(&survivors[0]);
     let resp = common::api_http(&cluster)
@@ -419,7 +405,7 @@ async fn readiness_follows_the_readiness_probe_after_start() {
 }
 
 #[tokio::test]
-async fn a_recreated_pod_with_the_same_name_starts_with_a_fresh_pod_directory() {
+async fn a_recreated_pod_with_the_same_name_starts_with_fresh_volumes() {
     let cluster = common::cluster(&[NS]).await;
     let api: Api<Pod> = Api::namespaced(cluster.client().unwrap(), NS);
     let (key, pem) = common::keys();
@@ -443,8 +429,9 @@ async fn a_recreated_pod_with_the_same_name_starts_with_a_fresh_pod_directory() 
             "round {round}: a new pod is unassigned"
         );
         assert_eq!(common::assign(&ip, &key, "t").await, 200);
+        // The token went to /tmp, the pool's emptyDir.
         let dir = cluster.pod_dir(NS, "same").unwrap();
-        assert!(dir.join("token").exists());
+        assert!(dir.join("volumes/tmp/token").exists());
         api.delete("same", &DeleteParams::default()).await.unwrap();
         common::eventually("pod gone", WAIT, || {
             let api = api.clone();
@@ -453,7 +440,7 @@ async fn a_recreated_pod_with_the_same_name_starts_with_a_fresh_pod_directory() 
         .await;
         if round == 0 {
             assert!(
-                dir.join("token").exists(),
+                dir.join("volumes/tmp/token").exists(),
                 "a deleted pod's directory stays readable"
             );
         }
@@ -595,18 +582,25 @@ async fn pods_get_their_environment_and_services_get_endpoint_slices() {
         }
     })
     .await;
+    let api_port = cluster.addr().port();
     for want in [
         format!("MY_IP={ip}"),
-        format!("POD_IP={ip}"),
-        format!("SKIPPER_HOST={ip}"),
         "MY_NAME=env".into(),
-        "POD_NAMESPACE=fixtures".into(),
         "SECRET=hunter2".into(),
         "DERIVED=env-x".into(),
         "CM_MODE=test".into(),
-        format!("KUBECONFIG={}", cluster.kubeconfig_path().display()),
+        "HOSTNAME=env".into(),
+        "HOME=/root".into(),
+        "KUBERNETES_SERVICE_HOST=127.0.0.1".into(),
+        format!("KUBERNETES_SERVICE_PORT={api_port}"),
     ] {
         assert!(log.lines().any(|l| l == want), "missing {want} in\n{log}");
+    }
+    for absent in ["KUBECONFIG=", "POD_DIR=", "SKIPPER_EXIT_WITH_PARENT=", "TMPDIR="] {
+        assert!(
+            !log.lines().any(|l| l.starts_with(absent)),
+            "the runtime adds nothing of its own: {absent} in\n{log}"
+        );
     }
 
     let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client.clone(), NS);

@@ -501,7 +501,7 @@ async fn injected_write_failures_and_latency_apply_over_rust_and_http() {
     let api: Api<ConfigMap> = Api::namespaced(cluster.client().unwrap(), NS);
     let pp = PostParams::default();
     // (kube's client retries 503 by itself, so the tests inject 500 and 409.)
-    cluster.fail_next_writes(2, http::StatusCode::INTERNAL_SERVER_ERROR);
+    cluster.fail_next_writes_in(NS, 2, http::StatusCode::INTERNAL_SERVER_ERROR);
     for _ in 0..2 {
         assert_eq!(
             api_error(api.create(&pp, &cm("f", &[])).await.unwrap_err()),
@@ -514,7 +514,7 @@ async fn injected_write_failures_and_latency_apply_over_rust_and_http() {
     let http = common::api_http(&cluster);
     let resp = http
         .post(format!(
-            "{}/_sim/fail-writes?count=1&status=409",
+            "{}/_sim/fail-writes?count=1&status=409&namespace={NS}",
             cluster.base_url()
         ))
         .send()

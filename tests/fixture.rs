@@ -33,6 +33,7 @@ fn settings(key: &SigningKey, token_path: PathBuf) -> Settings {
         token_path,
         assign_delay: Duration::ZERO,
         assign_status: None,
+        grpc_health: None,
         pod_name: Some("pod-a".into()),
     }
 }

@@ -116,6 +116,15 @@ fn kustomization_lists_the_manifests_and_sets_the_image_once() {
 }
 
 #[test]
+fn router_probes_readiness_on_healthz_and_liveness_on_livez() {
+    let docs = manifest_documents(ROUTER_YAML).unwrap();
+    let deployment = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+    let c = &deployment["spec"]["template"]["spec"]["containers"][0];
+    assert_eq!(c["readinessProbe"]["httpGet"]["path"], "/healthz");
+    assert_eq!(c["livenessProbe"]["httpGet"]["path"], "/livez");
+}
+
+#[test]
 fn controller_manifest_matches_the_spec() {
     let docs = manifest_documents(CONTROLLER_YAML).unwrap();
     let d = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
@@ -134,6 +143,16 @@ fn controller_manifest_matches_the_spec() {
     assert_eq!(field("SKIPPER_POD_IP").as_deref(), Some("status.podIP"));
     assert_eq!(field("SKIPPER_NAMESPACE").as_deref(), Some("metadata.namespace"));
     assert_eq!(c["readinessProbe"]["grpc"]["port"], 50051);
+    // Readiness asks the overall status; liveness and start-up the
+    // process-only service, so a refused watch does not restart the pod.
+    assert_eq!(c["readinessProbe"]["grpc"].get("service"), None);
+    for probe in ["livenessProbe", "startupProbe"] {
+        assert_eq!(
+            c[probe]["grpc"]["service"],
+            skipper::controller::LIVENESS_SERVICE,
+            "{probe}"
+        );
+    }
     assert_eq!(c["envFrom"][0]["secretRef"]["name"], "skipper-controller-paseto");
     let headless = docs
         .iter()

@@ -249,6 +249,139 @@ async fn verb_removal(b: &Backend) {
         .unwrap();
 }
 
+differential!(
+    a_refused_watch_turns_the_controller_not_serving,
+    refused_watch,
+    namespaces = []
+);
+
+/// Health of the controller listening on `port` as it changes: the first
+/// status, then every change.
+async fn health_statuses(port: u16) -> tonic::Streaming<tonic_health::pb::HealthCheckResponse> {
+    let channel = tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
+    health
+        .watch(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+}
+
+/// Waits for health `want` on `statuses`, within `limit`.
+async fn await_health(
+    statuses: &mut tonic::Streaming<tonic_health::pb::HealthCheckResponse>,
+    want: tonic_health::pb::health_check_response::ServingStatus,
+    limit: Duration,
+) -> Result<(), String> {
+    let wait = async {
+        while let Some(m) = statuses.message().await.map_err(|e| e.to_string())? {
+            if m.status == want as i32 {
+                return Ok(());
+            }
+        }
+        Err("the health stream ended".to_owned())
+    };
+    tokio::time::timeout(limit, wait)
+        .await
+        .map_err(|_| format!("no {want:?} within {limit:?}"))?
+}
+
+/// Without `watch` on pods in the function namespace the controller starts
+/// (its lists succeed) but its pod cache would never change: it reports
+/// NOT_SERVING and logs the refused watch; once the verb is granted again
+/// it reports SERVING (at the watch's next retry). Liveness stays SERVING.
+async fn refused_watch(b: &Backend) {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    apply_rbac(b).await;
+    ready_controller_pod(b, "127.0.0.1").await;
+    let roles = Api::<Role>::namespaced(b.client().await, FN_NS);
+    let original = serde_json::to_value(roles.get(SA).await.unwrap().rules.unwrap()).unwrap();
+    let mut reduced = original.clone();
+    for rule in reduced.as_array_mut().unwrap() {
+        if rule["apiGroups"] == json!([""]) && rule["resources"] == json!(["pods"]) {
+            rule["verbs"].as_array_mut().unwrap().retain(|v| v != "watch");
+        }
+    }
+    assert_ne!(reduced, original, "the manifests grant watch on pods in {FN_NS}");
+    set_rules(b, FN_NS, &reduced).await;
+
+    let log_start = logs().0.lock().unwrap().len();
+    let client = b.service_account_client(CTL_NS, SA).await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let mut config = skipper::controller::Config::new(CTL_NS, "127.0.0.1", &[FN_NS], SigningKey::generate());
+    config.port = port;
+    config.hash_ring_wait_time = Duration::from_secs(30);
+    let shutdown = Shutdown::new();
+    let (tx, ready) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(skipper::controller::run(
+        config,
+        client,
+        listener,
+        shutdown.clone(),
+        move |r| {
+            let _ = tx.send(r);
+        },
+    ));
+    let started = tokio::time::timeout(Duration::from_secs(30), ready).await;
+    assert!(
+        matches!(started, Ok(Ok(_))),
+        "the controller did not start without watch: {}",
+        forbidden_lines(log_start).join("\n")
+    );
+    let mut statuses = health_statuses(port).await;
+    let refused = await_health(&mut statuses, ServingStatus::NotServing, Duration::from_secs(30)).await;
+    let live = live_status(port).await;
+    let logged = {
+        let all = logs().0.lock().unwrap();
+        String::from_utf8_lossy(&all[log_start.min(all.len())..]).into_owned()
+    };
+    let why = logged
+        .lines()
+        .find(|l| l.contains("controller not serving"))
+        .map(str::to_owned);
+
+    set_rules(b, FN_NS, &original).await;
+    // The watch retries with kube-rs' back-off (at most 30 s apart).
+    let granted = await_health(&mut statuses, ServingStatus::Serving, Duration::from_secs(45)).await;
+    shutdown.trigger();
+    let _ = tokio::time::timeout(Duration::from_secs(15), task).await;
+
+    refused.unwrap_or_else(|e| panic!("without watch on pods: {e}\n{logged}"));
+    let why = why.unwrap_or_else(|| panic!("no log line says why the controller is not serving:\n{logged}"));
+    assert!(
+        why.contains(&format!(
+            "watch of pods in namespace {FN_NS} refused (403 Forbidden)"
+        )),
+        "{why}"
+    );
+    assert_eq!(live, ServingStatus::Serving as i32, "liveness while not serving");
+    granted.unwrap_or_else(|e| panic!("with watch granted again: {e}"));
+}
+
+/// The status of the controller's liveness service.
+async fn live_status(port: u16) -> i32 {
+    let channel = tonic::transport::Channel::from_shared(format!("http://127.0.0.1:{port}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: skipper::controller::LIVENESS_SERVICE.to_owned(),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .status
+}
+
 // === The router ===
 
 const ROUTER_SA: &str = "skipper-router";
@@ -276,10 +409,19 @@ async fn controller_endpoint_slice(b: &Backend) {
 }
 
 /// The named test: the router's discovery, as ServiceAccount
-/// `skipper/skipper-router`, finds the controller endpoint within `limit`.
-async fn router_discovers_as_its_service_account(b: &Backend, limit: Duration) -> Result<(), String> {
+/// `skipper/skipper-router`, finds the controller endpoint within `limit`
+/// (and with `refusals`, records what the API server refuses).
+async fn router_discovers_as_its_service_account(
+    b: &Backend,
+    limit: Duration,
+    refusals: Option<&skipper::watch_access::Refusals>,
+) -> Result<(), String> {
     let log_start = logs().0.lock().unwrap().len();
     let client = b.service_account_client(CTL_NS, ROUTER_SA).await;
+    let client = match refusals {
+        Some(r) => r.client(&client, "EndpointSlices"),
+        None => client,
+    };
     let endpoints = skipper::client::Endpoints::new(skipper::client::ChannelSettings::default());
     let stop = tokio_util::sync::CancellationToken::new();
     let task = tokio::spawn(skipper::router::discovery::run_endpoint_slices(
@@ -293,6 +435,10 @@ async fn router_discovers_as_its_service_account(b: &Backend, limit: Duration) -
     ));
     let want: Vec<std::net::SocketAddr> = vec!["10.0.0.1:50051".parse().unwrap()];
     let found = tokio::time::timeout(limit, endpoints.wait_until(|a| a == want.as_slice())).await;
+    if let Some(r) = refusals {
+        // The watch starts after the list: await its answer.
+        let _ = tokio::time::timeout(limit, r.subscribe().wait_for(|m| !m.is_empty())).await;
+    }
     stop.cancel();
     let _ = task.await;
     let refusals = forbidden_lines(log_start)
@@ -310,8 +456,9 @@ differential!(
 );
 
 /// With the manifests' router Role the named test passes; without `list`
-/// it fails with 403. `watch` is reported: discovery finds the first
-/// endpoints from the list alone.
+/// it fails with 403. Without `watch` discovery finds the first endpoints
+/// from the list alone, and the refused watch is recorded (what turns the
+/// router's `/healthz` to 503).
 async fn router_verbs(b: &Backend) {
     apply_rbac(b).await;
     let admin = b.client().await;
@@ -321,7 +468,7 @@ async fn router_verbs(b: &Backend) {
         }
     }
     controller_endpoint_slice(b).await;
-    router_discovers_as_its_service_account(b, Duration::from_secs(30))
+    router_discovers_as_its_service_account(b, Duration::from_secs(30), None)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     let roles: Api<Role> = Api::namespaced(admin, CTL_NS);
@@ -337,7 +484,9 @@ async fn router_verbs(b: &Backend) {
             )
             .await
             .unwrap();
-        let result = router_discovers_as_its_service_account(b, Duration::from_secs(8)).await;
+        let refusals = skipper::watch_access::Refusals::new();
+        let probe = (verb == "watch").then_some(&refusals);
+        let result = router_discovers_as_its_service_account(b, Duration::from_secs(8), probe).await;
         roles
             .patch(
                 ROUTER_SA,
@@ -349,7 +498,15 @@ async fn router_verbs(b: &Backend) {
         match (verb, result) {
             ("list", Err(e)) => assert!(e.contains("403"), "without list: {e}"),
             ("list", Ok(())) => panic!("discovery works without list"),
-            (_, r) => println!("without {verb}: {r:?}"),
+            (_, r) => {
+                // The first list finds the endpoints, but the router's
+                // health reports the refused watch (its /healthz is 503).
+                println!("without {verb}: {r:?}");
+                assert_eq!(
+                    skipper::watch_access::Refusals::describe(&refusals.current()),
+                    "watch of EndpointSlices refused (403 Forbidden)"
+                );
+            }
         }
     }
 }

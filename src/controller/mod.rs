@@ -61,8 +61,6 @@ pub enum RunError {
     Listen(#[source] std::io::Error),
     #[error("failed to start controller: {0}")]
     Start(#[from] kube::stores::StartError),
-    #[error("failed to discover controllers: {0}")]
-    RingEmpty(#[from] crate::ring::RingError),
     #[error("failed to serve controller: {0}")]
     Serve(#[source] tonic::transport::Error),
     #[error("failed to serve metrics: {0}")]
@@ -75,6 +73,11 @@ pub enum RunError {
     Web(#[from] web::Error),
 }
 
+/// The gRPC health service name the liveness (and startup) probe asks:
+/// `SERVING` while the process runs. The overall status (`""`) is the
+/// readiness: `SERVING` once the caches sync, while every watch runs.
+pub const LIVENESS_SERVICE: &str = "liveness";
+
 /// A running controller's handles, for tests and the dev playground.
 #[derive(Debug, Clone)]
 pub struct Running {
@@ -86,10 +89,15 @@ pub struct Running {
 /// Runs the controller on `listener` until `shutdown` fires.
 ///
 /// Order: start the watches (a namespace probe failure is fatal), serve gRPC
-/// with health `NOT_SERVING`, wait for every cache to list once and for the
-/// ring to have a member (at most `--hash-ring-wait-time`; an empty ring is a
-/// discovery failure), start discovery, then report `SERVING`. `ready` is
-/// called with the running core once serving.
+/// with health `NOT_SERVING`, wait for every cache to list once, start
+/// discovery, then report `SERVING` (as the Go implementation does), and
+/// `NOT_SERVING` again while the API server refuses one of the watches. Health
+/// does not wait for the ring: a controller joins the ring only once its pod
+/// is Ready, and readiness is this health, so a fresh install would never
+/// come up. Requests that need the ring wait for a member instead (at most
+/// `--hash-ring-wait-time`; an empty ring then is a discovery failure,
+/// answered `UNAVAILABLE`). `ready` is called with the running core once
+/// serving.
 ///
 /// # Errors
 /// See [`RunError`].
@@ -201,6 +209,9 @@ pub async fn run(
 
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter.set_service_status("", ServingStatus::NotServing).await;
+    reporter
+        .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
+        .await;
     // Every call but the health service's is authenticated first.
     let authenticator = Arc::new(auth::Authenticator::new(
         config.auth.clone(),
@@ -221,19 +232,14 @@ pub async fn run(
         .serve_with_incoming_shutdown(incoming, token.clone().cancelled_owned());
     let mut server = std::pin::pin!(server);
 
-    let startup = async {
-        state.wait_synced().await;
-        ring.wait_non_empty(config.hash_ring_wait_time).await
-    };
     tokio::select! {
         r = &mut server => return r.map_err(RunError::Serve),
         () = token.cancelled() => return Ok(()),
-        r = startup => { r?; }
+        () = state.wait_synced() => {}
     }
     start_discovery(&core);
     start_peer_pruning(&core);
-    reporter.set_service_status("", ServingStatus::Serving).await;
-    tracing::info!(pod_ip = %config.pod_ip, "controller serving");
+    start_health(&core, reporter);
     ready(Running {
         core: core.clone(),
         web_addr,
@@ -292,6 +298,36 @@ fn start_discovery(core: &Arc<Core>) {
 }
 
 /// Drops peer clients of controllers that left the ring.
+/// Keeps the health service's status: `SERVING` while every watch runs,
+/// `NOT_SERVING` (logged with the refused watches) while the API server
+/// refuses one, as the caches it feeds no longer follow the cluster.
+fn start_health(core: &Arc<Core>, reporter: tonic_health::server::HealthReporter) {
+    let mut refused = core.state.refusals.subscribe();
+    let token = core.shutdown.token().clone();
+    let pod_ip = core.config.pod_ip.clone();
+    core.shutdown.spawn("health", async move {
+        loop {
+            let now = refused.borrow_and_update().clone();
+            if now.is_empty() {
+                reporter.set_service_status("", ServingStatus::Serving).await;
+                tracing::info!(%pod_ip, "controller serving");
+            } else {
+                reporter.set_service_status("", ServingStatus::NotServing).await;
+                tracing::error!(
+                    %pod_ip,
+                    refused = %crate::watch_access::Refusals::describe(&now),
+                    "controller not serving: the API server refuses a watch (grant the verb), its cache would \
+                     not follow the cluster"
+                );
+            }
+            tokio::select! {
+                () = token.cancelled() => return,
+                r = refused.changed() => if r.is_err() { return },
+            }
+        }
+    });
+}
+
 fn start_peer_pruning(core: &Arc<Core>) {
     let core2 = core.clone();
     let token = core.shutdown.token().clone();
@@ -311,9 +347,8 @@ fn start_peer_pruning(core: &Arc<Core>) {
 /// Runs the controller until SIGTERM/SIGINT.
 ///
 /// # Errors
-/// Bad flags, an unreachable API server, a failed namespace probe, or an
-/// empty ring after `--hash-ring-wait-time` (the process exits non-zero so
-/// Kubernetes restarts it).
+/// Bad flags, an unreachable API server, or a failed namespace probe (the
+/// process exits non-zero so Kubernetes restarts it).
 pub async fn main(args: Args) -> Result<ExitCode, RunError> {
     let config = Config::try_from(args)?;
     let traces = crate::telemetry::init_traced(&config.telemetry, "skipper.controller");

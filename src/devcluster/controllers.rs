@@ -1,6 +1,7 @@
-//! The control loops: Deployment → ReplicaSet → Pods, garbage collection of
-//! dependents, and EndpointSlices for Services. One pass reconciles every
-//! object; the cluster runs a pass after each store change.
+//! The control loops: Deployment → ReplicaSet → Pods, the scheduler,
+//! namespace termination, garbage collection of dependents, and
+//! EndpointSlices for Services. One pass reconciles every object; the
+//! cluster runs a pass after each store change.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 
@@ -43,6 +44,7 @@ pub fn reconcile(store: &Store, ctx: &Context) -> Result<(), ApiError> {
     note(deployments(store));
     note(replicasets(store));
     note(terminate_namespaces(store));
+    note(super::scheduler::schedule(store));
     note(garbage_collect(store));
     note(endpoint_slices(store));
     first_err.map_or(Ok(()), Err)
@@ -661,7 +663,8 @@ fn create_pods(store: &Store, rs: &Value, n: usize) -> Result<(), ApiError> {
             m.remove("name");
         }
         let pod = json!({"metadata": template["metadata"], "spec": template["spec"]});
-        match store.create(podres, ns, pod) {
+        // Through admission, as a create through the API would be.
+        match store.create(podres, ns, super::admission::admit_pod(store, ns, pod)) {
             Ok(created) => record_event(
                 store,
                 rs,

@@ -22,8 +22,11 @@ use super::pki::{ClusterPki, subject_identity};
 const MAX_CONNECTIONS: usize = 4096;
 /// A TLS handshake that takes longer is dropped.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// A request head that takes longer to arrive is dropped.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(30);
+/// A request head that takes longer to arrive is dropped. hyper runs this
+/// clock while a keep-alive connection waits for its next request too, so it
+/// is longer than clients keep idle connections (90 s in hyper's pool, as in
+/// Go's): a client never sends on a connection the server is closing.
+const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(120);
 /// How long open connections get to finish at shutdown.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
 

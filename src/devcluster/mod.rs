@@ -64,7 +64,7 @@
 //! [`Cluster::fail_next_writes`], [`Cluster::set_latency`],
 //! [`Cluster::forbid_namespace`]; the same over HTTP as
 //! `POST /_sim/pods/<ns>/<name>/kill`, `/_sim/drop-watches`, `/_sim/compact`,
-//! `/_sim/fail-writes?count=N&status=S`, `/_sim/latency?ms=N`,
+//! `/_sim/fail-writes?count=N&status=S[&namespace=NS]`, `/_sim/latency?ms=N`,
 //! `/_sim/forbid?namespace=NS[&allow=true]` (administrators only).
 //!
 //! Requests are authorized as with `--authorization-mode=Node,RBAC`
@@ -87,6 +87,7 @@
 //! | Aggregated ClusterRoles | `view`/`edit`/`admin` aggregate labelled roles | fixed rules (core, apps, batch, discovery, policy, coordination, events, metrics) |
 //! | Node authorizer | graph of pods, volumes, PVs, ResourceClaims, ... | pods, secrets, configmaps, PVCs and ServiceAccounts referenced by pods bound to the node |
 //! | Admission and schema validation | full (`422` with `details.causes`, immutable fields, strict decoding) | names, selectors, required containers and finalizers of objects being deleted, `422` without `details.causes`; other invalid values are stored |
+//! | Mutating admission | every configured plugin | only the ServiceAccount token volume of pods (a missing ServiceAccount is not refused) |
 //! | Defaulting | every decoded object, pod templates included | Deployment and ReplicaSet specs (strategy 25%/25%, `revisionHistoryLimit` 10, `progressDeadlineSeconds` 600), pods and their containers; pod templates inside workloads are stored as sent, `imagePullPolicy` is `IfNotPresent` whatever the tag |
 //! | Request bodies | JSON, YAML, protobuf | JSON only: kubectl's protobuf bodies (`create configmap\|secret\|namespace\|deployment`, `create token`, `auth can-i`, `auth whoami`) answer `400` |
 //! | Server-side apply | yes | no (`415`) |
@@ -95,17 +96,18 @@
 //! | EndpointSlice and Endpoints addresses | loopback (`127.0.0.0/8`, `::1`) refused with `422` | accepted: every pod runs on its own loopback IP |
 //! | Cluster DNS, Service virtual IPs | yes | none (reach pods by IP or through EndpointSlices) |
 //!
-//! The pod runtime's own differences are listed in [`kubelet`]. A normal
-//! exit, a panic (drop) or Ctrl-C stops every pod process; after a SIGKILL
-//! of the simulator only `skipper fixture` pods notice
-//! (`SKIPPER_EXIT_WITH_PARENT`) and exit, other programs are left running.
+//! The pod runtime's own differences (images are ignored, pods share the
+//! host's network, ...) are listed in [`kubelet`]. A normal exit, a panic
+//! (drop), Ctrl-C or a SIGKILL of the simulator stops every pod process.
 
+/// Mutating admission (the ServiceAccount token volume of pods).
+pub mod admission;
 /// Authentication: client certificates and ServiceAccount tokens.
 pub mod auth;
 /// A real Kubernetes control plane (etcd, kube-apiserver,
 /// kube-controller-manager, kube-scheduler) as local processes.
 pub mod control_plane;
-/// Deployment, ReplicaSet, garbage-collection and EndpointSlice loops.
+/// Deployment, ReplicaSet, namespace, garbage-collection and EndpointSlice loops.
 pub mod controllers;
 /// The Deployment controller's decisions (rollouts, scaling, history, status).
 pub mod deployment;
@@ -113,7 +115,7 @@ pub mod deployment;
 pub mod error;
 /// The HTTPS listener.
 pub mod https;
-/// The pod runtime.
+/// The node agent: runs pods as containers.
 pub mod kubelet;
 /// `metrics.k8s.io` as an aggregated API (an APIService), as metrics-server.
 pub mod metrics_api;
@@ -123,6 +125,8 @@ pub mod patch;
 pub mod pki;
 /// The local playground (`skipper dev`).
 pub mod playground;
+/// Resource quantities (`250m`, `64Mi`).
+pub mod quantity;
 /// Node and RBAC authorization.
 pub mod rbac;
 /// The ReplicaSet controller's decisions (which pods go first, availability, status).
@@ -131,6 +135,8 @@ pub mod replicaset;
 pub mod resources;
 /// TokenRequest, TokenReview and the access reviews.
 pub mod reviews;
+/// Binds pending pods to nodes.
+pub mod scheduler;
 /// Label and field selectors.
 pub mod selector;
 /// The HTTP server and fault endpoints.
@@ -156,11 +162,14 @@ use base64::Engine as _;
 use crate::config::parse_duration;
 use auth::Authenticator;
 use error::ApiError;
-use kubelet::{Kubelet, KubeletSettings};
+use kubelet::{BackoffPolicy, Capacity, Kubelet, KubeletError, NodeSpec};
 use pki::ClusterPki;
 use resources::by_kind;
 use server::{Faults, Shared};
 use store::Store;
+
+/// The shortest time between two passes of the control loops.
+const RECONCILE_BATCH: Duration = Duration::from_millis(20);
 
 /// How the simulator runs.
 #[derive(Debug, Clone)]
@@ -174,12 +183,18 @@ pub struct Config {
     pub work_dir: Option<PathBuf>,
     /// Namespaces created at start (besides `default`, `kube-system`, `kube-public` and `kube-node-lease`).
     pub namespaces: Vec<String>,
-    /// Zones of the simulated nodes (one node per zone); pods are spread round-robin.
+    /// Zones of the simulated nodes (one node per zone).
     pub zones: Vec<String>,
-    /// How often a starting pod's readiness is probed.
-    pub probe_interval: Duration,
+    /// Capacity (and allocatable) of every node.
+    pub node_capacity: Capacity,
+    /// The kubelet's crash back-off (10 s doubling to 5 min); tests scale it down.
+    pub restart_backoff: BackoffPolicy,
     /// How often pod CPU and memory are sampled.
     pub metrics_interval: Duration,
+    /// How often pods' ConfigMap, Secret, downward API and token volumes are refreshed.
+    pub volume_resync: Duration,
+    /// `leaseDurationSeconds` of the node Leases (renewed every quarter of it).
+    pub node_lease_duration: Duration,
     /// How often watches that asked for bookmarks get one.
     pub bookmark_interval: Duration,
     /// Upper bound on a watch's `timeoutSeconds`.
@@ -198,8 +213,11 @@ impl Default for Config {
             work_dir: None,
             namespaces: Vec::new(),
             zones: vec!["zone-a".into(), "zone-b".into(), "zone-c".into()],
-            probe_interval: Duration::from_millis(50),
+            node_capacity: Capacity::default(),
+            restart_backoff: BackoffPolicy::default(),
             metrics_interval: Duration::from_secs(1),
+            volume_resync: Duration::from_secs(10),
+            node_lease_duration: Duration::from_secs(40),
             bookmark_interval: Duration::from_secs(5),
             max_watch_timeout: Duration::from_secs(1800),
             event_history: 4096,
@@ -224,6 +242,8 @@ pub enum ClusterError {
     Client(String),
     #[error("setting up the cluster: {0}")]
     Setup(#[from] ApiError),
+    #[error(transparent)]
+    Kubelet(#[from] KubeletError),
     #[error("generating the cluster's certificates: {0}")]
     Pki(#[from] pki::PkiError),
     #[error("setting up TLS: {0}")]
@@ -351,10 +371,12 @@ impl Cluster {
         let pki = Arc::new(ClusterPki::generate(&serving_names)?);
         let tls = https::server_config(&pki)?;
         let store = Arc::new(Store::new(config.event_history));
-        let mut namespaces: Vec<String> = ["default", "kube-system", "kube-public", "kube-node-lease"]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect();
+        let mut namespaces = vec![
+            "default".to_owned(),
+            "kube-system".to_owned(),
+            "kube-public".to_owned(),
+            kubelet::agent::NODE_LEASE_NAMESPACE.to_owned(),
+        ];
         for ns in &config.namespaces {
             if !namespaces.contains(ns) {
                 namespaces.push(ns.clone());
@@ -367,21 +389,20 @@ impl Cluster {
             let kind = obj["kind"].as_str().unwrap_or_default().to_owned();
             store.create(by_kind(&kind), "", obj)?;
         }
-        let mut nodes = Vec::new();
-        for (i, zone) in config.zones.iter().enumerate() {
-            let name = format!("sim-node-{i}");
-            store.create(
-                by_kind("Node"),
-                "",
-                json!({"metadata": {"name": name, "labels": {
-                    "topology.kubernetes.io/zone": zone, "kubernetes.io/hostname": name}},
-                    "status": {"conditions": [{"type": "Ready", "status": "True"}],
-                               "addresses": [{"type": "InternalIP", "address": "127.0.0.1"}]}}),
-            )?;
-            nodes.push(name);
-        }
+        let mut nodes: Vec<NodeSpec> = config
+            .zones
+            .iter()
+            .enumerate()
+            .map(|(i, zone)| NodeSpec {
+                name: format!("sim-node-{i}"),
+                zone: zone.clone(),
+            })
+            .collect();
         if nodes.is_empty() {
-            nodes.push("sim-node-0".into());
+            nodes.push(NodeSpec {
+                name: "sim-node-0".into(),
+                zone: "zone-a".into(),
+            });
         }
         let pod_root = work_dir.join("pods");
         std::fs::create_dir_all(&pod_root).map_err(|source| ClusterError::WorkDir {
@@ -409,13 +430,17 @@ impl Cluster {
                 source,
             });
         }
-        let kubelet = Arc::new(Kubelet::new(KubeletSettings {
+        let kubelet = Arc::new(Kubelet::new(kubelet::Settings {
             skipper_exe: config.skipper_exe.clone(),
             pod_root,
-            kubeconfig: kubeconfig.clone(),
-            probe_interval: config.probe_interval,
-            metrics_interval: config.metrics_interval,
             nodes,
+            capacity: config.node_capacity.clone(),
+            api_server: addr,
+            backoff: config.restart_backoff,
+            metrics_interval: config.metrics_interval,
+            lease_duration: config.node_lease_duration,
+            node_status_interval: Duration::from_secs(60),
+            volume_resync: config.volume_resync,
         }));
         let root = CancellationToken::new();
         let shared = Arc::new(Shared {
@@ -433,27 +458,35 @@ impl Cluster {
             .fallback(server::handle)
             .with_state(shared.clone());
         tracker.spawn(https::serve(listener, tls, app, root.clone()));
-        let (token, tasks) = (root.clone(), tracker.clone());
+        let token = root.clone();
         let resync = config.resync_interval;
+        let loop_store = store.clone();
         let ctx = controllers::Context {
             ca_pem: pki.ca.cert_pem().to_owned(),
         };
         tracker.spawn(async move {
+            let store = loop_store;
             let mut rx = store.subscribe();
             loop {
+                let pass_started = tokio::time::Instant::now();
                 if let Err(e) = controllers::reconcile(&store, &ctx) {
                     tracing::debug!(error = %e, "reconcile pass");
                 }
-                kubelet.sync(&store, &tasks, &token);
                 tokio::select! {
                     _ = rx.changed() => {}
                     () = tokio::time::sleep(resync) => {}
                     () = token.cancelled() => break,
                 }
+                // Changes that arrive together are reconciled in one pass:
+                // a pass copies every object, and a busy cluster (pod status,
+                // leases) changes many times a millisecond.
+                tokio::select! {
+                    () = tokio::time::sleep_until(pass_started + RECONCILE_BATCH) => {}
+                    () = token.cancelled() => break,
+                }
             }
         });
-        tracing::info!(address = %addr, "simulated Kubernetes API server listening");
-        Ok(Self {
+        let cluster = Self {
             shared,
             addr,
             tracker,
@@ -463,7 +496,16 @@ impl Cluster {
             kubeconfig,
             pki,
             stopped: Mutex::new(false),
-        })
+        };
+        // The agent authenticates per node, as kubelets do.
+        let client_for = |node: &str| {
+            cluster
+                .client_for(&Credential::Node(node.to_owned()))
+                .map_err(|e| e.to_string())
+        };
+        kubelet.start(client_for, &cluster.tracker, &cluster.root).await?;
+        tracing::info!(address = %addr, "simulated Kubernetes API server listening");
+        Ok(cluster)
     }
 
     /// The API server address.
@@ -612,13 +654,21 @@ impl Cluster {
         }
     }
 
-    /// SIGKILLs a pod's process group, as a crash would: the pod turns unready
-    /// (`Failed` under `restartPolicy: Never`) and nothing restarts it.
+    /// SIGKILLs the main process of a pod's (first running) container, as a
+    /// crash would: every process of that container dies, the container
+    /// turns unready and restarts under the pod's `restartPolicy` (with the
+    /// crash back-off); under `restartPolicy: Never` the pod ends `Failed`.
     ///
     /// # Errors
-    /// `NotFound` when the pod has no running process.
+    /// `NotFound` when no container of the pod runs.
     pub fn kill_pod_process(&self, ns: &str, name: &str) -> Result<u32, ApiError> {
-        self.shared.kubelet.kill_process(ns, name)
+        self.shared
+            .kubelet
+            .kill_process(ns, name)
+            .ok_or_else(|| ApiError::NotFound {
+                res: by_kind("Pod"),
+                name: name.to_owned(),
+            })
     }
 
     /// Ends every open watch (clients resume from their last resourceVersion).
@@ -631,9 +681,16 @@ impl Cluster {
         self.shared.store.compact();
     }
 
-    /// The next `n` API writes fail with `status` (a `Status` body with the matching reason).
+    /// The next `n` API writes fail with `status` (a `Status` body with the
+    /// matching reason). The node agent writes too (leases, pod status):
+    /// [`Cluster::fail_next_writes_in`] confines the failures to a namespace.
     pub fn fail_next_writes(&self, n: u32, status: StatusCode) {
-        self.shared.faults.fail_next_writes(n, status);
+        self.shared.faults.fail_next_writes(n, status, None);
+    }
+
+    /// The next `n` API writes in namespace `ns` fail with `status`.
+    pub fn fail_next_writes_in(&self, ns: &str, n: u32, status: StatusCode) {
+        self.shared.faults.fail_next_writes(n, status, Some(ns));
     }
 
     /// Answers every request in namespace `ns` with `403 Forbidden` (as a
@@ -652,20 +709,22 @@ impl Cluster {
         self.shared.faults.set_latency(d);
     }
 
-    /// The pid of a pod's process while it runs.
+    /// The host pid of the main process of a pod's (first running) container.
     #[must_use]
     pub fn pod_pid(&self, ns: &str, name: &str) -> Option<u32> {
         self.shared.kubelet.pid_of(ns, name)
     }
 
-    /// The directory of a pod (`POD_DIR`; holds its `log`), while the pod exists.
+    /// The directory of a pod on its node, while the pod exists: its volumes
+    /// (`volumes/<name>`), container logs (`logs/<container>/<restart>.log`)
+    /// and each container's private `/tmp` (`containers/<container>/tmp`).
     #[must_use]
     pub fn pod_dir(&self, ns: &str, name: &str) -> Option<PathBuf> {
         self.shared.store.get(by_kind("Pod"), ns, name)?;
         Some(self.shared.kubelet.pod_dir(ns, name))
     }
 
-    /// Pids of every running pod process.
+    /// Host pids of the main processes of every running container.
     #[must_use]
     pub fn pod_pids(&self) -> Vec<u32> {
         self.shared.kubelet.pids()
@@ -766,11 +825,13 @@ impl Drop for Cluster {
     }
 }
 
-/// The standard fixture pool Deployment (spec §3.4): label and selector
+/// The standard fixture pool Deployment (spec §3.4), as
+/// `manifests/example-pool.yaml` writes it: label and selector
 /// `skipper/deployment: <name>` plus `skipper/tenant DoesNotExist`, template
 /// annotation `skipper/port: http`, container port `http: 8888`, command
-/// `skipper fixture`, `SKIPPER_PUBLIC_KEY`, readiness probe `/healthz`, and
-/// the token file inside the pod's own directory.
+/// `skipper fixture` listening on the pod IP, `SKIPPER_PUBLIC_KEY`,
+/// readiness probe `/healthz`, and an `emptyDir` at `/tmp` (the token file
+/// survives container restarts).
 #[must_use]
 pub fn pool_deployment_json(namespace: &str, name: &str, replicas: i32, public_key_pem: &str) -> Value {
     json!({
@@ -795,15 +856,17 @@ pub fn pool_deployment_json(namespace: &str, name: &str, replicas: i32, public_k
                         "ports": [{"name": "http", "containerPort": 8888}],
                         "env": [
                             {"name": "SKIPPER_PUBLIC_KEY", "value": public_key_pem},
-                            {"name": "SKIPPER_FIXTURE_TOKEN_PATH", "value": "$(POD_DIR)/token"},
-                            // Pods share one host here: no profiling port to contend for.
-                            {"name": "SKIPPER_PPROF", "value": "false"},
+                            {"name": "SKIPPER_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+                            // CPU profiles on the pod IP, as in manifests/example-pool.yaml.
+                            {"name": "SKIPPER_PPROF_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                             {"name": "SKIPPER_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
                         ],
                         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
-                                           "periodSeconds": 1, "failureThreshold": 1},
+                                           "periodSeconds": 1, "failureThreshold": 3},
                         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
+                        "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
                     }],
+                    "volumes": [{"name": "tmp", "emptyDir": {}}],
                 },
             },
         },

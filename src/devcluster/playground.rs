@@ -13,10 +13,10 @@
 //! directory). SIGINT or SIGTERM stops the router, then every pod, and exits 0.
 //!
 //! The manifests are used as shipped, with these adjustments made in code:
-//! namespace, name and replicas of each pool; the pool's token file inside the
-//! pod's own directory (the simulator has no volumes); `--command` replacing
-//! the fixture; and controller environment (function namespaces, intervals,
-//! text logs, metrics bound to the pod IP).
+//! namespace, name and replicas of each pool; `--command` replacing the
+//! fixture; and controller environment (function namespaces, intervals,
+//! text logs). Pods find the API server as on a real cluster: in-cluster
+//! configuration with their ServiceAccount token.
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -304,19 +304,23 @@ fn documents(file: &'static str, yaml: &str) -> Result<Vec<Value>, PlaygroundErr
 }
 
 fn set_env(container: &mut Value, name: &str, value: &str) {
+    set_env_var(container, json!({"name": name, "value": value}));
+}
+
+fn set_env_var(container: &mut Value, var: Value) {
     if !container["env"].is_array() {
         container["env"] = json!([]);
     }
+    let name = var["name"].clone();
     if let Some(env) = container["env"].as_array_mut() {
-        env.retain(|e| e.get("name").and_then(Value::as_str) != Some(name));
-        env.push(json!({"name": name, "value": value}));
+        env.retain(|e| e["name"] != name);
+        env.push(var);
     }
 }
 
 /// The pool Deployment of `manifests/example-pool.yaml`, renamed to
-/// `pool.name` in `namespace` with `pool.replicas` pods, its token file in
-/// the pod's own directory, and `command` (run with `sh -c`) instead of the
-/// fixture when given.
+/// `pool.name` in `namespace` with `pool.replicas` pods, and `command` (run
+/// with `sh -c`, given `POD_IP` and `PORT`) instead of the fixture when given.
 ///
 /// # Errors
 /// When the manifest has no Deployment.
@@ -340,15 +344,7 @@ pub fn pool_manifest(
     d["spec"]["replicas"] = json!(pool.replicas);
     d["spec"]["selector"]["matchLabels"]["skipper/deployment"] = json!(name);
     d["spec"]["template"]["metadata"]["labels"]["skipper/deployment"] = json!(name);
-    let spec = &mut d["spec"]["template"]["spec"];
-    if let Some(obj) = spec.as_object_mut() {
-        obj.remove("volumes");
-    }
-    let container = &mut spec["containers"][0];
-    if let Some(obj) = container.as_object_mut() {
-        obj.remove("volumeMounts");
-    }
-    set_env(container, "SKIPPER_FIXTURE_TOKEN_PATH", "$(POD_DIR)/token");
+    let container = &mut d["spec"]["template"]["spec"]["containers"][0];
     if let Some(url) = otlp_endpoint {
         set_env(container, "SKIPPER_TELEMETRY", "true");
         set_env(container, "OTEL_EXPORTER_OTLP_ENDPOINT", url);
@@ -358,6 +354,10 @@ pub fn pool_manifest(
         if let Some(obj) = container.as_object_mut() {
             obj.remove("args");
         }
+        set_env_var(
+            container,
+            json!({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}),
+        );
         set_env(container, "PORT", &POOL_PORT.to_string());
         container["readinessProbe"] = json!({"tcpSocket": {"port": "http"}, "periodSeconds": 1});
     }
@@ -746,7 +746,7 @@ fn print_ready(args: &PlaygroundArgs, cluster: &Cluster, up: &Up) {
         work_dir.join(ROUTER_TOKEN_FILE).display()
     );
     println!(
-        "  logs:          {} (router.log; pods/<namespace>_<pod>/log)",
+        "  logs:          {} (router.log; pods/<namespace>_<pod>/logs/<container>/<restart>.log)",
         cluster
             .kubeconfig_path()
             .parent()
@@ -999,13 +999,17 @@ mod tests {
         );
         let c = &d["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(c["command"], json!(["skipper", "fixture"]));
-        let token = c["env"]
-            .as_array()
+        let mut template = manifest_documents(EXAMPLE_POOL_YAML)
             .unwrap()
-            .iter()
-            .find(|e| e["name"] == "SKIPPER_FIXTURE_TOKEN_PATH")
-            .unwrap();
-        assert_eq!(token["value"], "$(POD_DIR)/token");
+            .into_iter()
+            .find(|d| d["kind"] == "Deployment")
+            .unwrap()["spec"]["template"]
+            .clone();
+        template["metadata"]["labels"]["skipper/deployment"] = json!("echo");
+        assert_eq!(
+            d["spec"]["template"], template,
+            "the pod template is the manifest's, relabelled only"
+        );
     }
 
     #[test]
@@ -1018,6 +1022,13 @@ mod tests {
         let c = &d["spec"]["template"]["spec"]["containers"][0];
         assert_eq!(c["command"], json!(["sh", "-c", "exec my-server"]));
         assert!(c.get("args").is_none());
+        assert!(
+            c["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["name"] == "POD_IP" && e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP")
+        );
         assert_eq!(c["readinessProbe"]["tcpSocket"]["port"], "http");
     }
 

@@ -33,13 +33,20 @@ use super::{auth, rbac};
 pub struct Faults {
     fail_writes: AtomicU32,
     fail_status: AtomicU16,
+    /// Only writes in this namespace fail (all writes when `None`).
+    fail_namespace: Mutex<Option<String>>,
     latency_ms: AtomicU64,
     forbidden: Mutex<std::collections::HashSet<String>>,
 }
 
 impl Faults {
-    /// The next `n` writes (create, update, patch, delete) fail with `status`.
-    pub fn fail_next_writes(&self, n: u32, status: StatusCode) {
+    /// The next `n` writes (create, update, patch, delete) fail with
+    /// `status`; with `namespace`, only writes in that namespace (and count).
+    pub fn fail_next_writes(&self, n: u32, status: StatusCode, namespace: Option<&str>) {
+        *self
+            .fail_namespace
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = namespace.map(str::to_owned);
         self.fail_status.store(status.as_u16(), Ordering::SeqCst);
         self.fail_writes.store(n, Ordering::SeqCst);
     }
@@ -74,7 +81,15 @@ impl Faults {
             .contains(ns)
     }
 
-    fn take_write_failure(&self) -> Option<StatusCode> {
+    fn take_write_failure(&self, namespace: Option<&str>) -> Option<StatusCode> {
+        let scope = self
+            .fail_namespace
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        if scope.is_some_and(|s| Some(s.as_str()) != namespace) {
+            return None;
+        }
         self.fail_writes
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
             .ok()
@@ -537,7 +552,11 @@ fn sim_endpoint(shared: &Shared, method: &Method, rest: &str, q: &HashMap<String
         ["pods", ns, name, "kill"] => shared
             .kubelet
             .kill_process(ns, name)
-            .map(|pid| json!({"killed": pid})),
+            .map(|pid| json!({"killed": pid}))
+            .ok_or_else(|| ApiError::NotFound {
+                res: by_kind("Pod"),
+                name: (*name).to_owned(),
+            }),
         ["drop-watches"] => {
             shared.drop_watches();
             Ok(json!({}))
@@ -553,8 +572,11 @@ fn sim_endpoint(shared: &Shared, method: &Method, rest: &str, q: &HashMap<String
                 .and_then(|s| s.parse::<u16>().ok())
                 .and_then(|s| StatusCode::from_u16(s).ok())
                 .unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
-            shared.faults.fail_next_writes(n, status);
-            Ok(json!({"count": n, "status": status.as_u16()}))
+            let namespace = q.get("namespace").filter(|n| !n.is_empty());
+            shared
+                .faults
+                .fail_next_writes(n, status, namespace.map(String::as_str));
+            Ok(json!({"count": n, "status": status.as_u16(), "namespace": namespace}))
         }
         ["forbid"] => {
             let ns = q.get("namespace").cloned().unwrap_or_default();
@@ -620,7 +642,7 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
         if res.computed {
             return Err(ApiError::MethodNotAllowed);
         }
-        if let Some(code) = shared.faults.take_write_failure() {
+        if let Some(code) = shared.faults.take_write_failure(ns.as_deref()) {
             return Err(ApiError::Injected(code));
         }
     }
@@ -710,7 +732,12 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
                 res,
                 name: name.clone(),
             })?;
-            let path = shared.kubelet.pod_dir(&ns_str, &name).join("log");
+            let container = log_container(&pod, q.get("container").map(String::as_str))?;
+            let previous = q.get("previous").is_some_and(|p| p == "true");
+            let path = shared
+                .kubelet
+                .log_file(&ns_str, &name, &container, previous)
+                .map_err(|e| ApiError::BadRequest(e.to_string()))?;
             let text = std::fs::read(&path).unwrap_or_default();
             if q.get("follow").is_none_or(|f| f != "true") {
                 return Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], text).into_response());
@@ -736,7 +763,10 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
                 String::new()
             };
             let obj = parse_object(&body)?;
-            let obj = prepare_create(res, obj)?;
+            let mut obj = prepare_create(res, obj)?;
+            if res.kind == "Pod" {
+                obj = super::admission::admit_pod(store, &ns, obj);
+            }
             let created = store.create_with(res, &ns, obj, dry_run)?;
             Ok(json_response(StatusCode::CREATED, &created))
         }
@@ -818,6 +848,36 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
             Ok(json_response(StatusCode::OK, &list_doc(res, deleted, rv, None)))
         }
         _ => Err(ApiError::MethodNotAllowed),
+    }
+}
+
+/// The container whose log is asked for: the one named, or the only one.
+fn log_container(pod: &Value, asked: Option<&str>) -> Result<String, ApiError> {
+    let names: Vec<&str> = ["/spec/initContainers", "/spec/containers"]
+        .iter()
+        .filter_map(|p| pod.pointer(p).and_then(Value::as_array))
+        .flatten()
+        .filter_map(|c| c.get("name").and_then(Value::as_str))
+        .collect();
+    let regular: Vec<&str> = pod
+        .pointer("/spec/containers")
+        .and_then(Value::as_array)
+        .into_iter()
+        .flatten()
+        .filter_map(|c| c.get("name").and_then(Value::as_str))
+        .collect();
+    match asked.filter(|a| !a.is_empty()) {
+        Some(c) if names.contains(&c) => Ok(c.to_owned()),
+        Some(c) => Err(ApiError::BadRequest(format!(
+            "container {c} is not valid for pod {}",
+            name_of(pod)
+        ))),
+        None if regular.len() == 1 => Ok(regular[0].to_owned()),
+        None => Err(ApiError::BadRequest(format!(
+            "a container name must be specified for pod {}, choose one of: [{}]",
+            name_of(pod),
+            regular.join(" ")
+        ))),
     }
 }
 
@@ -1275,10 +1335,10 @@ fn pod_metrics(shared: &Shared, ns: Option<&str>) -> Vec<Value> {
                 },
                 "timestamp": u.timestamp,
                 "window": format!("{}ms", u.window.as_millis()),
-                "containers": [{"name": u.container, "usage": {
-                    "cpu": format!("{}m", u.cpu_millis),
-                    "memory": format!("{}Ki", u.memory_bytes / 1024),
-                }}],
+                "containers": u.containers.iter().map(|c| json!({"name": c.name, "usage": {
+                    "cpu": format!("{}m", c.cpu_millis),
+                    "memory": format!("{}Ki", c.memory_bytes / 1024),
+                }})).collect::<Vec<_>>(),
             }))
         })
         .collect()

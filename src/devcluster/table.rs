@@ -87,32 +87,141 @@ fn columns(res: &ResourceDef) -> Vec<Value> {
     c
 }
 
+fn terminated_reason(t: &Value) -> String {
+    match t.get("reason").and_then(Value::as_str).filter(|r| !r.is_empty()) {
+        Some(r) => r.to_owned(),
+        None => match t.get("signal").and_then(Value::as_i64).filter(|s| *s != 0) {
+            Some(sig) => format!("Signal:{sig}"),
+            None => format!("ExitCode:{}", num(t, "/exitCode")),
+        },
+    }
+}
+
+/// kubectl's READY, STATUS and RESTARTS of a pod: ready containers (and
+/// sidecars) out of all of them; the phase refined by the first init
+/// container still at work, else by the containers' waiting or terminated
+/// reasons; restart counts with the time of the last one.
+fn pod_row(o: &Value) -> (usize, usize, String, String) {
+    let list = |p: &str| {
+        o.pointer(p)
+            .and_then(Value::as_array)
+            .cloned()
+            .unwrap_or_default()
+    };
+    let init_specs = list("/spec/initContainers");
+    let sidecar = |name: &str| {
+        init_specs
+            .iter()
+            .any(|c| c["name"] == name && c["restartPolicy"] == "Always")
+    };
+    let init = list("/status/initContainerStatuses");
+    let containers = list("/status/containerStatuses");
+    let total = list("/spec/containers").len()
+        + init_specs
+            .iter()
+            .filter(|c| c["restartPolicy"] == "Always")
+            .count();
+    let mut reason = s(o.pointer("/status/reason"));
+    if reason.is_empty() {
+        reason = s(o.pointer("/status/phase"));
+    }
+    let mut restarts = 0;
+    let mut last_restart = String::new();
+    let mut note_restart = |c: &Value| {
+        restarts += num(c, "/restartCount");
+        if let Some(f) = c
+            .pointer("/lastState/terminated/finishedAt")
+            .and_then(Value::as_str)
+            && f > last_restart.as_str()
+        {
+            f.clone_into(&mut last_restart);
+        }
+    };
+    let mut ready = 0;
+    let mut initializing = false;
+    for (i, c) in init.iter().enumerate() {
+        note_restart(c);
+        let name = c["name"].as_str().unwrap_or("");
+        if sidecar(name) {
+            if c["ready"] == true {
+                ready += 1;
+            }
+            if c["started"] == true {
+                continue;
+            }
+        }
+        if let Some(t) = c.pointer("/state/terminated")
+            && num(t, "/exitCode") == 0
+        {
+            continue;
+        }
+        if initializing {
+            continue;
+        }
+        initializing = true;
+        reason = if let Some(t) = c.pointer("/state/terminated") {
+            format!("Init:{}", terminated_reason(t))
+        } else if let Some(w) = c
+            .pointer("/state/waiting/reason")
+            .and_then(Value::as_str)
+            .filter(|r| !r.is_empty() && *r != "PodInitializing")
+        {
+            format!("Init:{w}")
+        } else {
+            format!("Init:{i}/{}", init_specs.len())
+        };
+    }
+    if !initializing {
+        let mut running = false;
+        for c in containers.iter().rev() {
+            note_restart(c);
+            if let Some(w) = c
+                .pointer("/state/waiting/reason")
+                .and_then(Value::as_str)
+                .filter(|r| !r.is_empty())
+            {
+                reason = w.to_owned();
+            } else if let Some(t) = c.pointer("/state/terminated") {
+                reason = terminated_reason(t);
+            } else if c.pointer("/state/running").is_some() {
+                running = true;
+                if c["ready"] == true {
+                    ready += 1;
+                }
+            }
+        }
+        if reason == "Completed" && running {
+            reason = if pod_ready(o) { "Running" } else { "NotReady" }.to_owned();
+        }
+    } else {
+        for c in &containers {
+            note_restart(c);
+        }
+    }
+    if is_terminating(o) {
+        reason = "Terminating".to_owned();
+    }
+    let restarts = if last_restart.is_empty() {
+        restarts.to_string()
+    } else {
+        format!("{restarts} ({} ago)", age(&last_restart))
+    };
+    (ready, total, reason, restarts)
+}
+
 fn cells(res: &ResourceDef, o: &Value) -> Vec<Value> {
     let name = s(o.pointer("/metadata/name"));
     let age = age(&s(o.pointer("/metadata/creationTimestamp")));
     match res.kind {
         "Pod" => {
-            let total = o
-                .pointer("/spec/containers")
-                .and_then(Value::as_array)
-                .map_or(0, Vec::len);
-            let ready = if pod_ready(o) { total } else { 0 };
-            let status = if is_terminating(o) {
-                "Terminating".to_owned()
-            } else {
-                let phase = s(o.pointer("/status/phase"));
-                match o.pointer("/status/containerStatuses/0/state/waiting/reason") {
-                    Some(r) if phase != "Failed" && phase != "Succeeded" => s(Some(r)),
-                    _ => phase,
-                }
-            };
+            let (ready, total, status, restarts) = pod_row(o);
             let ip = s(o.pointer("/status/podIP"));
             let node = s(o.pointer("/spec/nodeName"));
             vec![
                 json!(name),
                 json!(format!("{ready}/{total}")),
                 json!(status),
-                json!("0"),
+                json!(restarts),
                 json!(age),
                 json!(if ip.is_empty() { "<none>".into() } else { ip }),
                 json!(if node.is_empty() { "<none>".into() } else { node }),

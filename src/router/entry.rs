@@ -228,10 +228,26 @@ pub fn parse(raw: &str) -> Result<Parsed, HeaderError> {
     })
 }
 
-/// Whether a request without a usable function header is the health check.
+/// The router's own checks, asked without a function header.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Check {
+    /// `GET /healthz` (readiness): whether the router should get traffic.
+    Health,
+    /// `GET /livez` (liveness): whether the process answers at all.
+    Live,
+}
+
+/// Which check a request without a usable function header is, if any.
 #[must_use]
-pub fn is_health_check(method: &Method, path: &str) -> bool {
-    method == Method::GET && path == "/healthz"
+pub fn check(method: &Method, path: &str) -> Option<Check> {
+    if method != Method::GET {
+        return None;
+    }
+    match path {
+        "/healthz" => Some(Check::Health),
+        "/livez" => Some(Check::Live),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -378,9 +394,10 @@ mod tests {
 
     #[test]
     fn health_check_is_get_healthz_only() {
-        assert!(is_health_check(&Method::GET, "/healthz"));
-        assert!(!is_health_check(&Method::HEAD, "/healthz"));
-        assert!(!is_health_check(&Method::POST, "/healthz"));
-        assert!(!is_health_check(&Method::GET, "/healthz/"));
+        assert_eq!(check(&Method::GET, "/healthz"), Some(Check::Health));
+        assert_eq!(check(&Method::GET, "/livez"), Some(Check::Live));
+        assert_eq!(check(&Method::HEAD, "/healthz"), None);
+        assert_eq!(check(&Method::POST, "/livez"), None);
+        assert_eq!(check(&Method::GET, "/healthz/"), None);
     }
 }

@@ -5,7 +5,7 @@
 //! batched heartbeats.
 //!
 //! - [`config`]: flags and the validated [`Config`].
-//! - [`entry`]: the function header cache, `/healthz`, the 400 answers.
+//! - [`entry`]: the function header cache, `/healthz` and `/livez`, the 400 answers.
 //! - [`proxy`]: instance selection, the retry loop and policy, one attempt,
 //!   header rewriting, replayable bodies, upgrades, the instance connection
 //!   pool, and the one map from errors to HTTP.
@@ -26,6 +26,7 @@ pub mod metrics;
 pub mod proxy;
 pub mod subscription;
 
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::process::ExitCode;
@@ -48,6 +49,7 @@ pub use config::{Args, Config, Discovery, InvalidFlag};
 
 use crate::client::{ChannelSettings, Client, Endpoints};
 use crate::shutdown::Shutdown;
+use crate::watch_access::Refusals;
 use activity::Activity;
 use entry::HeaderCache;
 use metrics::{DurationLabels, Metrics};
@@ -89,6 +91,8 @@ struct State {
     proxy: Proxy,
     request_timeout: Option<std::time::Duration>,
     shutdown: CancellationToken,
+    /// Refused watches: `/healthz` answers 503 while there is one.
+    refusals: Refusals,
 }
 
 /// Runs the router until SIGTERM/SIGINT, then drains.
@@ -159,7 +163,8 @@ pub async fn serve(
     };
     credentials.keep_fresh(&shutdown);
     let endpoints = Endpoints::new(ChannelSettings::default()).with_credentials(credentials);
-    start_discovery(&config, &endpoints, &shutdown).await?;
+    let refusals = Refusals::new();
+    start_discovery(&config, &endpoints, &refusals, &shutdown).await?;
     let client = Client::new(endpoints);
 
     let activity = Activity::new(metrics.clone());
@@ -213,6 +218,7 @@ pub async fn serve(
         proxy,
         request_timeout: config.request_timeout,
         shutdown: shutdown.token().clone(),
+        refusals,
     });
 
     let connections = TaskTracker::new();
@@ -286,7 +292,12 @@ pub async fn serve(
     Ok(())
 }
 
-async fn start_discovery(config: &Config, endpoints: &Endpoints, shutdown: &Shutdown) -> Result<(), Error> {
+async fn start_discovery(
+    config: &Config,
+    endpoints: &Endpoints,
+    refusals: &Refusals,
+    shutdown: &Shutdown,
+) -> Result<(), Error> {
     match &config.discovery {
         Discovery::Static(addrs) => endpoints.replace(addrs),
         Discovery::Dns { host, port } => {
@@ -303,6 +314,11 @@ async fn start_discovery(config: &Config, endpoints: &Endpoints, shutdown: &Shut
             zone,
         } => {
             let client = kube::Client::try_default().await.map_err(Error::Kube)?;
+            let client = refusals.client(
+                &client,
+                format!("EndpointSlices of service {service} in namespace {namespace}"),
+            );
+            log_refusals(refusals, shutdown);
             shutdown.spawn(
                 "controller-endpointslices",
                 discovery::run_endpoint_slices(
@@ -320,14 +336,43 @@ async fn start_discovery(config: &Config, endpoints: &Endpoints, shutdown: &Shut
     Ok(())
 }
 
+/// Logs each change of the refused watches (the health check answers
+/// 503 while one is refused).
+fn log_refusals(refusals: &Refusals, shutdown: &Shutdown) {
+    let mut refused = refusals.subscribe();
+    let token = shutdown.token().clone();
+    shutdown.spawn("health-log", async move {
+        loop {
+            tokio::select! {
+                () = token.cancelled() => return,
+                r = refused.changed() => if r.is_err() { return },
+            }
+            let now = refused.borrow_and_update().clone();
+            if now.is_empty() {
+                tracing::info!("router healthy: every watch runs");
+            } else {
+                tracing::error!(
+                    refused = %Refusals::describe(&now),
+                    "router unhealthy (/healthz 503): the API server refuses a watch (grant the verb), the \
+                     controller endpoints would not follow the cluster"
+                );
+            }
+        }
+    });
+}
+
 /// One request: health check, header, activity, proxy, metrics.
 async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Response<Body> {
     let start = Instant::now();
     let parsed = match state.cache.function(req.headers()) {
         Ok(p) => p,
         Err(e) => {
-            if entry::is_health_check(req.method(), req.uri().path()) {
-                return health(state.shutdown.is_cancelled());
+            match entry::check(req.method(), req.uri().path()) {
+                Some(entry::Check::Health) => {
+                    return health(state.shutdown.is_cancelled(), &state.refusals.current());
+                }
+                Some(entry::Check::Live) => return Response::new(Body::empty()),
+                None => {}
             }
             return proxy::Error::from(e).into_response();
         }
@@ -382,14 +427,20 @@ fn request_span<B>(req: &Request<B>) -> tracing::Span {
     span
 }
 
-/// `GET /healthz`: 200, or 503 once shutdown has begun.
-fn health(shutting_down: bool) -> Response<Body> {
-    let status = if shutting_down {
-        StatusCode::SERVICE_UNAVAILABLE
+/// `GET /healthz`: 200; 503 once shutdown has begun, or while the API
+/// server refuses a watch (the body names it).
+fn health(shutting_down: bool, refused: &BTreeMap<String, String>) -> Response<Body> {
+    let (status, body) = if shutting_down {
+        (StatusCode::SERVICE_UNAVAILABLE, Body::empty())
+    } else if !refused.is_empty() {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            Body::from(format!("{}\n", Refusals::describe(refused))),
+        )
     } else {
-        StatusCode::OK
+        (StatusCode::OK, Body::empty())
     };
-    let mut r = Response::new(Body::empty());
+    let mut r = Response::new(body);
     *r.status_mut() = status;
     r
 }
@@ -400,7 +451,26 @@ mod tests {
 
     #[test]
     fn health_turns_503_when_shutting_down() {
-        assert_eq!(health(false).status(), StatusCode::OK);
-        assert_eq!(health(true).status(), StatusCode::SERVICE_UNAVAILABLE);
+        let none = BTreeMap::new();
+        assert_eq!(health(false, &none).status(), StatusCode::OK);
+        assert_eq!(health(true, &none).status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+
+    #[tokio::test]
+    async fn health_turns_503_naming_a_refused_watch() {
+        use http_body_util::BodyExt;
+        let refusals = Refusals::new();
+        refusals.record(
+            "EndpointSlices of service c in namespace s",
+            true,
+            StatusCode::FORBIDDEN,
+        );
+        let r = health(false, &refusals.current());
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(
+            body,
+            "watch of EndpointSlices of service c in namespace s refused (403 Forbidden)\n"
+        );
     }
 }

@@ -102,7 +102,6 @@ impl Backend {
         let config = skipper::devcluster::Config {
             skipper_exe: env!("CARGO_BIN_EXE_skipper").into(),
             namespaces: namespaces.iter().map(|s| (*s).to_owned()).collect(),
-            probe_interval: Duration::from_millis(20),
             metrics_interval: Duration::from_millis(200),
             bookmark_interval: Duration::from_millis(200),
             resync_interval: Duration::from_millis(200),

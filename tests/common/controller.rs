@@ -73,7 +73,6 @@ impl Sim {
                 "ring-b".into(),
                 "other".into(),
             ],
-            probe_interval: Duration::from_millis(20),
             resync_interval: Duration::from_millis(200),
             ..skipper::devcluster::Config::default()
         })
@@ -165,8 +164,9 @@ impl Sim {
 
     /// The token a fixture pod accepted, if any.
     pub fn token_of(&self, pod: &str) -> Option<String> {
+        // The pool keeps /tmp (where the fixture writes it) in an emptyDir.
         let dir = self.cluster.pod_dir(NS, pod)?;
-        std::fs::read_to_string(dir.join("token")).ok()
+        std::fs::read_to_string(dir.join("volumes/tmp/token")).ok()
     }
 
     /// The public key pods verify with.

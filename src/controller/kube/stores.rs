@@ -26,6 +26,7 @@ use crate::controller::metrics::Metrics;
 use crate::domain::{LABEL_DEPLOYMENT, LABEL_TENANT};
 use crate::ring::{HashRing, RingHandle};
 use crate::shutdown::Shutdown;
+use crate::watch_access::Refusals;
 
 /// Label selector of the controller pods that form the ring.
 pub const CONTROLLER_SELECTOR: &str = "app.kubernetes.io/name=skipper,app.kubernetes.io/component=controller";
@@ -200,6 +201,8 @@ impl Usage {
 pub struct State {
     pub namespaces: Arc<BTreeMap<String, Namespace>>,
     pub usage: Arc<Usage>,
+    /// The watches the API server refuses (their caches stand still).
+    pub refusals: Refusals,
     membership_synced: watch::Receiver<bool>,
 }
 
@@ -449,6 +452,7 @@ pub async fn start(
     shutdown: &Shutdown,
 ) -> Result<State, StartError> {
     let mut namespaces = BTreeMap::new();
+    let refusals = Refusals::new();
     for ns in function_namespaces {
         let probe: Api<Pod> = Api::namespaced(client.clone(), ns);
         match probe.list(&ListParams::default().limit(1)).await {
@@ -473,7 +477,7 @@ pub async fn start(
             shutdown.spawn(
                 "watch-pods",
                 run_watch(
-                    probe,
+                    Api::namespaced(refusals.client(client, format!("pods in namespace {ns}")), ns),
                     config.clone(),
                     shutdown.token().clone(),
                     "pods",
@@ -484,7 +488,10 @@ pub async fn start(
             );
         }
         {
-            let rs_api: Api<ReplicaSet> = Api::namespaced(client.clone(), ns);
+            let rs_api: Api<ReplicaSet> = Api::namespaced(
+                refusals.client(client, format!("replicasets in namespace {ns}")),
+                ns,
+            );
             let sets = replica_sets.clone();
             let metrics = metrics.clone();
             shutdown.spawn(
@@ -524,7 +531,13 @@ pub async fn start(
         ring.publish(HashRing::new([ip]));
         membership_tx.send_replace(true);
     } else {
-        let api: Api<Pod> = Api::namespaced(client.clone(), controller_namespace);
+        let api: Api<Pod> = Api::namespaced(
+            refusals.client(
+                client,
+                format!("controller pods in namespace {controller_namespace}"),
+            ),
+            controller_namespace,
+        );
         let mut membership = Membership {
             members: HashMap::new(),
             relist: None,
@@ -553,6 +566,7 @@ pub async fn start(
     let state = State {
         namespaces: Arc::new(namespaces),
         usage: Arc::new(Usage::default()),
+        refusals,
         membership_synced,
     };
     {

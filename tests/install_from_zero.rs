@@ -1,0 +1,150 @@
+//! A fresh install: `manifests/` applied to an empty simulated cluster as an
+//! operator applies them (the README's steps, with 3 controllers), every
+//! pod run by the node agent with its real probes, RBAC and ServiceAccount
+//! identity. All controllers become Ready, form one ring of 3, the routers
+//! find them, and a request through a router pod reaches a pool pod that
+//! verified its assignment token.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+#[path = "common/devcluster.rs"]
+mod common;
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use skipper::client::{ChannelSettings, Client, Endpoints};
+use skipper::devcluster::playground::{
+    CONTROLLER_YAML, EXAMPLE_POOL_YAML, NAMESPACE_YAML, RBAC_YAML, ROUTER_YAML, create_object,
+    manifest_documents,
+};
+use skipper::token::SigningKey;
+
+const WAIT: Duration = Duration::from_secs(120);
+const CONTROLLERS: i64 = 3;
+
+fn docs(yaml: &str) -> Vec<Value> {
+    manifest_documents(yaml).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn manifests_install_from_zero_with_three_controllers_and_serve_a_request() {
+    let cluster = common::cluster_with(&[], |_| {}).await;
+    let client = cluster.client().unwrap();
+    let key = SigningKey::generate();
+    // kubectl apply -f manifests/namespace.yaml; the PASETO Secret; kubectl apply -k manifests/
+    for d in docs(NAMESPACE_YAML) {
+        create_object(&client, &d).await.unwrap();
+    }
+    create_object(
+        &client,
+        &json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "skipper-controller-paseto", "namespace": "skipper"},
+                "stringData": {"SKIPPER_PASETO_PRIVATE_KEY": key.to_pem()}}),
+    )
+    .await
+    .unwrap();
+    for yaml in [RBAC_YAML, CONTROLLER_YAML, ROUTER_YAML] {
+        for mut d in docs(yaml) {
+            if d["kind"] == "Deployment" && d["metadata"]["name"] == "skipper-controller" {
+                d["spec"]["replicas"] = json!(CONTROLLERS);
+            }
+            create_object(&client, &d).await.unwrap();
+        }
+    }
+    // The pool: its namespace, the public key, then the pool itself.
+    let pool = docs(EXAMPLE_POOL_YAML);
+    let pool_ns = pool
+        .iter()
+        .find(|d| d["kind"] == "Namespace")
+        .and_then(|d| d["metadata"]["name"].as_str())
+        .unwrap()
+        .to_owned();
+    for d in pool.iter().filter(|d| d["kind"] == "Namespace") {
+        create_object(&client, d).await.unwrap();
+    }
+    create_object(
+        &client,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "skipper-paseto-public", "namespace": pool_ns},
+                "data": {"SKIPPER_PUBLIC_KEY": key.verifying_key().to_pem()}}),
+    )
+    .await
+    .unwrap();
+    for d in pool.iter().filter(|d| d["kind"] != "Namespace") {
+        create_object(&client, d).await.unwrap();
+    }
+
+    let ready_ips = |ns: &'static str, selector: &'static str| {
+        let pods = cluster.ready_pods(ns, selector);
+        pods.iter()
+            .filter_map(|p| p["status"]["podIP"].as_str().map(str::to_owned))
+            .collect::<BTreeSet<String>>()
+    };
+    let controllers = common::eventually("3 controllers Ready", WAIT, || {
+        let ips = ready_ips("skipper", "app.kubernetes.io/component=controller");
+        async move { (ips.len() == 3).then_some(ips) }
+    })
+    .await;
+    // One ring of all three, as every controller sees it.
+    for ip in &controllers {
+        let addr = format!("{ip}:50051").parse().unwrap();
+        let c = Client::new(Endpoints::fixed(&[addr], ChannelSettings::default()));
+        let want = controllers.clone();
+        common::eventually(&format!("{ip} sees a ring of 3"), WAIT, || {
+            let c = c.clone();
+            let want = want.clone();
+            async move {
+                let st = c
+                    .get_cluster_state(
+                        skipper::api::GetClusterStateRequest {
+                            local_only: Some(true),
+                        },
+                        Duration::from_secs(5),
+                    )
+                    .await
+                    .ok()?
+                    .cluster_state?;
+                let seen: BTreeSet<String> = st.controller_ips.into_iter().collect();
+                (seen == want).then_some(())
+            }
+        })
+        .await;
+    }
+    let routers = common::eventually("2 routers Ready", WAIT, || {
+        let ips = ready_ips("skipper", "app.kubernetes.io/component=router");
+        async move { (ips.len() == 2).then_some(ips) }
+    })
+    .await;
+    common::eventually("3 pool pods Ready", WAIT, || {
+        let n = cluster.ready_pods(&pool_ns, "skipper/deployment=fixture").len();
+        async move { (n >= 3).then_some(()) }
+    })
+    .await;
+    // A request through a router pod reaches a pool pod assigned to the tenant.
+    let router = routers.iter().next().unwrap();
+    let function = format!(
+        r#"{{"namespace":"{pool_ns}","deployment":"fixture","tenant":"first","scale":{{"max_instances":1}}}}"#
+    );
+    let http = reqwest::Client::new();
+    let body: Value = common::eventually("an answer through the router", WAIT, || {
+        let req = http
+            .get(format!("http://{router}:8080/hello"))
+            .header("X-Skipper-Function", &function)
+            .send();
+        async move {
+            let resp = req.await.ok()?;
+            if resp.status() != 200 {
+                return None;
+            }
+            resp.json().await.ok()
+        }
+    })
+    .await;
+    assert_eq!(body["tenant"], "first", "{body}");
+    let assigned = cluster.ready_pods(&pool_ns, "skipper/tenant=first");
+    assert_eq!(assigned.len(), 1);
+    cluster.shutdown().await;
+}
