@@ -107,12 +107,12 @@ const FLOOD_BATCH: usize = 10_000;
 /// RSS one controller may grow by per 10,000 live supervisors: the issue's
 /// target of at most 2 KiB per idle supervisor, with room for the allocator.
 const RSS_PER_10K_SUPERVISORS: u64 = 32 * MIB;
-/// A second flood may take more than the first left by at most
-/// 1/SECOND_FLOOD_SLACK_DIVISOR of what the first took: its supervisors' memory is free again
-/// and reused (not reused, the second takes all of it again); the rest is
-/// allocator fragmentation, which varies from run to run (measured: 0 to
-/// 17 MiB of a first flood's ~70 MiB).
-const SECOND_FLOOD_SLACK_DIVISOR: u64 = 2;
+/// How much more a second flood may take than the first left, at least: the
+/// memory of the first flood's supervisors is free again and reused. The
+/// allowance is the larger of this and half of what the first flood added,
+/// so allocator noise between threads' arenas passes while a second flood
+/// that reuses nothing (and adds the whole first flood again) fails.
+const SECOND_FLOOD_SLACK: u64 = 16 * MIB;
 
 fn flood_entry(i: usize) -> api::Heartbeat {
     let f = Function {
@@ -236,13 +236,13 @@ async fn controller_rss_is_bounded_after_a_heartbeat_flood() {
             mib(RSS_PER_10K_SUPERVISORS)
         );
         let peak = first[i].max(kept[i]);
-        let slack = first[i].saturating_sub(before[i]) / SECOND_FLOOD_SLACK_DIVISOR;
+        let allowance = SECOND_FLOOD_SLACK.max(first[i].saturating_sub(before[i]) / 2);
         assert!(
-            second[i] <= peak + slack,
-            "{ip}: the second flood took {} where the first left {} (slack {}): its memory was not reused",
+            second[i] <= peak + allowance,
+            "{ip}: the second flood took {} where the first left {} (allowance {}): its memory was not reused",
             mib(second[i]),
             mib(peak),
-            mib(slack)
+            mib(allowance)
         );
     }
 }

@@ -65,6 +65,49 @@ async fn busy_listen_port_fails_at_once() {
     assert!(out.stdout.is_empty());
 }
 
+/// Without the right to create mount and PID namespaces (here: root with
+/// every capability dropped), `skipper dev` fails at start with one line
+/// naming what is missing, before anything runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_namespaces_dev_fails_with_one_line() {
+    let _t = Timer::start("playground without namespaces");
+    if !nix::unistd::geteuid().is_root() {
+        // Unprivileged, the playground uses user namespaces, which dropping
+        // capabilities does not take away.
+        eprintln!("without_namespaces_dev_fails_with_one_line: needs root, skipped");
+        return;
+    }
+    let out = tokio::time::timeout(
+        Duration::from_secs(20),
+        tokio::process::Command::new("setpriv")
+            .args([
+                "--bounding-set=-all",
+                "--inh-caps=-all",
+                env!("CARGO_BIN_EXE_skipper"),
+            ])
+            .args([
+                "dev",
+                "--listen",
+                "127.0.0.1:0",
+                "--metrics-listen",
+                "127.0.0.1:0",
+            ])
+            .output(),
+    )
+    .await
+    .expect("skipper dev did not fail within 20s")
+    .expect("setpriv (util-linux) runs");
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "stderr: {stderr}");
+    assert!(
+        stderr.contains("pods need private mount and PID namespaces") && stderr.contains("CAP_SYS_ADMIN"),
+        "stderr: {stderr}"
+    );
+    assert_eq!(stderr.matches("pods need").count(), 1, "said once: {stderr}");
+    assert!(out.stdout.is_empty());
+}
+
 /// `--command` replaces the fixture with your own program (here the fixture
 /// binary started by path through `sh -c`).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -177,8 +177,7 @@ async fn rbac(b: &Backend) {
 differential!(
     validation_rejects_what_kubernetes_rejects,
     validation,
-    namespaces = [NS],
-    sim_deviation = "the simulator stores invalid ports, names, label keys and changed immutable fields"
+    namespaces = [NS]
 );
 
 async fn validation(b: &Backend) {
@@ -264,7 +263,17 @@ async fn validation(b: &Backend) {
         err["message"],
         "Deployment.apps \"good\" is invalid: spec.selector: Invalid value: {\"matchLabels\":{\"app\":\"other\"}}: field is immutable"
     );
+}
 
+differential!(
+    unknown_fields_are_refused_under_strict_validation_and_dropped_otherwise,
+    strict_field_validation,
+    namespaces = [NS],
+    sim_deviation = "the simulator has no schema: it stores unknown fields and ignores fieldValidation"
+);
+
+async fn strict_field_validation(b: &Backend) {
+    let admin = b.client().await;
     // Unknown fields: refused under Strict field validation, dropped otherwise.
     let mut with_unknown = serde_json::to_value(deployment("unknown", 0, &json!({}))).unwrap();
     with_unknown["spec"]["template"]["spec"]["containers"][0]["bogus"] = json!(1);
@@ -303,8 +312,7 @@ async fn validation(b: &Backend) {
 differential!(
     defaulting_fills_what_kubernetes_fills,
     defaulting,
-    namespaces = [NS],
-    sim_deviation = "the simulator applies no defaults"
+    namespaces = [NS]
 );
 
 async fn defaulting(b: &Backend) {

@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, ContainerStatus, Namespace, Node, Po
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use skipper::devcluster::Cluster;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NS: &str = "conf";
 const WAIT: Duration = Duration::from_secs(30);
@@ -196,6 +197,39 @@ async fn an_exec_probe_runs_in_the_container_and_exit_1_keeps_it_unready() {
 }
 
 #[tokio::test]
+async fn probe_timing_fields_delay_time_out_and_count_successes() {
+    let cluster = cluster().await;
+    let api = pods(&cluster);
+    // A check slower than timeoutSeconds fails, however it would end (run
+    // to its end, this one would pass 2 s in, before "delayed" is Ready).
+    let mut slow = sh("main", "exec sleep 1000");
+    slow["readinessProbe"] = json!({"exec": {"command": ["/bin/sh", "-c", "sleep 2"]},
+        "timeoutSeconds": 1, "periodSeconds": 1, "failureThreshold": 1});
+    create(&api, "slow", json!({"containers": [slow]})).await;
+    // Nothing is probed before initialDelaySeconds; then successThreshold
+    // successes in a row, periodSeconds apart, make it Ready.
+    let mut delayed = sh("main", "exec sleep 1000");
+    delayed["readinessProbe"] = json!({"exec": {"command": ["/bin/sh", "-c", "exit 0"]},
+        "initialDelaySeconds": 2, "periodSeconds": 1, "successThreshold": 2});
+    create(&api, "delayed", json!({"containers": [delayed]})).await;
+    let p = wait_pod(&api, "delayed", "Ready", is_ready).await;
+    let started = status(&p, "main")
+        .and_then(|s| s.state?.running?.started_at)
+        .expect("running with startedAt");
+    let ready = condition(&p, "Ready")
+        .and_then(|c| c.last_transition_time)
+        .expect("Ready has a transition time");
+    // 2 s of delay and 1 s between the two successes (whole seconds).
+    assert!(
+        ready.0.as_second() - started.0.as_second() >= 2,
+        "Ready at {ready:?}, started at {started:?}"
+    );
+    let p = wait_pod(&api, "slow", "running", |p| running(p, "main")).await;
+    assert!(!is_ready(&p), "a timed-out probe is a failure");
+    assert_eq!(status(&p, "main").unwrap().restart_count, 0);
+}
+
+#[tokio::test]
 async fn http_and_tcp_probes_use_named_ports_and_headers() {
     let cluster = cluster().await;
     let api = pods(&cluster);
@@ -368,6 +402,61 @@ wait"#;
         .map(str::to_owned)
         .collect();
     assert_eq!(lines, ["started", "prestop", "main-term"], "no child-term");
+
+    // An httpGet preStop hook (host, port, path and headers as sent) is
+    // answered before the main process gets SIGTERM.
+    let hook = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let hook_port = hook.local_addr().unwrap().port();
+    let mut c = sh(
+        "main",
+        "trap 'echo main-term >> /out/log; exit 0' TERM; echo started >> /out/log; sleep 1000 & wait",
+    );
+    c["volumeMounts"] = json!([{"name": "out", "mountPath": "/out"}]);
+    c["lifecycle"] = json!({"preStop": {"httpGet": {"host": "127.0.0.1", "port": hook_port,
+        "path": "/drain", "httpHeaders": [{"name": "X-Hook", "value": "pre-stop"}]}}});
+    create(
+        &api,
+        "http-hooked",
+        json!({"terminationGracePeriodSeconds": 10, "containers": [c], "volumes": [{"name": "out", "emptyDir": {}}]}),
+    )
+    .await;
+    wait_pod(&api, "http-hooked", "running", |p| running(p, "main")).await;
+    let log_file = cluster
+        .pod_dir(NS, "http-hooked")
+        .unwrap()
+        .join("volumes/out/log");
+    common::eventually("started", WAIT, || {
+        let text = std::fs::read_to_string(&log_file).unwrap_or_default();
+        async move { text.contains("started").then_some(()) }
+    })
+    .await;
+    api.delete("http-hooked", &DeleteParams::default()).await.unwrap();
+    let (mut conn, _) = tokio::time::timeout(WAIT, hook.accept()).await.unwrap().unwrap();
+    let mut request = Vec::new();
+    let mut buf = [0_u8; 1024];
+    while !request.windows(4).any(|w| w == b"\r\n\r\n") {
+        let n = tokio::time::timeout(WAIT, conn.read(&mut buf))
+            .await
+            .unwrap()
+            .unwrap();
+        assert!(n > 0, "the hook request ended early");
+        request.extend_from_slice(&buf[..n]);
+    }
+    let request = String::from_utf8_lossy(&request).to_lowercase();
+    assert!(request.starts_with("get /drain http/1.1\r\n"), "{request}");
+    assert!(request.contains("x-hook: pre-stop\r\n"), "{request}");
+    // The container is still running while the hook is being answered.
+    let before_answer = std::fs::read_to_string(&log_file).unwrap();
+    assert_eq!(before_answer, "started\n", "SIGTERM waits for the hook");
+    conn.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    drop(conn);
+    wait_gone(&api, "http-hooked").await;
+    assert_eq!(
+        std::fs::read_to_string(&log_file).unwrap(),
+        "started\nmain-term\n"
+    );
 
     // A preStop sleep counts against the grace period, and a main process
     // that ignores SIGTERM (PID 1 without a handler) is killed at the deadline.

@@ -51,6 +51,16 @@ pub enum ApiError {
         "The provided continue parameter is too old to display a consistent list result. You can start a new list without the continue parameter, or use the continue token in this response to retrieve the remainder of the results. Continuing with the provided token results in an inconsistent list - objects that were created, modified, or deleted between the time the first chunk was returned and now may show up in the list."
     )]
     ContinueTooOld,
+    /// Fields that may not be stored as they are (`422` with `details.causes`).
+    #[error("{}", super::validation::invalid_message(res, name, errors))]
+    InvalidFields {
+        /// The kind.
+        res: &'static ResourceDef,
+        /// The object's name.
+        name: String,
+        /// What is wrong, field by field.
+        errors: Vec<super::validation::FieldError>,
+    },
     /// A create in a namespace being deleted (`NamespaceLifecycle` admission).
     #[error("{}", forbidden_text(&res.group_resource(), name, &format!("unable to create new content in namespace {namespace} because it is being terminated")))]
     Terminating {
@@ -90,7 +100,7 @@ impl ApiError {
             Self::Conflict { .. } | Self::ConflictWith { .. } => (StatusCode::CONFLICT, "Conflict"),
             Self::Unauthorized => (StatusCode::UNAUTHORIZED, "Unauthorized"),
             Self::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "InternalError"),
-            Self::Invalid(_) => (StatusCode::UNPROCESSABLE_ENTITY, "Invalid"),
+            Self::Invalid(_) | Self::InvalidFields { .. } => (StatusCode::UNPROCESSABLE_ENTITY, "Invalid"),
             Self::BadRequest(_) => (StatusCode::BAD_REQUEST, "BadRequest"),
             Self::MethodNotAllowed => (StatusCode::METHOD_NOT_ALLOWED, "MethodNotAllowed"),
             Self::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "UnsupportedMediaType"),
@@ -130,6 +140,18 @@ impl ApiError {
                 if !resource.is_empty() {
                     details.insert("kind".into(), json!(resource));
                 }
+            }
+            Self::InvalidFields { res, name, errors } => {
+                details.insert("name".into(), json!(name));
+                if !res.group.is_empty() {
+                    details.insert("group".into(), json!(res.group));
+                }
+                details.insert("kind".into(), json!(res.kind));
+                let causes: Vec<Value> = errors
+                    .iter()
+                    .map(|e| json!({"reason": "FieldValueInvalid", "message": e.message, "field": e.field}))
+                    .collect();
+                details.insert("causes".into(), json!(causes));
             }
             Self::Terminating { res, name, namespace } => {
                 if !name.is_empty() {

@@ -86,9 +86,9 @@
 //! | RBAC escalation checks | creating a Role or binding needs the rights it grants (or `escalate`/`bind`) | not checked |
 //! | Aggregated ClusterRoles | `view`/`edit`/`admin` aggregate labelled roles | fixed rules (core, apps, batch, discovery, policy, coordination, events, metrics) |
 //! | Node authorizer | graph of pods, volumes, PVs, ResourceClaims, ... | pods, secrets, configmaps, PVCs and ServiceAccounts referenced by pods bound to the node |
-//! | Admission and schema validation | full (`422` with `details.causes`, immutable fields, strict decoding) | names, selectors, required containers and finalizers of objects being deleted, `422` without `details.causes`; other invalid values are stored |
+//! | Admission and schema validation | full: every field of every kind, strict decoding (`fieldValidation=Strict` refuses unknown fields, otherwise they are dropped with a warning) | names, label keys and values, container ports, selectors, required containers, immutable workload selectors and finalizers of objects being deleted ([`validation`], the real `422` texts and causes); no schema: unknown fields are stored and other invalid values accepted |
 //! | Mutating admission | every configured plugin | only the ServiceAccount token volume of pods (a missing ServiceAccount is not refused) |
-//! | Defaulting | every decoded object, pod templates included | Deployment and ReplicaSet specs (strategy 25%/25%, `revisionHistoryLimit` 10, `progressDeadlineSeconds` 600), pods and their containers; pod templates inside workloads are stored as sent, `imagePullPolicy` is `IfNotPresent` whatever the tag |
+//! | Defaulting | every decoded object | Pods, Deployments and ReplicaSets (workload specs, pod templates, containers, probes, ports); pods lack what admission adds besides `serviceAccountName` (`priority`, `preemptionPolicy`, `enableServiceLinks`, default tolerations); a Deployment or ReplicaSet without `metadata.labels` gets its template's labels (as `extensions/v1beta1` did; `apps/v1` leaves them empty) |
 //! | Request bodies | JSON, YAML, protobuf | JSON only: kubectl's protobuf bodies (`create configmap\|secret\|namespace\|deployment`, `create token`, `auth can-i`, `auth whoami`) answer `400` |
 //! | Server-side apply | yes | no (`415`) |
 //! | Rollouts | kube-controller-manager's deployment controller | the same decisions ([`deployment`], [`replicaset`]); ReplicaSet names hash the template's canonical JSON (FNV-1a), so they differ from a real cluster's for the same template; `minReadySeconds` is noticed at the next resync (1 s) rather than by a timed requeue |
@@ -145,6 +145,8 @@ pub mod server;
 pub mod store;
 /// Table output for kubectl.
 pub mod table;
+/// Field validation (label keys and values, ports, immutable fields).
+pub mod validation;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

@@ -176,6 +176,11 @@ pub struct PlaygroundArgs {
     #[arg(long, env = "SKIPPER_METRICS_LISTEN", default_value = "127.0.0.1:9090")]
     pub metrics_listen: SocketAddr,
 
+    /// First wait of the pods' crash back-off (CrashLoopBackOff); it doubles per restart up to 30
+    /// times this, as a kubelet's 10s up to 5m
+    #[arg(long, env = "SKIPPER_RESTART_BACKOFF", default_value = "10s", value_parser = parse_positive_duration)]
+    pub restart_backoff: Duration,
+
     /// Bound on bringing everything up
     #[arg(long, env = "SKIPPER_READY_TIMEOUT", default_value = "120s", value_parser = parse_positive_duration)]
     pub ready_timeout: Duration,
@@ -781,6 +786,10 @@ pub async fn run(args: PlaygroundArgs) -> Result<ExitCode, PlaygroundError> {
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("skipper"));
     let cluster = Cluster::start(Config {
         skipper_exe: exe.clone(),
+        restart_backoff: super::kubelet::BackoffPolicy {
+            initial: args.restart_backoff,
+            max: args.restart_backoff.saturating_mul(30),
+        },
         ..Config::default()
     })
     .await?;

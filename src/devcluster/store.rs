@@ -394,10 +394,17 @@ impl Store {
                 )));
             }
         } else if !is_dns_subdomain(&name) {
-            return Err(ApiError::Invalid(format!(
-                "{} \"{name}\" is invalid: metadata.name: Invalid value: \"{name}\": a lowercase RFC 1123 subdomain must consist of lower case alphanumeric characters, '-' or '.'",
-                res.kind
-            )));
+            return Err(ApiError::InvalidFields {
+                res,
+                errors: vec![super::validation::FieldError {
+                    field: "metadata.name".into(),
+                    message: format!(
+                        "Invalid value: {name:?}: {}",
+                        super::validation::SUBDOMAIN_MESSAGE
+                    ),
+                }],
+                name,
+            });
         }
         if let Some(given) = meta.get("namespace").and_then(Value::as_str)
             && res.namespaced
@@ -431,6 +438,14 @@ impl Store {
         obj["apiVersion"] = json!(res.api_version());
         obj["kind"] = json!(res.kind);
         apply_defaults(res, &mut obj);
+        let invalid = super::validation::validate(res, &obj);
+        if !invalid.is_empty() {
+            return Err(ApiError::InvalidFields {
+                res,
+                name,
+                errors: invalid,
+            });
+        }
         if dry_run {
             if let Some(m) = obj["metadata"].as_object_mut() {
                 m.remove("resourceVersion");
@@ -563,7 +578,18 @@ impl Store {
             generation + 1
         });
         new["metadata"]["resourceVersion"] = old_rv;
-        if new == old || dry_run {
+        if new == old {
+            return Ok(new);
+        }
+        let invalid = super::validation::validate_update(res, &old, &new);
+        if !invalid.is_empty() {
+            return Err(ApiError::InvalidFields {
+                res,
+                name: name.to_owned(),
+                errors: invalid,
+            });
+        }
+        if dry_run {
             return Ok(new);
         }
         if ready_to_go(res, &new) {
@@ -797,11 +823,61 @@ fn default_container(c: &mut Value) {
             }
         }
     }
-    if c.get("imagePullPolicy").is_none() {
-        c["imagePullPolicy"] = json!("IfNotPresent");
+    if c.get("imagePullPolicy").is_none_or(|p| p.is_null() || p == "") {
+        let image = c.get("image").and_then(Value::as_str).unwrap_or("");
+        c["imagePullPolicy"] = json!(if image_tag(image) == "latest" {
+            "Always"
+        } else {
+            "IfNotPresent"
+        });
     }
     if c.get("terminationMessagePath").is_none() {
         c["terminationMessagePath"] = json!("/dev/termination-log");
+    }
+    if c.get("terminationMessagePolicy").is_none() {
+        c["terminationMessagePolicy"] = json!("File");
+    }
+    if !c.get("resources").is_some_and(Value::is_object) {
+        c["resources"] = json!({});
+    }
+}
+
+/// The tag of an image reference: `latest` when it names none, empty when
+/// it is pinned by digest.
+fn image_tag(image: &str) -> &str {
+    if image.contains('@') {
+        return "";
+    }
+    let name = image.rsplit('/').next().unwrap_or(image);
+    match name.rsplit_once(':') {
+        Some((_, tag)) if !tag.is_empty() => tag,
+        _ => "latest",
+    }
+}
+
+/// `SetDefaults_PodSpec` and the container defaults, for a pod's `spec` or
+/// a workload's `spec.template.spec`.
+fn default_pod_spec(spec: &mut Value) {
+    if !spec.is_object() {
+        return;
+    }
+    for (field, value) in [
+        ("restartPolicy", json!("Always")),
+        ("terminationGracePeriodSeconds", json!(30)),
+        ("dnsPolicy", json!("ClusterFirst")),
+        ("schedulerName", json!("default-scheduler")),
+        ("securityContext", json!({})),
+    ] {
+        if spec.get(field).is_none_or(Value::is_null) {
+            spec[field] = value;
+        }
+    }
+    for list in ["initContainers", "containers"] {
+        if let Some(containers) = spec.get_mut(list).and_then(Value::as_array_mut) {
+            for c in containers {
+                default_container(c);
+            }
+        }
     }
 }
 
@@ -809,8 +885,20 @@ fn default_container(c: &mut Value) {
 /// fills in whenever it decodes one, on creates and updates alike
 /// (`SetDefaults_Deployment`, `SetDefaults_ReplicaSet`).
 fn default_spec(res: &'static ResourceDef, obj: &mut Value) {
-    if !matches!(res.kind, "Deployment" | "ReplicaSet") || !obj.get("spec").is_some_and(Value::is_object) {
+    if !obj.get("spec").is_some_and(Value::is_object) {
         return;
+    }
+    match res.kind {
+        "Pod" => {
+            default_pod_spec(&mut obj["spec"]);
+            return;
+        }
+        "Deployment" | "ReplicaSet" => {
+            if let Some(template) = obj.pointer_mut("/spec/template/spec") {
+                default_pod_spec(template);
+            }
+        }
+        _ => return,
     }
     let spec = &mut obj["spec"];
     if spec.get("replicas").is_none_or(Value::is_null) {
@@ -852,20 +940,10 @@ fn apply_defaults(res: &'static ResourceDef, obj: &mut Value) {
             }
             obj["status"]["phase"] = json!("Pending");
             obj["status"]["qosClass"] = json!("BestEffort");
-            if obj.pointer("/spec/restartPolicy").is_none() {
-                obj["spec"]["restartPolicy"] = json!("Always");
-            }
-            if obj.pointer("/spec/terminationGracePeriodSeconds").is_none() {
-                obj["spec"]["terminationGracePeriodSeconds"] = json!(30);
-            }
             if obj.pointer("/spec/serviceAccountName").is_none() {
                 obj["spec"]["serviceAccountName"] = json!("default");
             }
-            if let Some(containers) = obj.pointer_mut("/spec/containers").and_then(Value::as_array_mut) {
-                for c in containers {
-                    default_container(c);
-                }
-            }
+            default_spec(res, obj);
         }
         "Namespace" => {
             obj["status"] = json!({"phase": "Active"});
@@ -962,7 +1040,7 @@ mod tests {
         ));
         assert!(matches!(
             s.create(res, "ns", cm("Bad_Name")),
-            Err(ApiError::Invalid(_))
+            Err(ApiError::InvalidFields { .. })
         ));
     }
 
@@ -1097,6 +1175,34 @@ mod tests {
             .unwrap();
         assert_eq!(fg["metadata"]["finalizers"], json!(["foregroundDeletion"]));
         assert!(s.get(res, "ns", "fg").is_some());
+    }
+
+    #[test]
+    fn images_without_a_tag_or_with_latest_are_pulled_always() {
+        for (image, tag) in [
+            ("skipper", "latest"),
+            ("skipper:latest", "latest"),
+            ("registry:5000/team/skipper", "latest"),
+            ("registry:5000/team/skipper:1.2", "1.2"),
+            ("skipper@sha256:abc", ""),
+        ] {
+            assert_eq!(image_tag(image), tag, "{image}");
+        }
+        let s = store_with_ns(100);
+        let d = s
+            .create(
+                by_kind("Deployment"),
+                "ns",
+                json!({"metadata": {"name": "d"}, "spec": {"template": {"spec": {"containers": [
+                    {"name": "a", "image": "skipper"}, {"name": "b", "image": "skipper:1.2"},
+                ]}}}}),
+            )
+            .unwrap();
+        let pod = &d["spec"]["template"]["spec"];
+        assert_eq!(pod["containers"][0]["imagePullPolicy"], "Always");
+        assert_eq!(pod["containers"][1]["imagePullPolicy"], "IfNotPresent");
+        assert_eq!(pod["dnsPolicy"], "ClusterFirst");
+        assert_eq!(pod["securityContext"], json!({}));
     }
 
     #[test]
