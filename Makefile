@@ -27,6 +27,9 @@ control-plane:
 
 ## test: every unit, integration and doc test (the e2e suite runs in `make e2e`)
 test:
+	@$(CARGO) nextest --version >/dev/null 2>&1 || { \
+		echo "make test: installing cargo-nextest (once; it runs each test in its own process)"; \
+		$(CARGO) install cargo-nextest --locked; }
 	$(CARGO) nextest run --no-fail-fast -E 'not binary(e2e) and not binary(chaos)'
 	$(CARGO) test --doc
 

@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use kube::api::{Api, DeleteParams};
 use skipper::api::{self, controller_service_client::ControllerServiceClient};
+use skipper::client::Transport;
+use skipper::credentials::Credentials;
 use skipper::domain::{Function, Scale};
 use tonic::transport::Channel;
 
@@ -19,11 +21,16 @@ const IDLE_CLEANUP: Duration = Duration::from_secs(45);
 /// Bound on waiting for a condition of the playground.
 const WAIT: Duration = Duration::from_secs(60);
 
-/// A gRPC client of the controller at `ip`.
-async fn grpc(ip: &str) -> ControllerServiceClient<Channel> {
-    ControllerServiceClient::connect(format!("http://{ip}:50051"))
-        .await
+/// A gRPC client of the controller at `ip`, presenting the playground
+/// router's token (controllers refuse calls without one).
+async fn grpc(dev: &Dev, ip: &str) -> ControllerServiceClient<Transport> {
+    let channel = Channel::from_shared(format!("http://{ip}:50051"))
         .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let credentials = Credentials::from_file(&dev.token_file).unwrap();
+    ControllerServiceClient::with_interceptor(channel, credentials)
         .max_decoding_message_size(64 * 1024 * 1024)
 }
 
@@ -131,11 +138,11 @@ fn flood_entry(i: usize) -> api::Heartbeat {
 /// others are named in `forwarded_for`, so nothing is forwarded): when a
 /// call returns, its supervisors exist, and they live until their first
 /// tick.
-async fn flood(ctls: &[(String, String, u32)], round: usize) -> Vec<u64> {
+async fn flood(dev: &Dev, ctls: &[(String, String, u32)], round: usize) -> Vec<u64> {
     let ips: Vec<&String> = ctls.iter().map(|(_, ip, _)| ip).collect();
     let mut with = Vec::new();
     for (k, (_, ip, pid)) in ctls.iter().enumerate() {
-        let mut c = grpc(ip).await;
+        let mut c = grpc(dev, ip).await;
         let others: Vec<String> = ips.iter().filter(|o| **o != ip).map(|o| (*o).clone()).collect();
         let t0 = std::time::Instant::now();
         for start in (0..FLOOD_FUNCTIONS).step_by(FLOOD_BATCH) {
@@ -148,7 +155,7 @@ async fn flood(ctls: &[(String, String, u32)], round: usize) -> Vec<u64> {
         }
         let took = t0.elapsed();
         with.push(probe::rss(*pid).now);
-        let n = supervisors(ip).await;
+        let n = supervisors(dev, ip).await;
         figure(
             &format!("heartbeat flood {round}: controller {ip}"),
             format!(
@@ -163,7 +170,7 @@ async fn flood(ctls: &[(String, String, u32)], round: usize) -> Vec<u64> {
         crate::harness::wait_for(
             Duration::from_secs(90),
             "the flood supervisors stopped",
-            || async { (supervisors(ip).await == 0).then_some(()) },
+            || async { (supervisors(dev, ip).await == 0).then_some(()) },
         )
         .await;
     }
@@ -194,7 +201,7 @@ async fn controller_rss_is_bounded_after_a_heartbeat_flood() {
     assert_eq!(ctls.len(), 3, "{ctls:?}");
     let before: Vec<u64> = ctls.iter().map(|(_, _, pid)| probe::rss(*pid).now).collect();
 
-    let mut c0 = grpc(&ctls[0].1).await;
+    let mut c0 = grpc(&dev, &ctls[0].1).await;
     let over = api::HeartbeatRequest {
         router_ip: Some("10.255.0.1".into()),
         heartbeats: (0..20_001).map(flood_entry).collect(),
@@ -203,9 +210,9 @@ async fn controller_rss_is_bounded_after_a_heartbeat_flood() {
     let err = c0.heartbeat(over).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::ResourceExhausted, "{err:?}");
 
-    let first = flood(&ctls, 1).await;
+    let first = flood(&dev, &ctls, 1).await;
     let kept: Vec<u64> = ctls.iter().map(|(_, _, pid)| probe::rss(*pid).now).collect();
-    let second = flood(&ctls, 2).await;
+    let second = flood(&dev, &ctls, 2).await;
     let per_10k_of = |i: usize| first[i].saturating_sub(before[i]) * 10_000 / FLOOD_FUNCTIONS as u64;
     for (i, (_, ip, _)) in ctls.iter().enumerate() {
         figure(
@@ -241,8 +248,8 @@ async fn controller_rss_is_bounded_after_a_heartbeat_flood() {
 }
 
 /// Supervisors the controller at `ip` holds (its local state).
-async fn supervisors(ip: &str) -> usize {
-    let mut c = grpc(ip).await;
+async fn supervisors(dev: &Dev, ip: &str) -> usize {
+    let mut c = grpc(dev, ip).await;
     c.get_cluster_state(api::GetClusterStateRequest {
         local_only: Some(true),
     })
@@ -276,7 +283,7 @@ async fn oneshot_releases_succeed_on_any_controller() {
     let ctls = probe::controllers(&dev).await;
     let mut clients = Vec::new();
     for (_, ip, _) in &ctls {
-        clients.push(grpc(ip).await);
+        clients.push(grpc(&dev, ip).await);
     }
     let clients = std::sync::Arc::new(clients);
     let next = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));

@@ -79,6 +79,9 @@ pub struct Dev {
     pub controller_ips: Vec<String>,
     /// Lines `skipper dev` printed.
     pub stdout: Arc<Mutex<Vec<String>>>,
+    /// A router's token for calling controllers directly (a file, for
+    /// `ring-inspect --token-file`).
+    pub token_file: PathBuf,
     dir: PathBuf,
 }
 
@@ -142,6 +145,7 @@ impl Dev {
                 .unwrap(),
             controller_ips: Vec::new(),
             stdout,
+            token_file: dir.join("router-token"),
             dir,
         };
         // The sender goes away without a ready line when `skipper dev` exits.
@@ -169,7 +173,42 @@ impl Dev {
         .unwrap();
         dev.api_server = config.cluster_url.to_string().trim_end_matches('/').to_owned();
         dev.client = kube::Client::try_from(config).unwrap();
+        let token = dev.router_token().await;
+        std::fs::write(&dev.token_file, token).unwrap();
         dev
+    }
+
+    /// A token of the routers' ServiceAccount for the controllers'
+    /// audience (controllers refuse calls without one).
+    async fn router_token(&self) -> String {
+        use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+        let api: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            Api::namespaced(self.client.clone(), "skipper");
+        let request = TokenRequest {
+            spec: TokenRequestSpec {
+                audiences: vec![skipper::credentials::AUDIENCE.to_owned()],
+                expiration_seconds: Some(3600),
+                ..TokenRequestSpec::default()
+            },
+            ..TokenRequest::default()
+        };
+        let answer: TokenRequest = api
+            .create_subresource(
+                "token",
+                "skipper-router",
+                &kube::api::PostParams::default(),
+                &request,
+            )
+            .await
+            .unwrap();
+        answer.status.unwrap().token
+    }
+
+    /// A client of the controller at `ip`, presenting the router's token.
+    fn controller(&self, ip: &str) -> Client {
+        let addr: SocketAddr = format!("{ip}:50051").parse().unwrap();
+        let credentials = skipper::credentials::Credentials::from_file(&self.token_file).unwrap();
+        Client::new(Endpoints::fixed(&[addr], ChannelSettings::default()).with_credentials(credentials))
     }
 
     /// The pid of the `skipper dev` process.
@@ -248,9 +287,7 @@ impl Dev {
 
     /// The local state of the controller at `ip`.
     pub async fn controller_state(&self, ip: &str) -> api::ClusterState {
-        let addr: SocketAddr = format!("{ip}:50051").parse().unwrap();
-        let client = Client::new(Endpoints::fixed(&[addr], ChannelSettings::default()));
-        client
+        self.controller(ip)
             .get_cluster_state(
                 api::GetClusterStateRequest {
                     local_only: Some(true),
@@ -265,9 +302,7 @@ impl Dev {
 
     /// The cluster state aggregated across the ring by the controller at `ip`.
     pub async fn aggregated_state(&self, ip: &str) -> api::ClusterState {
-        let addr: SocketAddr = format!("{ip}:50051").parse().unwrap();
-        let client = Client::new(Endpoints::fixed(&[addr], ChannelSettings::default()));
-        client
+        self.controller(ip)
             .get_cluster_state(
                 api::GetClusterStateRequest { local_only: None },
                 Duration::from_secs(5),

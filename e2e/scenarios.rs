@@ -204,7 +204,12 @@ async fn s05_three_controllers_failover() {
     let running = load(&dev, functions.clone(), 6);
     let owners = ring_owners(&["--members", &dev.controller_ips.join(",")], &functions);
     let live = ring_owners(
-        &["--controller", &format!("{}:50051", dev.controller_ips[0])],
+        &[
+            "--controller",
+            &format!("{}:50051", dev.controller_ips[0]),
+            "--token-file",
+            &dev.token_file.display().to_string(),
+        ],
         &functions,
     );
     assert_eq!(live, owners, "ring-inspect --controller disagrees with --members");

@@ -33,8 +33,13 @@ use tracing::Instrument as _;
 
 use crate::api;
 use crate::api::controller_service_client::ControllerServiceClient;
+use crate::credentials::Credentials;
 use crate::domain::{ASSIGN_TIMING_METADATA, AssignTiming};
 use crate::telemetry::otel;
+
+/// The transport of every call: a channel whose requests carry the
+/// caller's credentials.
+pub type Transport = tonic::service::interceptor::InterceptedService<Channel, Credentials>;
 
 /// An RPC of `skipper.ControllerService`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -277,6 +282,7 @@ pub struct Endpoints {
     next: Arc<AtomicUsize>,
     failure: Arc<Notify>,
     settings: ChannelSettings,
+    credentials: Credentials,
 }
 
 impl Endpoints {
@@ -290,7 +296,20 @@ impl Endpoints {
             next: Arc::new(AtomicUsize::new(0)),
             failure: Arc::new(Notify::new()),
             settings,
+            credentials: Credentials::none(),
         }
+    }
+
+    /// The same set, presenting `credentials` on every call.
+    #[must_use]
+    pub fn with_credentials(mut self, credentials: Credentials) -> Self {
+        self.credentials = credentials;
+        self
+    }
+
+    /// A client of `target` presenting this set's credentials.
+    fn client(&self, target: Target) -> ControllerServiceClient<Transport> {
+        ControllerServiceClient::with_interceptor(target.channel, self.credentials.clone())
     }
 
     /// A set holding `addrs`.
@@ -479,7 +498,7 @@ impl Client {
     {
         let method = Method::WatchInstances;
         let target = self.endpoints.pick().ok_or(Error::NoEndpoints { method })?;
-        let mut client = ControllerServiceClient::new(target.channel.clone());
+        let mut client = self.endpoints.client(target.clone());
         match tokio::time::timeout(deadline, client.watch_instances(tonic::Request::new(requests))).await {
             Ok(Ok(resp)) => Ok(resp.into_inner()),
             Ok(Err(status)) => {
@@ -593,7 +612,7 @@ impl Client {
     ) -> Result<(Resp, tonic::metadata::MetadataMap)>
     where
         Req: Clone,
-        F: Fn(ControllerServiceClient<Channel>, tonic::Request<Req>) -> Fut,
+        F: Fn(ControllerServiceClient<Transport>, tonic::Request<Req>) -> Fut,
         Fut: Future<Output = Result<tonic::Response<Resp>, tonic::Status>>,
     {
         let end = tokio::time::Instant::now() + deadline;
@@ -605,7 +624,7 @@ impl Client {
                 request.set_timeout(end.saturating_duration_since(tokio::time::Instant::now()));
                 let span = rpc_span(method, target.addr);
                 span.in_scope(|| otel::inject_grpc(request.metadata_mut()));
-                let answer = rpc(ControllerServiceClient::new(target.channel.clone()), request)
+                let answer = rpc(self.endpoints.client(target.clone()), request)
                     .instrument(span.clone())
                     .await;
                 let code = match &answer {

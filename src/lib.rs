@@ -26,12 +26,15 @@
 //!   metrics and traces, CPU profiles, cancellation, shared flag parsing;
 //!   [`watch_access`]: watches the API server refuses, reported in the
 //!   health of the controller and the router.
+//! - [`credentials`]: the ServiceAccount token routers and controllers
+//!   present to controllers.
 
 pub mod api;
 pub mod cli;
 pub mod client;
 pub mod config;
 pub mod controller;
+pub mod credentials;
 pub mod devcluster;
 pub mod domain;
 pub mod fixture;

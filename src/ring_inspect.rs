@@ -40,6 +40,15 @@ pub struct Args {
     )]
     pub controller: Option<String>,
 
+    /// With --controller: a ServiceAccount token (audience skipper-controller) to present, e.g. from `kubectl create token`
+    #[arg(
+        long,
+        env = "SKIPPER_TOKEN_FILE",
+        value_name = "PATH",
+        requires = "controller"
+    )]
+    pub token_file: Option<std::path::PathBuf>,
+
     /// Take the members from the Ready controller pods of this namespace
     #[arg(long, env = "SKIPPER_NAMESPACE", value_name = "NAMESPACE")]
     pub namespace: Option<String>,
@@ -377,7 +386,9 @@ const LIVE_DEADLINE: std::time::Duration = std::time::Duration::from_secs(10);
 /// [`Error::Controller`] or [`Error::Cluster`] naming what failed.
 pub async fn live_members(args: &Args) -> Result<Option<Vec<String>>, Error> {
     if let Some(addr) = &args.controller {
-        return members_from_controller(addr).await.map(Some);
+        return members_from_controller(addr, args.token_file.as_deref())
+            .await
+            .map(Some);
     }
     if let Some(ns) = &args.namespace {
         return members_from_cluster(ns, args.kubeconfig.as_deref())
@@ -387,10 +398,17 @@ pub async fn live_members(args: &Args) -> Result<Option<Vec<String>>, Error> {
     Ok(None)
 }
 
-async fn members_from_controller(addr: &str) -> Result<Vec<String>, Error> {
+async fn members_from_controller(
+    addr: &str,
+    token_file: Option<&std::path::Path>,
+) -> Result<Vec<String>, Error> {
     let fail = |reason: String| Error::Controller {
         addr: addr.to_owned(),
         reason,
+    };
+    let credentials = match token_file {
+        Some(path) => crate::credentials::Credentials::from_file(path).map_err(|e| fail(e.to_string()))?,
+        None => crate::credentials::Credentials::none(),
     };
     let addrs: Vec<std::net::SocketAddr> = tokio::net::lookup_host(addr)
         .await
@@ -399,10 +417,10 @@ async fn members_from_controller(addr: &str) -> Result<Vec<String>, Error> {
     if addrs.is_empty() {
         return Err(fail("resolves to no address".into()));
     }
-    let client = crate::client::Client::new(crate::client::Endpoints::fixed(
-        &addrs,
-        crate::client::ChannelSettings::default(),
-    ));
+    let client = crate::client::Client::new(
+        crate::client::Endpoints::fixed(&addrs, crate::client::ChannelSettings::default())
+            .with_credentials(credentials),
+    );
     let resp = client
         .get_cluster_state(
             crate::api::GetClusterStateRequest {

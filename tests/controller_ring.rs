@@ -309,6 +309,8 @@ async fn the_binary_rejects_bad_flags_and_exits_zero_on_sigterm() {
         cmd.arg("controller")
             .args(["--host", "127.0.0.1", "--port", "0", "--pod-ip", "127.0.0.1"])
             .args(["--function-namespaces", NS, "--log-format", "text"])
+            // No peers to call: no token of its own.
+            .args(["--token-file", ""])
             .args(extra)
             .env_clear()
             .env("KUBECONFIG", sim.cluster.kubeconfig_path())

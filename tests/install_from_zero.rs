@@ -88,10 +88,14 @@ async fn manifests_install_from_zero_with_three_controllers_and_serve_a_request(
         async move { (ips.len() == 3).then_some(ips) }
     })
     .await;
-    // One ring of all three, as every controller sees it.
+    // One ring of all three, as every controller sees it (asked with a
+    // router's token: controllers refuse calls without one).
+    let token = router_token(&client).await;
     for ip in &controllers {
         let addr = format!("{ip}:50051").parse().unwrap();
-        let c = Client::new(Endpoints::fixed(&[addr], ChannelSettings::default()));
+        let credentials = skipper::credentials::Credentials::fixed(&token).unwrap();
+        let c =
+            Client::new(Endpoints::fixed(&[addr], ChannelSettings::default()).with_credentials(credentials));
         let want = controllers.clone();
         common::eventually(&format!("{ip} sees a ring of 3"), WAIT, || {
             let c = c.clone();
@@ -147,4 +151,30 @@ async fn manifests_install_from_zero_with_three_controllers_and_serve_a_request(
     let assigned = cluster.ready_pods(&pool_ns, "skipper/tenant=first");
     assert_eq!(assigned.len(), 1);
     cluster.shutdown().await;
+}
+
+/// A token of ServiceAccount `skipper/skipper-router` for the controllers'
+/// audience (TokenRequest).
+async fn router_token(client: &kube::Client) -> String {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    let api: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        kube::Api::namespaced(client.clone(), "skipper");
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![skipper::credentials::AUDIENCE.to_owned()],
+            expiration_seconds: Some(3600),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let answer: TokenRequest = api
+        .create_subresource(
+            "token",
+            "skipper-router",
+            &kube::api::PostParams::default(),
+            &request,
+        )
+        .await
+        .unwrap();
+    answer.status.unwrap().token
 }

@@ -9,16 +9,17 @@ use std::collections::BTreeSet;
 
 use serde_json::Value;
 use skipper::devcluster::playground::{
-    CONTROLLER_YAML, EXAMPLE_POOL_YAML, NAMESPACE_YAML, RBAC_YAML, ROUTER_YAML, create_object,
-    manifest_documents,
+    CONTROLLER_YAML, EXAMPLE_POOL_YAML, NAMESPACE_YAML, NETWORK_POLICY_YAML, RBAC_YAML, ROUTER_YAML,
+    create_object, manifest_documents,
 };
 use skipper::devcluster::{Cluster, Config};
 
-const FILES: [(&str, &str); 5] = [
+const FILES: [(&str, &str); 6] = [
     ("namespace.yaml", NAMESPACE_YAML),
     ("rbac.yaml", RBAC_YAML),
     ("controller.yaml", CONTROLLER_YAML),
     ("router.yaml", ROUTER_YAML),
+    ("network-policy.yaml", NETWORK_POLICY_YAML),
     ("example-pool.yaml", EXAMPLE_POOL_YAML),
 ];
 
@@ -58,6 +59,9 @@ async fn every_manifest_is_created_against_the_simulator() {
     let expected = [
         "Deployment",
         "Namespace",
+        "NetworkPolicy",
+        "ClusterRole",
+        "ClusterRoleBinding",
         "PodDisruptionBudget",
         "Role",
         "RoleBinding",
@@ -86,7 +90,13 @@ fn kustomization_lists_the_manifests_and_sets_the_image_once() {
         .collect();
     assert_eq!(
         resources,
-        BTreeSet::from(["namespace.yaml", "rbac.yaml", "controller.yaml", "router.yaml"])
+        BTreeSet::from([
+            "namespace.yaml",
+            "rbac.yaml",
+            "controller.yaml",
+            "router.yaml",
+            "network-policy.yaml"
+        ])
     );
     let images = k["images"].as_array().unwrap();
     assert_eq!(images.len(), 1);
@@ -156,4 +166,62 @@ fn controller_manifest_matches_the_spec() {
         pool["spec"]["selector"]["matchExpressions"][0],
         serde_json::json!({"key": "skipper/tenant", "operator": "DoesNotExist"})
     );
+}
+
+#[test]
+fn routers_and_controllers_present_a_projected_token_and_only_they_reach_the_grpc_port() {
+    for (file, yaml) in [("controller.yaml", CONTROLLER_YAML), ("router.yaml", ROUTER_YAML)] {
+        let docs = manifest_documents(yaml).unwrap();
+        let d = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+        let spec = &d["spec"]["template"]["spec"];
+        let volume = spec["volumes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|v| v["name"] == "skipper-token")
+            .unwrap_or_else(|| panic!("{file}: no skipper-token volume"));
+        let source = &volume["projected"]["sources"][0]["serviceAccountToken"];
+        assert_eq!(source["audience"], skipper::credentials::AUDIENCE, "{file}");
+        assert_eq!(source["path"], "token", "{file}");
+        let mount = spec["containers"][0]["volumeMounts"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .find(|m| m["name"] == "skipper-token")
+            .unwrap();
+        assert_eq!(
+            format!("{}/token", mount["mountPath"].as_str().unwrap()),
+            skipper::credentials::DEFAULT_TOKEN_FILE,
+            "{file}: the token is where skipper reads it by default"
+        );
+    }
+    // Controllers may review tokens.
+    let rbac = manifest_documents(RBAC_YAML).unwrap();
+    let role = rbac
+        .iter()
+        .find(|d| d["kind"] == "ClusterRole" && d["metadata"]["name"] == "skipper-controller-token-review")
+        .unwrap();
+    assert_eq!(role["rules"][0]["resources"][0], "tokenreviews");
+    assert_eq!(role["rules"][0]["verbs"], serde_json::json!(["create"]));
+    let binding = rbac.iter().find(|d| d["kind"] == "ClusterRoleBinding").unwrap();
+    assert_eq!(binding["subjects"][0]["name"], "skipper-controller");
+    // Port 50051 admits routers and controllers only.
+    let np = manifest_documents(NETWORK_POLICY_YAML).unwrap().remove(0);
+    let grpc = np["spec"]["ingress"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["ports"][0]["port"] == 50051)
+        .unwrap();
+    let components: BTreeSet<&str> = grpc["from"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|f| {
+            f.pointer("/podSelector/matchLabels/app.kubernetes.io~1component")
+                .and_then(Value::as_str)
+                .unwrap()
+        })
+        .collect();
+    assert_eq!(components, BTreeSet::from(["router", "controller"]));
 }

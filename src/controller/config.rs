@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use super::auth::{Policy, ServiceAccount};
 use crate::config::{format_duration, parse_duration, parse_positive_duration, split_list};
 use crate::token::{SigningKey, Version};
 
@@ -109,6 +110,34 @@ pub struct Args {
     #[arg(long, env = "SKIPPER_MAX_HEARTBEAT_ROUTERS", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..))]
     pub max_heartbeat_routers: u32,
 
+    /// Accept calls without a token (Go routers during a migration); a token that is sent is still verified
+    #[arg(long, env = "SKIPPER_ALLOW_UNAUTHENTICATED", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
+    pub allow_unauthenticated: bool,
+
+    /// Audience of the ServiceAccount tokens callers present (and this controller presents to its peers)
+    #[arg(long, env = "SKIPPER_TOKEN_AUDIENCE", default_value = crate::credentials::AUDIENCE)]
+    pub token_audience: String,
+
+    /// ServiceAccounts that may call as routers: NAME (in --namespace) or NAMESPACE/NAME, comma-separated
+    #[arg(
+        long,
+        env = "SKIPPER_ROUTER_SERVICE_ACCOUNTS",
+        default_value = "skipper-router"
+    )]
+    pub router_service_accounts: String,
+
+    /// ServiceAccount of the peer controllers: NAME (in --namespace) or NAMESPACE/NAME
+    #[arg(
+        long,
+        env = "SKIPPER_CONTROLLER_SERVICE_ACCOUNT",
+        default_value = "skipper-controller"
+    )]
+    pub controller_service_account: String,
+
+    /// Token this controller presents to its peers (a projected ServiceAccount token, re-read as it is refreshed); empty: none
+    #[arg(long, env = "SKIPPER_TOKEN_FILE", default_value = crate::credentials::DEFAULT_TOKEN_FILE)]
+    pub token_file: String,
+
     /// Skip a function namespace that answers Forbidden at start-up instead of failing
     #[arg(long, env = "SKIPPER_SKIP_FORBIDDEN_NAMESPACES", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
     pub skip_forbidden_namespaces: bool,
@@ -152,10 +181,35 @@ pub enum ConfigError {
     BadAssignPath(String),
     #[error("--host/--port: {0}")]
     BadListenAddr(String),
+    #[error("--token-audience: must not be empty")]
+    EmptyAudience,
+    #[error("--{flag}: {value:?} is not NAME or NAMESPACE/NAME of a ServiceAccount")]
+    BadServiceAccount { flag: &'static str, value: String },
+    #[error("--router-service-accounts: at least one ServiceAccount is required")]
+    NoRouterServiceAccounts,
     #[error("--host/--web-port: {0}")]
     BadWebAddr(String),
     #[error("--web-template-dir {0}: not a directory with templates/ in it")]
     BadTemplateDir(PathBuf),
+}
+
+/// `NAME` (in `namespace`) or `NAMESPACE/NAME`.
+fn service_account(flag: &'static str, value: &str, namespace: &str) -> Result<ServiceAccount, ConfigError> {
+    let bad = || ConfigError::BadServiceAccount {
+        flag,
+        value: value.to_owned(),
+    };
+    let (ns, name) = match value.split_once('/') {
+        Some((ns, name)) => (ns, name),
+        None => (namespace, value),
+    };
+    if !is_dns1123_label(ns) || !is_dns1123_subdomain(name) {
+        return Err(bad());
+    }
+    Ok(ServiceAccount {
+        namespace: ns.to_owned(),
+        name: name.to_owned(),
+    })
 }
 
 /// Autoscaler settings used by the pure converge plan.
@@ -229,6 +283,10 @@ pub struct Config {
     pub assign_path: String,
     pub max_concurrent_stale_replacements: usize,
     pub limits: Limits,
+    /// Who may call, and how their tokens are checked.
+    pub auth: Policy,
+    /// The token presented to peers; `None`: calls carry no token.
+    pub token_file: Option<PathBuf>,
     pub skip_forbidden_namespaces: bool,
     pub single_controller_mode: bool,
     /// Where the web UI listens (`None`: not served; tests and embedders).
@@ -270,6 +328,21 @@ impl TryFrom<Args> for Config {
         if !a.function_assign_path.starts_with('/') {
             return Err(ConfigError::BadAssignPath(a.function_assign_path));
         }
+        if a.token_audience.trim().is_empty() {
+            return Err(ConfigError::EmptyAudience);
+        }
+        let routers = split_list(&a.router_service_accounts)
+            .iter()
+            .map(|v| service_account("router-service-accounts", v, &a.namespace))
+            .collect::<Result<Vec<_>, _>>()?;
+        if routers.is_empty() {
+            return Err(ConfigError::NoRouterServiceAccounts);
+        }
+        let controller = service_account(
+            "controller-service-account",
+            a.controller_service_account.trim(),
+            &a.namespace,
+        )?;
         let web_addr = host_port(&a.host, a.web_port).map_err(ConfigError::BadWebAddr)?;
         let web_template_dir = a.web_template_dir.filter(|d| !d.as_os_str().is_empty());
         if let Some(dir) = &web_template_dir
@@ -299,6 +372,15 @@ impl TryFrom<Args> for Config {
             function_namespaces,
             assign_path: a.function_assign_path,
             max_concurrent_stale_replacements: a.max_concurrent_stale_replacements as usize,
+            auth: Policy {
+                allow_unauthenticated: a.allow_unauthenticated,
+                audience: a.token_audience.trim().to_owned(),
+                routers,
+                controllers: vec![controller],
+            },
+            token_file: Some(a.token_file.trim())
+                .filter(|p| !p.is_empty())
+                .map(PathBuf::from),
             limits: Limits {
                 heartbeat_entries: a.max_heartbeat_entries as usize,
                 functions_per_router: a.max_functions_per_router as usize,
@@ -314,6 +396,11 @@ impl TryFrom<Args> for Config {
         cfg.listen_addr()?;
         Ok(cfg)
     }
+}
+
+/// DNS-1123 labels joined by dots, at most 253 characters.
+fn is_dns1123_subdomain(s: &str) -> bool {
+    s.len() <= 253 && s.split('.').all(is_dns1123_label)
 }
 
 /// `host:port` as a socket address; the message quotes what failed.
@@ -359,6 +446,19 @@ impl Config {
             assign_path: crate::domain::DEFAULT_ASSIGN_PATH.into(),
             max_concurrent_stale_replacements: 10,
             limits: Limits::default(),
+            auth: Policy {
+                allow_unauthenticated: false,
+                audience: crate::credentials::AUDIENCE.into(),
+                routers: vec![ServiceAccount {
+                    namespace: namespace.into(),
+                    name: "skipper-router".into(),
+                }],
+                controllers: vec![ServiceAccount {
+                    namespace: namespace.into(),
+                    name: "skipper-controller".into(),
+                }],
+            },
+            token_file: None,
             skip_forbidden_namespaces: false,
             single_controller_mode: false,
             web_addr: None,
@@ -498,6 +598,44 @@ impl Config {
                 "Most routers that may keep functions active at once",
             ),
             (
+                "allow-unauthenticated",
+                self.auth.allow_unauthenticated.to_string(),
+                "Accept calls without a token (a migration with Go routers)",
+            ),
+            (
+                "token-audience",
+                self.auth.audience.clone(),
+                "Audience of the ServiceAccount tokens callers present",
+            ),
+            (
+                "router-service-accounts",
+                self.auth
+                    .routers
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                "ServiceAccounts that may call as routers",
+            ),
+            (
+                "controller-service-account",
+                self.auth
+                    .controllers
+                    .iter()
+                    .map(ToString::to_string)
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                "ServiceAccount of the peer controllers",
+            ),
+            (
+                "token-file",
+                self.token_file
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                "Token this controller presents to its peers",
+            ),
+            (
                 "skip-forbidden-namespaces",
                 self.skip_forbidden_namespaces.to_string(),
                 "Skip a function namespace that answers Forbidden at start-up",
@@ -575,6 +713,17 @@ mod tests {
         assert!((cfg.scale.tolerance - 0.1).abs() < f64::EPSILON);
         assert_eq!(cfg.scale.protection_period(), Duration::from_secs(90));
         assert_eq!(cfg.limits, Limits::default());
+        assert!(
+            !cfg.auth.allow_unauthenticated,
+            "callers authenticate unless told otherwise"
+        );
+        assert_eq!(cfg.auth.audience, "skipper-controller");
+        assert_eq!(cfg.auth.routers[0].to_string(), "skipper/skipper-router");
+        assert_eq!(cfg.auth.controllers[0].to_string(), "skipper/skipper-controller");
+        assert_eq!(
+            cfg.token_file.as_deref(),
+            Some(std::path::Path::new("/var/run/secrets/skipper/token"))
+        );
     }
 
     #[test]
@@ -599,7 +748,20 @@ mod tests {
             assert!(err.contains(flag), "{err}");
         }
         type Edit = fn(&mut Args);
-        let cases: [(Edit, &str); 6] = [
+        let cases: [(Edit, &str); 10] = [
+            (|a| a.token_audience = " ".into(), "--token-audience"),
+            (
+                |a| a.router_service_accounts = "Bad_Name".into(),
+                "--router-service-accounts: \"Bad_Name\"",
+            ),
+            (
+                |a| a.router_service_accounts = ",".into(),
+                "--router-service-accounts",
+            ),
+            (
+                |a| a.controller_service_account = "a/b/c".into(),
+                "--controller-service-account",
+            ),
             (|a| a.hpa_tolerance = -1.0, "--hpa-tolerance"),
             (|a| a.pod_ip = "not-an-ip".into(), "--pod-ip"),
             (|a| a.function_namespaces = " , ".into(), "--function-namespaces"),

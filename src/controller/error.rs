@@ -10,7 +10,9 @@
 //! `FAILED_PRECONDITION` for releasing a pod Skipper did not assign;
 //! `RESOURCE_EXHAUSTED` when no pool pod arrived before the deadline, a
 //! deployment backs off, a function's supervisor has its mailbox full, or a
-//! caller is over one of its limits; `INTERNAL` only for bugs.
+//! caller is over one of its limits; `UNAUTHENTICATED` for a missing,
+//! malformed or refused token and `PERMISSION_DENIED` for a valid token of
+//! an identity that may not call; `INTERNAL` only for bugs.
 
 use crate::domain::ValidationError;
 
@@ -91,6 +93,8 @@ pub enum Error {
     },
     #[error("controller is shutting down")]
     ShuttingDown,
+    #[error(transparent)]
+    Auth(#[from] super::auth::AuthError),
 }
 
 impl From<super::kube::pods::WriteError> for Error {
@@ -134,6 +138,7 @@ impl Error {
             | Self::ShuttingDown => Code::Unavailable,
             Self::NoPoolPod { .. } | Self::AssignBackoff { .. } => Code::ResourceExhausted,
             Self::NoReadyInstance => Code::DeadlineExceeded,
+            Self::Auth(e) => e.code(),
             Self::Peer { source, .. } => match source.code() {
                 Code::Internal | Code::Unknown => Code::Unavailable,
                 c => c,

@@ -8,6 +8,7 @@ use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
+use super::auth::Caller;
 use super::core::Core;
 use super::peers::HOPS_METADATA;
 use super::supervisor::converge::Decision;
@@ -42,6 +43,16 @@ impl Service {
             .map_or(cap, |d| d.saturating_sub((d / 10).min(Duration::from_millis(50))));
         Instant::now() + asked.min(cap)
     }
+}
+
+/// Who sent `request` (set by [`super::auth::Layer`]; a service used
+/// without it sees [`Caller::Anonymous`]).
+pub(super) fn caller<T>(request: &Request<T>) -> Caller {
+    request
+        .extensions()
+        .get::<Caller>()
+        .cloned()
+        .unwrap_or(Caller::Anonymous)
 }
 
 /// Parses a `grpc-timeout` header value (`100m`, `5S`, ...).
@@ -142,12 +153,18 @@ impl Service {
         request: Request<api::ScaleRequest>,
     ) -> Result<Response<api::ScaleResponse>, Status> {
         let deadline = self.deadline(&request);
-        let hops = request
-            .metadata()
-            .get(HOPS_METADATA)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(0);
+        // Only a peer controller forwards: a router cannot make a
+        // non-owner scale by claiming hops.
+        let hops = if caller(&request).may_forward() {
+            request
+                .metadata()
+                .get(HOPS_METADATA)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or(0)
+        } else {
+            0
+        };
         let req = request.into_inner();
         let f = self.core.admit(req.function.as_ref())?;
         let reason = req

@@ -30,6 +30,12 @@ pub struct HeartbeatRefusedLabels {
     pub reason: &'static str,
 }
 
+/// Label set of refused calls: why the caller was not admitted.
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AuthFailureLabels {
+    pub reason: &'static str,
+}
+
 /// Label set of informer metrics.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct InformerLabels {
@@ -56,6 +62,7 @@ pub struct Metrics {
     pub heartbeats_total: Family<FunctionLabels, Counter>,
     pub assignment_failures_total: Family<AssignFailureLabels, Counter>,
     pub heartbeats_refused_total: Family<HeartbeatRefusedLabels, Counter>,
+    pub authentication_failures_total: Family<AuthFailureLabels, Counter>,
 }
 
 /// `(name without the skipper_controller_ prefix, help)` of every metric, in
@@ -98,6 +105,10 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
         "heartbeats_refused",
         "Heartbeat entries refused: a router over its limit of active functions, or too many routers.",
     ),
+    (
+        "authentication_failures",
+        "Calls refused before reaching the service: missing, malformed, refused or forbidden credentials.",
+    ),
 ];
 
 impl Metrics {
@@ -114,6 +125,7 @@ impl Metrics {
             heartbeats_total: Family::default(),
             assignment_failures_total: Family::default(),
             heartbeats_refused_total: Family::default(),
+            authentication_failures_total: Family::default(),
         };
         let sub = registry
             .sub_registry_with_prefix("skipper")
@@ -137,6 +149,11 @@ impl Metrics {
         sub.register(DESCRIPTIONS[7].0, help(7), m.heartbeats_total.clone());
         sub.register(DESCRIPTIONS[8].0, help(8), m.assignment_failures_total.clone());
         sub.register(DESCRIPTIONS[9].0, help(9), m.heartbeats_refused_total.clone());
+        sub.register(
+            DESCRIPTIONS[10].0,
+            help(10),
+            m.authentication_failures_total.clone(),
+        );
         m
     }
 
@@ -190,6 +207,20 @@ mod tests {
         m.heartbeats_total.get_or_create(&Metrics::function("dep")).inc();
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
+        // The help texts exactly, one period at the end (families with a
+        // series are encoded).
+        for (name, help) in DESCRIPTIONS.iter().filter(|(n, _)| {
+            [
+                "assignments",
+                "waiting_for_unassigned_pods",
+                "informer_events",
+                "heartbeats",
+            ]
+            .contains(n)
+        }) {
+            let line = format!("# HELP skipper_controller_{name} {help}\n");
+            assert!(out.contains(&line), "missing {line:?} in\n{out}");
+        }
         for line in [
             "# HELP skipper_controller_assignments Total pod assignments performed by the controller.",
             "# TYPE skipper_controller_assignments counter",

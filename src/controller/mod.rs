@@ -17,6 +17,7 @@
 //! - [`web`]: the operator's web UI (`--web-port`).
 
 pub mod assign;
+pub mod auth;
 pub mod config;
 pub mod context;
 pub mod core;
@@ -45,6 +46,7 @@ pub use config::{Args, Config, ConfigError};
 use self::core::Core;
 use self::kube::is_running;
 use self::metrics::Metrics;
+use crate::credentials::Credentials;
 use crate::ring::RingHandle;
 use crate::shutdown::Shutdown;
 
@@ -63,6 +65,8 @@ pub enum RunError {
     Serve(#[source] tonic::transport::Error),
     #[error("failed to serve metrics: {0}")]
     Metrics(#[source] std::io::Error),
+    #[error("--token-file: {0}")]
+    Credentials(#[from] crate::credentials::CredentialsError),
     #[error("invalid configuration: {0}")]
     Telemetry(#[from] crate::telemetry::AddrError),
     #[error("failed to serve the web UI: {0}")]
@@ -105,6 +109,18 @@ pub async fn run(
     ready: impl FnOnce(Running) + Send,
 ) -> Result<(), RunError> {
     let config = Arc::new(config);
+    let credentials = match &config.token_file {
+        Some(path) => match Credentials::from_file(path) {
+            Ok(c) => c,
+            Err(e) if config.auth.allow_unauthenticated => {
+                tracing::warn!(error = %e, "calling peer controllers without a token");
+                Credentials::none()
+            }
+            Err(e) => return Err(e.into()),
+        },
+        None => Credentials::none(),
+    };
+    credentials.keep_fresh(&shutdown);
     let mut registry = prometheus_client::registry::Registry::default();
     let metrics = Metrics::register(&mut registry);
     crate::telemetry::process::register(&mut registry);
@@ -173,7 +189,7 @@ pub async fn run(
         metrics,
         started_at,
         shutdown: shutdown.clone(),
-        peers: peers::Peers::new(config.port),
+        peers: peers::Peers::new(config.port, credentials),
         supervisors,
         routers: heartbeat::Routers::new(
             config.limits.heartbeat_routers,
@@ -196,7 +212,13 @@ pub async fn run(
     reporter
         .set_service_status(LIVENESS_SERVICE, ServingStatus::Serving)
         .await;
-    let service = api_server(core.clone());
+    // Every call but the health service's is authenticated first.
+    let authenticator = Arc::new(auth::Authenticator::new(
+        config.auth.clone(),
+        auth::KubeReviewer(client.clone()),
+        core.metrics.clone(),
+    ));
+    let service = tower::Layer::layer(&auth::Layer::new(authenticator), api_server(core.clone()));
     let token = shutdown.token().clone();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     // HTTP/2 pings keep long-lived instance streams honest: a router that

@@ -9,8 +9,9 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use super::error::{Error, Result};
-use crate::api;
-use crate::client::{ChannelSettings, Client, Endpoints};
+use crate::api::{self, controller_service_client::ControllerServiceClient};
+use crate::client::{ChannelSettings, Client, Endpoints, Transport};
+use crate::credentials::Credentials;
 use crate::domain::{ASSIGN_TIMING_METADATA, AssignTiming};
 
 /// Metadata key carrying how many controllers a `Scale` passed through.
@@ -23,16 +24,18 @@ const STATE_DEADLINE: Duration = Duration::from_secs(2);
 #[derive(Debug)]
 pub struct Peers {
     port: u16,
+    credentials: Credentials,
     clients: scc::HashMap<String, Client>,
     channels: scc::HashMap<String, tonic::transport::Channel>,
 }
 
 impl Peers {
-    /// Peers dialled on `port`.
+    /// Peers dialled on `port`, called with `credentials`.
     #[must_use]
-    pub fn new(port: u16) -> Self {
+    pub fn new(port: u16, credentials: Credentials) -> Self {
         Self {
             port,
+            credentials,
             clients: scc::HashMap::new(),
             channels: scc::HashMap::new(),
         }
@@ -43,22 +46,22 @@ impl Peers {
             return Ok(c);
         }
         let addr: IpAddr = ip.parse().map_err(|_| Self::bad_ip(ip))?;
-        let client = Client::new(Endpoints::fixed(
-            &[SocketAddr::new(addr, self.port)],
-            ChannelSettings {
-                connect_timeout: Duration::from_secs(1),
-                ..ChannelSettings::default()
-            },
-        ));
+        let client = Client::new(
+            Endpoints::fixed(
+                &[SocketAddr::new(addr, self.port)],
+                ChannelSettings {
+                    connect_timeout: Duration::from_secs(1),
+                    ..ChannelSettings::default()
+                },
+            )
+            .with_credentials(self.credentials.clone()),
+        );
         let _ = self.clients.insert_sync(ip.to_owned(), client.clone());
         Ok(client)
     }
 
-    /// The channel to peer `ip` (one attempt per call; for forwards).
-    ///
-    /// # Errors
-    /// [`Error::Peer`] when `ip` is not an IP address.
-    pub(crate) fn channel(&self, ip: &str) -> Result<tonic::transport::Channel> {
+    /// The channel to peer `ip`.
+    fn channel(&self, ip: &str) -> Result<tonic::transport::Channel> {
         if let Some(c) = self.channels.read_sync(ip, |_, c| c.clone()) {
             return Ok(c);
         }
@@ -71,6 +74,19 @@ impl Peers {
             .connect_lazy();
         let _ = self.channels.insert_sync(ip.to_owned(), channel.clone());
         Ok(channel)
+    }
+
+    /// A client of peer `ip` presenting this controller's token (one
+    /// attempt per call; for forwards).
+    ///
+    /// # Errors
+    /// [`Error::Peer`] when `ip` is not an IP address.
+    pub(crate) fn grpc(&self, ip: &str) -> Result<ControllerServiceClient<Transport>> {
+        let channel = self.channel(ip)?;
+        Ok(ControllerServiceClient::with_interceptor(
+            channel,
+            self.credentials.clone(),
+        ))
     }
 
     fn bad_ip(ip: &str) -> Error {
@@ -108,14 +124,13 @@ impl Peers {
         hops: u32,
         deadline: Duration,
     ) -> Result<(api::ScaleResponse, Option<AssignTiming>)> {
-        let channel = self.channel(ip)?;
+        let mut client = self.grpc(ip)?;
         let mut request = tonic::Request::new(req);
         request.set_timeout(deadline);
         if let Ok(v) = hops.to_string().parse() {
             request.metadata_mut().insert(HOPS_METADATA, v);
         }
         crate::telemetry::otel::inject_grpc(request.metadata_mut());
-        let mut client = api::controller_service_client::ControllerServiceClient::new(channel);
         let call = client.scale(request);
         match tokio::time::timeout(deadline, call).await {
             Ok(Ok(resp)) => {

@@ -479,7 +479,12 @@ async fn run_feed(core: Arc<Core>, feed: Arc<Feed>, f: Function) {
     }
 }
 
+/// Hops travelled so far; only a peer controller forwards, so a router
+/// cannot make a non-owner serve the stream by claiming hops.
 fn hops_of<T>(req: &Request<T>) -> u32 {
+    if !super::grpc::caller(req).may_forward() {
+        return 0;
+    }
     req.metadata()
         .get(HOPS_METADATA)
         .and_then(|v| v.to_str().ok())
@@ -612,7 +617,7 @@ async fn forward(
     hops: u32,
     slot: StreamSlot,
 ) -> Result<Response<ResponseStream>, Status> {
-    let channel = core.peers.channel(&owner)?;
+    let mut client = core.peers.grpc(&owner)?;
     let (up_tx, up_rx) = mpsc::channel(8);
     // A fresh channel with room for eight: cannot be full.
     let _ = up_tx.try_send(first);
@@ -620,7 +625,6 @@ async fn forward(
     if let Ok(v) = hops.to_string().parse() {
         request.metadata_mut().insert(HOPS_METADATA, v);
     }
-    let mut client = api::controller_service_client::ControllerServiceClient::new(channel);
     let mut upstream = match tokio::time::timeout(FORWARD_OPEN_TIMEOUT, client.watch_instances(request)).await
     {
         Ok(Ok(resp)) => resp.into_inner(),

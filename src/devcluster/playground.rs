@@ -45,6 +45,8 @@ pub const RBAC_YAML: &str = include_str!("../../manifests/rbac.yaml");
 pub const CONTROLLER_YAML: &str = include_str!("../../manifests/controller.yaml");
 /// `manifests/router.yaml`.
 pub const ROUTER_YAML: &str = include_str!("../../manifests/router.yaml");
+/// `manifests/network-policy.yaml`.
+pub const NETWORK_POLICY_YAML: &str = include_str!("../../manifests/network-policy.yaml");
 /// `manifests/example-pool.yaml`.
 pub const EXAMPLE_POOL_YAML: &str = include_str!("../../manifests/example-pool.yaml");
 
@@ -67,6 +69,14 @@ pub const CONTROLLER_WEB_PORT: u16 = 8080;
 pub const PASETO_SECRET: &str = "skipper-controller-paseto";
 /// The ConfigMap holding the pools' PASETO public key.
 pub const PUBLIC_KEY_CONFIG_MAP: &str = "skipper-paseto-public";
+/// The ServiceAccount of routers (as in `manifests/router.yaml`).
+pub const ROUTER_SERVICE_ACCOUNT: &str = "skipper-router";
+/// The router's token file in the work directory (the router is a process
+/// of the playground, not a pod, so the playground does what the kubelet
+/// does for a projected token: requests it and keeps it fresh).
+pub const ROUTER_TOKEN_FILE: &str = "router-token";
+/// Lifetime of the router's token.
+const ROUTER_TOKEN_SECONDS: i64 = 3600;
 /// The port a pool pod serves on (`manifests/example-pool.yaml`); a
 /// `--command` program must listen on `$POD_IP:$PORT` with this port.
 pub const POOL_PORT: u16 = 8888;
@@ -240,6 +250,8 @@ pub enum PlaygroundError {
     RouterExited { status: ExitStatus, log: PathBuf },
     #[error("installing signal handlers: {0}")]
     Signals(std::io::Error),
+    #[error("the router's token: {0}")]
+    RouterToken(String),
 }
 
 /// Splits a multi-document YAML manifest into JSON objects (empty documents skipped).
@@ -512,6 +524,64 @@ impl RouterProcess {
     }
 }
 
+/// Requests a token of the router's ServiceAccount for the controllers'
+/// audience and writes it to `path` (replacing the file in one step, as the
+/// kubelet does).
+async fn write_router_token(client: &kube::Client, path: &Path) -> Result<(), PlaygroundError> {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    let fail = |e: String| PlaygroundError::RouterToken(e);
+    let api: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), CONTROLLER_NAMESPACE);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![crate::credentials::AUDIENCE.to_owned()],
+            expiration_seconds: Some(ROUTER_TOKEN_SECONDS),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let answer: TokenRequest = api
+        .create_subresource("token", ROUTER_SERVICE_ACCOUNT, &PostParams::default(), &request)
+        .await
+        .map_err(|e| {
+            fail(format!(
+                "TokenRequest for {CONTROLLER_NAMESPACE}/{ROUTER_SERVICE_ACCOUNT}: {e}"
+            ))
+        })?;
+    let token = answer
+        .status
+        .map(|s| s.token)
+        .ok_or_else(|| fail("the TokenRequest has no status".into()))?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, token).map_err(|e| fail(format!("{}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+    Ok(())
+}
+
+/// Writes the router's token now and renews it at 80% of its life until
+/// shutdown.
+async fn keep_router_token(
+    client: kube::Client,
+    path: PathBuf,
+    shutdown: &Shutdown,
+) -> Result<(), PlaygroundError> {
+    write_router_token(&client, &path).await?;
+    let token = shutdown.token().clone();
+    let every = Duration::from_secs(u64::try_from(ROUTER_TOKEN_SECONDS * 4 / 5).unwrap_or(2880));
+    shutdown.spawn("router-token", async move {
+        loop {
+            tokio::select! {
+                () = token.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+            if let Err(e) = write_router_token(&client, &path).await {
+                tracing::warn!(error = %e, "failed to renew the router's token");
+            }
+        }
+    });
+    Ok(())
+}
+
 fn spawn_router(
     args: &PlaygroundArgs,
     exe: &Path,
@@ -537,6 +607,10 @@ fn spawn_router(
         .args(["--controller-headless-service-name", CONTROLLER_HEADLESS_SERVICE])
         .args(["--controller-port", &CONTROLLER_PORT.to_string()])
         .args(["--zone", "zone-a"])
+        .args([
+            "--controller-token-file",
+            &work_dir.join(ROUTER_TOKEN_FILE).display().to_string(),
+        ])
         .args(["--heartbeat-interval", &crate::config::format_duration(heartbeat)])
         .args(["--log-format", "text"])
         .args(["--pprof-host", &args.listen.ip().to_string()])
@@ -645,6 +719,10 @@ async fn bring_up(
 }
 
 fn print_ready(args: &PlaygroundArgs, cluster: &Cluster, up: &Up) {
+    let work_dir = cluster
+        .kubeconfig_path()
+        .parent()
+        .unwrap_or_else(|| Path::new("."));
     let pool = args.pools.first().map_or("fixture", |p| p.name.as_str());
     let function = example_function(pool, "t1");
     let listen = args.listen;
@@ -669,7 +747,8 @@ fn print_ready(args: &PlaygroundArgs, cluster: &Cluster, up: &Up) {
     println!("  metrics:       curl -s http://{}/metrics", args.metrics_listen);
     println!("                 curl -s http://{first}:{CONTROLLER_METRICS_PORT}/metrics");
     println!(
-        "  ring-inspect:  skipper ring-inspect --controller {first}:{CONTROLLER_PORT} --function '{function}'"
+        "  ring-inspect:  skipper ring-inspect --controller {first}:{CONTROLLER_PORT} --token-file {} --function '{function}'",
+        work_dir.join(ROUTER_TOKEN_FILE).display()
     );
     println!(
         "  logs:          {} (router.log; pods/<namespace>_<pod>/logs/<container>/<restart>.log)",
@@ -743,6 +822,7 @@ async fn serve(
         .parent()
         .unwrap_or_else(|| Path::new("."))
         .to_path_buf();
+    keep_router_token(cluster.client()?, work_dir.join(ROUTER_TOKEN_FILE), shutdown).await?;
     let mut router = spawn_router(args, exe, cluster.kubeconfig_path(), &work_dir)?;
     let up = match bring_up(args, cluster, &mut router).await {
         Ok(up) => up,
@@ -781,6 +861,17 @@ async fn apply_manifests(args: &PlaygroundArgs, cluster: &Cluster) -> Result<(),
         create_object(&client, &d).await?;
     }
     for d in documents("rbac.yaml", RBAC_YAML)? {
+        create_object(&client, &d).await?;
+    }
+    for d in documents("network-policy.yaml", NETWORK_POLICY_YAML)? {
+        create_object(&client, &d).await?;
+    }
+    // The router runs as a process of the playground; its ServiceAccount
+    // is the manifest's (its token is requested for it).
+    for d in documents("router.yaml", ROUTER_YAML)?
+        .into_iter()
+        .filter(|d| d["kind"] == "ServiceAccount")
+    {
         create_object(&client, &d).await?;
     }
     create_object(

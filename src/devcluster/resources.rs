@@ -224,6 +224,16 @@ pub static RESOURCES: &[ResourceDef] = &[
         &[],
     ),
     def(
+        "networking.k8s.io",
+        "v1",
+        "networkpolicies",
+        "networkpolicy",
+        "NetworkPolicy",
+        true,
+        &["netpol"],
+        &[],
+    ),
+    def(
         "policy",
         "v1",
         "poddisruptionbudgets",

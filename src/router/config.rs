@@ -86,6 +86,10 @@ pub struct Args {
     #[arg(long, env = "SKIPPER_CONTROLLER_HEADLESS_SERVICE_NAME", default_value = "")]
     pub controller_headless_service_name: String,
 
+    /// Token presented to controllers (a projected ServiceAccount token with audience skipper-controller, re-read as it is refreshed); empty: none
+    #[arg(long, env = "SKIPPER_CONTROLLER_TOKEN_FILE", default_value = crate::credentials::DEFAULT_TOKEN_FILE)]
+    pub controller_token_file: String,
+
     /// This router's zone; same-zone controller endpoints are preferred
     #[arg(long, env = "SKIPPER_ZONE", default_value = "")]
     pub zone: String,
@@ -135,6 +139,8 @@ pub struct Config {
     pub idle_timeout: Duration,
     pub get_instance_timeout: Duration,
     pub discovery: Discovery,
+    /// The token presented to controllers; `None`: calls carry no token.
+    pub controller_token_file: Option<std::path::PathBuf>,
     /// Where `/metrics` is served, when telemetry is on.
     pub metrics_addr: Option<SocketAddr>,
 }
@@ -158,6 +164,7 @@ impl Config {
             idle_timeout: Duration::from_secs(60),
             get_instance_timeout: Duration::from_secs(30),
             discovery: Discovery::Static(controllers),
+            controller_token_file: None,
             metrics_addr: None,
         }
     }
@@ -270,6 +277,9 @@ impl TryFrom<&Args> for Config {
             idle_timeout: a.idle_timeout,
             get_instance_timeout: a.get_instance_timeout,
             discovery,
+            controller_token_file: Some(a.controller_token_file.trim())
+                .filter(|p| !p.is_empty())
+                .map(std::path::PathBuf::from),
             metrics_addr,
         };
         c.validate()?;

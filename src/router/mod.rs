@@ -77,6 +77,8 @@ pub enum Error {
     Kube(#[source] kube::Error),
     #[error("failed to install signal handlers")]
     Signals(#[source] std::io::Error),
+    #[error("--controller-token-file: {0}")]
+    Credentials(#[from] crate::credentials::CredentialsError),
     #[error("invalid configuration")]
     Telemetry(#[from] crate::telemetry::AddrError),
 }
@@ -155,7 +157,12 @@ pub async fn serve(
         metrics::serve(l, Arc::new(registry), &shutdown);
     }
 
-    let endpoints = Endpoints::new(ChannelSettings::default());
+    let credentials = match &config.controller_token_file {
+        Some(path) => crate::credentials::Credentials::from_file(path)?,
+        None => crate::credentials::Credentials::none(),
+    };
+    credentials.keep_fresh(&shutdown);
+    let endpoints = Endpoints::new(ChannelSettings::default()).with_credentials(credentials);
     let refusals = Refusals::new();
     start_discovery(&config, &endpoints, &refusals, &shutdown).await?;
     let client = Client::new(endpoints);

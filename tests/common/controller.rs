@@ -209,7 +209,43 @@ impl Sim {
         c.scale.initial_readiness_delay = Duration::from_secs(1);
         c.scale.assign_timeout = Duration::from_secs(5);
         c.hash_ring_wait_time = Duration::from_secs(5);
+        // These tests call with plain clients; tests/controller_auth.rs
+        // runs controllers that require tokens.
+        c.auth.allow_unauthenticated = true;
         c
+    }
+
+    /// Creates ServiceAccount `name` in `ns` (an existing one is fine).
+    pub async fn service_account(&self, ns: &str, name: &str) {
+        let sa: k8s_openapi::api::core::v1::ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}})).unwrap();
+        match Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(self.client.clone(), ns)
+            .create(&PostParams::default(), &sa)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("failed to create ServiceAccount {ns}/{name}: {e}"),
+        }
+    }
+
+    /// A token of ServiceAccount `ns/name` for `audience` (TokenRequest).
+    pub async fn token(&self, ns: &str, name: &str, audience: &str) -> String {
+        self.service_account(ns, name).await;
+        let req = k8s_openapi::api::authentication::v1::TokenRequest {
+            spec: k8s_openapi::api::authentication::v1::TokenRequestSpec {
+                audiences: vec![audience.to_owned()],
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let answer: k8s_openapi::api::authentication::v1::TokenRequest =
+            Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(self.client.clone(), ns)
+                .create_subresource("token", name, &PostParams::default(), &req)
+                .await
+                .unwrap();
+        answer.status.unwrap().token
     }
 }
 
