@@ -14,7 +14,7 @@ mod router_harness;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use harness::{CTL_NS, Ctl, Sim, eventually, function, get_instance, heartbeat};
+use harness::{CTL_NS, Ctl, NS, Sim, eventually, function, get_instance, heartbeat};
 use skipper::controller::Config;
 use skipper::controller::metrics::AuthFailureLabels;
 use skipper::credentials::AUDIENCE;
@@ -177,6 +177,18 @@ async fn an_authenticated_router_is_served_end_to_end() {
     let sim = Sim::start().await;
     sim.deploy_pool("pool", 1, &[]).await;
     let ctl = start(&sim, secured(&sim, "127.0.0.1")).await;
+    // A request for a Deployment the controller does not know yet is a 404
+    // (the missing-deployment fast path): wait until its cache has the
+    // pool's ReplicaSet.
+    eventually(Duration::from_secs(10), "the pool's ReplicaSet", || async {
+        ctl.core
+            .namespace(NS)
+            .unwrap()
+            .replica_sets
+            .knows_deployment("pool")
+            .then_some(())
+    })
+    .await;
     let token = sim.token(CTL_NS, "skipper-router", AUDIENCE).await;
     let mut config = router_harness::test_config(vec![ctl.addr]);
     config.get_instance_timeout = Duration::from_secs(15);
