@@ -29,9 +29,22 @@ fn secured(sim: &Sim, pod_ip: &str) -> Config {
     c
 }
 
+/// Starts a controller once the test's `pool` Deployment exists, and returns
+/// when its cache knows the pool: a call for a Deployment it does not know
+/// yet is NOT_FOUND (the missing-deployment fast path).
 async fn start(sim: &Sim, config: Config) -> Ctl {
     let listener = TcpListener::bind((config.pod_ip.as_str(), 0)).await.unwrap();
-    Ctl::start(sim, config, listener).await
+    let ctl = Ctl::start(sim, config, listener).await;
+    eventually(Duration::from_secs(10), "the pool's ReplicaSet", || async {
+        ctl.core
+            .namespace(NS)
+            .unwrap()
+            .replica_sets
+            .knows_deployment("pool")
+            .then_some(())
+    })
+    .await;
+    ctl
 }
 
 /// `req` carrying `token`.
@@ -177,18 +190,6 @@ async fn an_authenticated_router_is_served_end_to_end() {
     let sim = Sim::start().await;
     sim.deploy_pool("pool", 1, &[]).await;
     let ctl = start(&sim, secured(&sim, "127.0.0.1")).await;
-    // A request for a Deployment the controller does not know yet is a 404
-    // (the missing-deployment fast path): wait until its cache has the
-    // pool's ReplicaSet.
-    eventually(Duration::from_secs(10), "the pool's ReplicaSet", || async {
-        ctl.core
-            .namespace(NS)
-            .unwrap()
-            .replica_sets
-            .knows_deployment("pool")
-            .then_some(())
-    })
-    .await;
     let token = sim.token(CTL_NS, "skipper-router", AUDIENCE).await;
     let mut config = router_harness::test_config(vec![ctl.addr]);
     config.get_instance_timeout = Duration::from_secs(15);
