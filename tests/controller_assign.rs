@@ -257,15 +257,7 @@ async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
 
     // With no pool pod at all the wait ends at the deadline with an honest code.
     sim.deploy_pool("drained", 0, &[]).await;
-    eventually(Duration::from_secs(10), "the drained ReplicaSet", || async {
-        ctl.core
-            .namespace(NS)
-            .unwrap()
-            .replica_sets
-            .knows_deployment("drained")
-            .then_some(())
-    })
-    .await;
+    ctl.knows("drained").await;
     let mut grpc = ctl.grpc.clone();
     let err = grpc
         .get_instance(get_instance(
@@ -516,17 +508,6 @@ async fn a_router_keeps_at_most_its_limit_of_functions_active() {
     config.limits.functions_per_router = 3;
     config.limits.heartbeat_routers = 2;
     let ctl = Ctl::start(&sim, config, listener).await;
-    // Heartbeats for a Deployment the controller does not know yet are
-    // dropped, not counted against the router.
-    eventually(Duration::from_secs(10), "the pool's ReplicaSet", || async {
-        ctl.core
-            .namespace(NS)
-            .unwrap()
-            .replica_sets
-            .knows_deployment("pool")
-            .then_some(())
-    })
-    .await;
     let batch = |router: &str, tenants: std::ops::Range<usize>| api::HeartbeatRequest {
         router_ip: Some(router.into()),
         heartbeats: tenants
