@@ -271,7 +271,8 @@ async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
     let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
         .http2_only(true)
         .build_http::<tonic::body::Body>();
-    let mut grpc = ControllerServiceClient::with_origin(http, format!("http://{}", ctl.addr).parse().unwrap());
+    let mut grpc =
+        ControllerServiceClient::with_origin(http, format!("http://{}", ctl.addr).parse().unwrap());
     let asked = Duration::from_millis(300);
     let started = tokio::time::Instant::now();
     let err = grpc

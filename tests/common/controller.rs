@@ -285,7 +285,9 @@ impl Ctl {
             .expect("controller stopped before becoming ready");
         for ns in &function_namespaces {
             // A namespace the controller skipped (forbidden) has no cache.
-            let Ok(_) = running.core.namespace(ns) else { continue };
+            let Ok(_) = running.core.namespace(ns) else {
+                continue;
+            };
             let deployments = Api::<Deployment>::namespaced(sim.client.clone(), ns)
                 .list(&ListParams::default())
                 .await
