@@ -12,7 +12,10 @@
 //!
 //! - **etcd**: one member on loopback, data in the work directory,
 //!   `--unsafe-no-fsync` (the data dies with the control plane anyway).
-//! - **kube-apiserver**: HTTPS only, client certificates and ServiceAccount
+//! - **kube-apiserver**: on loopback, or on [`Config::bind_address`] (the
+//!   gateway of the node agent's pod bridge in
+//!   [`super::real_cluster`], so pods reach it and the `kubernetes`
+//!   Service gets a real endpoint); HTTPS only, client certificates and ServiceAccount
 //!   tokens (issuer, JWKS) for authentication, `--authorization-mode=Node,RBAC`,
 //!   the default admission plugins plus `NodeRestriction` (as kubeadm
 //!   enables it), the aggregation layer's front-proxy certificates (an
