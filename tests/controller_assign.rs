@@ -10,6 +10,7 @@ use std::time::{Duration, SystemTime};
 
 use harness::{Ctl, NS, Sim, eventually, function, get_instance};
 use skipper::api;
+use skipper::api::controller_service_client::ControllerServiceClient;
 use skipper::domain::LABEL_TENANT;
 use tonic::Code;
 
@@ -227,27 +228,31 @@ async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
         .await;
         sim.scale_pool(&deployment, 1).await;
         let selector = format!("skipper/deployment={deployment}");
-        // Watch, at millisecond granularity, for the pod turning Ready and
-        // for the claim completing (the waiting gauge drops when the claim
-        // patch has succeeded, before the assign request).
-        let (ready_at, claimed_at) = tokio::time::timeout(Duration::from_secs(20), async {
+        // Watch, at millisecond granularity, for the pod turning Ready until
+        // the claim has returned.
+        let ready_at = tokio::time::timeout(Duration::from_secs(20), async {
             let mut ready_at = None;
-            loop {
-                let now = tokio::time::Instant::now();
+            while !waiting.is_finished() {
                 if ready_at.is_none() && !sim.cluster.ready_pods(NS, &selector).is_empty() {
-                    ready_at = Some(now);
-                }
-                if gauge() == 0 {
-                    return (ready_at.unwrap_or(now), now);
+                    ready_at = Some(tokio::time::Instant::now());
                 }
                 tokio::time::sleep(Duration::from_millis(1)).await;
             }
+            ready_at
         })
         .await
         .expect("the claim completes");
-        let (result, _done_at) = waiting.await.unwrap();
-        assert!(result.unwrap().ready_at.is_some());
-        assert_eq!(gauge(), 0);
+        let (result, done_at) = waiting.await.unwrap();
+        let instance = result.unwrap();
+        assert!(instance.ready_at.is_some());
+        // The claim (the patch of the pod) completed before the assign
+        // request; the assigner reports how long that request took. (The
+        // gauge is no completion signal: the controller discovers the
+        // claimed pod and its supervisor may claim another while this one
+        // is not yet Ready in its cache.)
+        let timing = instance.assign_timing.expect("the assigner's timing");
+        let claimed_at = done_at - timing.assign;
+        let ready_at = ready_at.unwrap_or(claimed_at);
         best = best.min(claimed_at.saturating_duration_since(ready_at));
     }
     assert!(
@@ -257,26 +262,32 @@ async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
 
     // With no pool pod at all the wait ends at the deadline with an honest code.
     sim.deploy_pool("drained", 0, &[]).await;
-    eventually(Duration::from_secs(10), "the drained ReplicaSet", || async {
-        ctl.core
-            .namespace(NS)
-            .unwrap()
-            .replica_sets
-            .knows_deployment("drained")
-            .then_some(())
-    })
-    .await;
-    let mut grpc = ctl.grpc.clone();
+    ctl.knows("drained").await;
+    // A client that sends the deadline (`grpc-timeout`) but does not enforce
+    // it itself, so the answer comes from the controller: its handler's
+    // code, answered 30 ms before the deadline, or — when a loaded machine
+    // delays the handler past the deadline — the server's own deadline
+    // enforcement (CANCELLED "Timeout expired" from tonic).
+    let http = hyper_util::client::legacy::Client::builder(hyper_util::rt::TokioExecutor::new())
+        .http2_only(true)
+        .build_http::<tonic::body::Body>();
+    let mut grpc =
+        ControllerServiceClient::with_origin(http, format!("http://{}", ctl.addr).parse().unwrap());
+    let asked = Duration::from_millis(300);
+    let started = tokio::time::Instant::now();
     let err = grpc
-        .get_instance(get_instance(
-            &function("drained", "late", 1),
-            Duration::from_millis(300),
-        ))
+        .get_instance(get_instance(&function("drained", "late", 1), asked))
         .await
         .unwrap_err();
+    let took = started.elapsed();
     assert!(
-        matches!(err.code(), Code::ResourceExhausted | Code::DeadlineExceeded),
+        matches!(err.code(), Code::ResourceExhausted | Code::DeadlineExceeded)
+            || (err.code() == Code::Cancelled && err.message() == "Timeout expired"),
         "{err:?}"
+    );
+    assert!(
+        took >= asked - Duration::from_millis(30) && took < asked + Duration::from_secs(5),
+        "the wait ended {took:?} after a call with a deadline of {asked:?}"
     );
     ctl.stop().await;
 }
@@ -516,17 +527,6 @@ async fn a_router_keeps_at_most_its_limit_of_functions_active() {
     config.limits.functions_per_router = 3;
     config.limits.heartbeat_routers = 2;
     let ctl = Ctl::start(&sim, config, listener).await;
-    // Heartbeats for a Deployment the controller does not know yet are
-    // dropped, not counted against the router.
-    eventually(Duration::from_secs(10), "the pool's ReplicaSet", || async {
-        ctl.core
-            .namespace(NS)
-            .unwrap()
-            .replica_sets
-            .knows_deployment("pool")
-            .then_some(())
-    })
-    .await;
     let batch = |router: &str, tenants: std::ops::Range<usize>| api::HeartbeatRequest {
         router_ip: Some(router.into()),
         heartbeats: tenants

@@ -14,7 +14,7 @@ mod router_harness;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use harness::{CTL_NS, Ctl, NS, Sim, eventually, function, get_instance, heartbeat};
+use harness::{CTL_NS, Ctl, Sim, eventually, function, get_instance, heartbeat};
 use skipper::controller::Config;
 use skipper::controller::metrics::AuthFailureLabels;
 use skipper::credentials::AUDIENCE;
@@ -29,22 +29,11 @@ fn secured(sim: &Sim, pod_ip: &str) -> Config {
     c
 }
 
-/// Starts a controller once the test's `pool` Deployment exists, and returns
-/// when its cache knows the pool: a call for a Deployment it does not know
-/// yet is NOT_FOUND (the missing-deployment fast path).
+/// Starts a controller on its pod IP once the test's `pool` Deployment
+/// exists.
 async fn start(sim: &Sim, config: Config) -> Ctl {
     let listener = TcpListener::bind((config.pod_ip.as_str(), 0)).await.unwrap();
-    let ctl = Ctl::start(sim, config, listener).await;
-    eventually(Duration::from_secs(10), "the pool's ReplicaSet", || async {
-        ctl.core
-            .namespace(NS)
-            .unwrap()
-            .replica_sets
-            .knows_deployment("pool")
-            .then_some(())
-    })
-    .await;
-    ctl
+    Ctl::start(sim, config, listener).await
 }
 
 /// `req` carrying `token`.

@@ -195,17 +195,6 @@ async fn an_empty_ring_fails_lookups_not_start_up() {
     config.hash_ring_wait_time = Duration::from_millis(300);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut ctl = Ctl::start(&sim, config, listener).await;
-    // Until its cache knows the pool, a lookup is NOT_FOUND (the
-    // missing-deployment fast path), not the empty ring's UNAVAILABLE.
-    eventually(Duration::from_secs(10), "the pool's ReplicaSet", || async {
-        ctl.core
-            .namespace(NS)
-            .unwrap()
-            .replica_sets
-            .knows_deployment("pool")
-            .then_some(())
-    })
-    .await;
     let f = function("pool", "lonely", 1);
     let started = tokio::time::Instant::now();
     let err = ctl

@@ -261,10 +261,13 @@ pub struct Ctl {
 }
 
 impl Ctl {
-    /// Starts a controller on `listener` and waits until it serves.
+    /// Starts a controller on `listener` and waits until it serves and its
+    /// caches know every Deployment of its function namespaces at this
+    /// moment (a call for one before that would be NOT_FOUND).
     pub async fn start(sim: &Sim, mut config: Config, listener: TcpListener) -> Self {
         let addr = listener.local_addr().unwrap();
         config.port = addr.port();
+        let function_namespaces = config.function_namespaces.clone();
         let shutdown = Shutdown::new();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(skipper::controller::run(
@@ -280,6 +283,28 @@ impl Ctl {
             .await
             .expect("controller did not become ready")
             .expect("controller stopped before becoming ready");
+        for ns in &function_namespaces {
+            // A namespace the controller skipped (forbidden) has no cache.
+            let Ok(_) = running.core.namespace(ns) else {
+                continue;
+            };
+            let deployments = Api::<Deployment>::namespaced(sim.client.clone(), ns)
+                .list(&ListParams::default())
+                .await
+                .unwrap();
+            for d in deployments.items {
+                let name = d.metadata.name.clone().unwrap_or_default();
+                // Only pools: their pods carry `skipper/deployment=<name>`.
+                let pool = d
+                    .spec
+                    .and_then(|s| s.template.metadata)
+                    .and_then(|m| m.labels)
+                    .is_some_and(|l| l.get(skipper::domain::LABEL_DEPLOYMENT) == Some(&name));
+                if pool {
+                    await_deployment(&running.core, ns, &name).await;
+                }
+            }
+        }
         let grpc = ControllerServiceClient::connect(format!("http://{addr}"))
             .await
             .unwrap();
@@ -291,6 +316,13 @@ impl Ctl {
             task,
             grpc,
         }
+    }
+
+    /// Waits until this controller's caches know Deployment `deployment`
+    /// of namespace [`NS`] (before that, a call for it is NOT_FOUND by the
+    /// missing-deployment fast path).
+    pub async fn knows(&self, deployment: &str) {
+        await_deployment(&self.core, NS, deployment).await;
     }
 
     /// Starts a single-controller-mode controller on 127.0.0.1:0.
@@ -316,6 +348,21 @@ impl Ctl {
         let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
         self.shutdown.drain(Duration::from_secs(5)).await;
     }
+}
+
+/// Waits until `core`'s caches know Deployment `ns/deployment` (its
+/// ReplicaSet carries `skipper/deployment=<deployment>`), failing the test
+/// after 20 s.
+pub async fn await_deployment(core: &Core, ns: &str, deployment: &str) {
+    let what = format!("the controller's cache to know Deployment {ns}/{deployment}");
+    eventually(Duration::from_secs(20), &what, || async {
+        core.namespace(ns)
+            .ok()?
+            .replica_sets
+            .knows_deployment(deployment)
+            .then_some(())
+    })
+    .await;
 }
 
 /// A regular function of the pool `deployment`.
