@@ -395,6 +395,12 @@ impl Worker {
                         return;
                     }
                 }
+                // `hostNetwork`: the host's namespace, the node's address.
+                PodNetwork::Bridge(_)
+                    if self.pod.spec.as_ref().and_then(|s| s.host_network) == Some(true) =>
+                {
+                    self.ip = Some(self.ctx.host_ip());
+                }
                 PodNetwork::Bridge(bridge) => match bridge.attach() {
                     Ok(link) => {
                         self.ip = Some(link.ip());
