@@ -260,6 +260,85 @@ async fn validation(b: &Backend) {
 }
 
 differential!(
+    containers_config_keys_and_service_ports_are_validated,
+    more_validation,
+    namespaces = [NS]
+);
+
+async fn more_validation(b: &Backend) {
+    let admin = b.client().await;
+    let post = |path: &str, body: Value| {
+        http::Request::post(format!("{path}?dryRun=All"))
+            .header("content-type", "application/json")
+            .body(serde_json::to_vec(&body).unwrap())
+            .unwrap()
+    };
+    let deployment = json!({
+        "metadata": {"name": "v"},
+        "spec": {
+            "replicas": -1,
+            "selector": {"matchLabels": {"a": "b"}},
+            "template": {"metadata": {"labels": {"a": "b"}}, "spec": {"containers": [
+                {"name": "Bad_Name"},
+                {"name": "ok", "image": "i"},
+                {"name": "ok", "image": "i"},
+            ]}},
+        },
+    });
+    let err = status(
+        admin
+            .request::<Value>(post(
+                &format!("/apis/apps/v1/namespaces/{NS}/deployments"),
+                deployment,
+            ))
+            .await,
+    );
+    assert_eq!(
+        err["message"],
+        "Deployment.apps \"v\" is invalid: [spec.replicas: Invalid value: -1: must be greater than or equal to 0, spec.template.spec.containers[0].name: Invalid value: \"Bad_Name\": a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?'), spec.template.spec.containers[0].image: Required value, spec.template.spec.containers[2].name: Duplicate value: \"ok\"]"
+    );
+    let reasons: Vec<&str> = err["details"]["causes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| c["reason"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        reasons,
+        [
+            "FieldValueInvalid",
+            "FieldValueInvalid",
+            "FieldValueRequired",
+            "FieldValueDuplicate"
+        ]
+    );
+    let err = status(
+        admin
+            .request::<Value>(post(
+                &format!("/api/v1/namespaces/{NS}/configmaps"),
+                json!({"metadata": {"name": "k"}, "data": {"bad key": "1", "good.key_1": "2"}}),
+            ))
+            .await,
+    );
+    assert_eq!(
+        err["message"],
+        "ConfigMap \"k\" is invalid: data[bad key]: Invalid value: \"bad key\": a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')"
+    );
+    let err = status(
+        admin
+            .request::<Value>(post(
+                &format!("/api/v1/namespaces/{NS}/services"),
+                json!({"metadata": {"name": "s"}, "spec": {"ports": [{"port": 70000}], "selector": {"a": "b"}}}),
+            ))
+            .await,
+    );
+    assert_eq!(
+        err["message"],
+        "Service \"s\" is invalid: [spec.ports[0].port: Invalid value: 70000: must be between 1 and 65535, inclusive, spec.ports[0].targetPort: Invalid value: 70000: must be between 1 and 65535, inclusive]"
+    );
+}
+
+differential!(
     unknown_fields_are_refused_under_strict_validation_and_dropped_otherwise,
     strict_field_validation,
     namespaces = [NS]

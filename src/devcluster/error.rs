@@ -149,7 +149,7 @@ impl ApiError {
                 details.insert("kind".into(), json!(res.kind));
                 let causes: Vec<Value> = errors
                     .iter()
-                    .map(|e| json!({"reason": "FieldValueInvalid", "message": e.message, "field": e.field}))
+                    .map(|e| json!({"reason": e.reason, "message": e.message, "field": e.field}))
                     .collect();
                 details.insert("causes".into(), json!(causes));
             }

@@ -396,13 +396,11 @@ impl Store {
         } else if !is_dns_subdomain(&name) {
             return Err(ApiError::InvalidFields {
                 res,
-                errors: vec![super::validation::FieldError {
-                    field: "metadata.name".into(),
-                    message: format!(
-                        "Invalid value: {name:?}: {}",
-                        super::validation::SUBDOMAIN_MESSAGE
-                    ),
-                }],
+                errors: vec![super::validation::FieldError::invalid(
+                    "metadata.name".into(),
+                    &json!(name),
+                    super::validation::SUBDOMAIN_MESSAGE,
+                )],
                 name,
             });
         }

@@ -12,19 +12,45 @@ use super::resources::ResourceDef;
 pub struct FieldError {
     /// `spec.template.spec.containers[0].ports[0].containerPort`.
     pub field: String,
+    /// `FieldValueInvalid`, `FieldValueRequired`, `FieldValueDuplicate`.
+    pub reason: &'static str,
     /// `Invalid value: 70000: must be between 1 and 65535, inclusive`.
     pub message: String,
 }
 
+fn shown(value: &Value) -> String {
+    match value {
+        Value::String(s) => format!("{s:?}"),
+        other => other.to_string(),
+    }
+}
+
 impl FieldError {
-    fn invalid(field: String, value: &Value, detail: &str) -> Self {
-        let shown = match value {
-            Value::String(s) => format!("{s:?}"),
-            other => other.to_string(),
-        };
+    /// `Invalid value: <value>: <detail>`.
+    #[must_use]
+    pub fn invalid(field: String, value: &Value, detail: &str) -> Self {
         Self {
             field,
-            message: format!("Invalid value: {shown}: {detail}"),
+            reason: "FieldValueInvalid",
+            message: format!("Invalid value: {}: {detail}", shown(value)),
+        }
+    }
+
+    /// `Required value`.
+    fn required(field: String) -> Self {
+        Self {
+            field,
+            reason: "FieldValueRequired",
+            message: "Required value".into(),
+        }
+    }
+
+    /// `Duplicate value: <value>`.
+    fn duplicate(field: String, value: &Value) -> Self {
+        Self {
+            field,
+            reason: "FieldValueDuplicate",
+            message: format!("Duplicate value: {}", shown(value)),
         }
     }
 }
@@ -104,12 +130,50 @@ fn labels(path: &str, labels: Option<&Value>, out: &mut Vec<FieldError>) {
     }
 }
 
-fn ports(path: &str, spec: &Value, out: &mut Vec<FieldError>) {
+const LABEL_MESSAGE: &str = "a lowercase RFC 1123 label must consist of lower case alphanumeric characters or '-', and must start and end with an alphanumeric character (e.g. 'my-name',  or '123-abc', regex used for validation is '[a-z0-9]([-a-z0-9]*[a-z0-9])?')";
+const CONFIG_KEY_MESSAGE: &str = "a valid config key must consist of alphanumeric characters, '-', '_' or '.' (e.g. 'key.name',  or 'KEY_NAME',  or 'key-name', regex used for validation is '[-._a-zA-Z0-9]+')";
+const PORT_MESSAGE: &str = "must be between 1 and 65535, inclusive";
+
+/// `[a-z0-9]([-a-z0-9]*[a-z0-9])?`, at most 63 characters.
+fn is_dns_label(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 63
+        && s.bytes()
+            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+        && s.starts_with(|c: char| c.is_ascii_alphanumeric())
+        && s.ends_with(|c: char| c.is_ascii_alphanumeric())
+}
+
+/// Containers of a pod spec, each as `validateContainers` goes: its name (a
+/// DNS label, unique in the pod), its image (required), its ports.
+fn containers(path: &str, spec: &Value, out: &mut Vec<FieldError>) {
+    let mut names = std::collections::HashSet::new();
     for list in ["initContainers", "containers"] {
         let Some(containers) = spec.get(list).and_then(Value::as_array) else {
             continue;
         };
         for (i, c) in containers.iter().enumerate() {
+            let at = format!("{path}.{list}[{i}]");
+            match c.get("name") {
+                Some(Value::String(name)) if !name.is_empty() => {
+                    if !is_dns_label(name) {
+                        out.push(FieldError::invalid(
+                            format!("{at}.name"),
+                            &c["name"],
+                            LABEL_MESSAGE,
+                        ));
+                    } else if !names.insert(name.clone()) {
+                        out.push(FieldError::duplicate(format!("{at}.name"), &c["name"]));
+                    }
+                }
+                _ => out.push(FieldError::required(format!("{at}.name"))),
+            }
+            if c.get("image")
+                .and_then(Value::as_str)
+                .is_none_or(|i| i.trim().is_empty())
+            {
+                out.push(FieldError::required(format!("{at}.image")));
+            }
             let Some(ports) = c.get("ports").and_then(Value::as_array) else {
                 continue;
             };
@@ -123,10 +187,61 @@ fn ports(path: &str, spec: &Value, out: &mut Vec<FieldError>) {
                     out.push(FieldError::invalid(
                         format!("{path}.{list}[{i}].ports[{j}].{field}"),
                         v,
-                        "must be between 1 and 65535, inclusive",
+                        PORT_MESSAGE,
                     ));
                 }
             }
+        }
+    }
+}
+
+/// The keys of a ConfigMap's or Secret's `data` and `binaryData`.
+fn config_keys(obj: &Value, out: &mut Vec<FieldError>) {
+    for field in ["data", "binaryData"] {
+        let Some(map) = obj.get(field).and_then(Value::as_object) else {
+            continue;
+        };
+        for key in map.keys() {
+            let valid = !key.is_empty()
+                && key.len() <= 253
+                && key
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+            if !valid {
+                out.push(FieldError::invalid(
+                    format!("{field}[{key}]"),
+                    &Value::String(key.clone()),
+                    CONFIG_KEY_MESSAGE,
+                ));
+            }
+        }
+    }
+}
+
+/// A Service's ports and numeric target ports (a missing `targetPort` is
+/// the port, as defaulting makes it).
+fn service_ports(obj: &Value, out: &mut Vec<FieldError>) {
+    let Some(ports) = obj.pointer("/spec/ports").and_then(Value::as_array) else {
+        return;
+    };
+    for (i, p) in ports.iter().enumerate() {
+        let port = p.get("port").unwrap_or(&Value::Null);
+        if !port.as_i64().is_some_and(|n| (1..=65535).contains(&n)) {
+            out.push(FieldError::invalid(
+                format!("spec.ports[{i}].port"),
+                port,
+                PORT_MESSAGE,
+            ));
+        }
+        let target = p.get("targetPort").filter(|t| !t.is_null()).unwrap_or(port);
+        if let Some(n) = target.as_i64()
+            && !(1..=65535).contains(&n)
+        {
+            out.push(FieldError::invalid(
+                format!("spec.ports[{i}].targetPort"),
+                target,
+                PORT_MESSAGE,
+            ));
         }
     }
 }
@@ -139,19 +254,30 @@ pub fn validate(res: &ResourceDef, obj: &Value) -> Vec<FieldError> {
     match res.kind {
         "Pod" => {
             if let Some(spec) = obj.get("spec") {
-                ports("spec", spec, &mut out);
+                containers("spec", spec, &mut out);
             }
         }
         "Deployment" | "ReplicaSet" => {
+            if let Some(replicas) = obj.pointer("/spec/replicas")
+                && replicas.as_i64().is_some_and(|n| n < 0)
+            {
+                out.push(FieldError::invalid(
+                    "spec.replicas".into(),
+                    replicas,
+                    "must be greater than or equal to 0",
+                ));
+            }
             labels(
                 "spec.template.metadata.labels",
                 obj.pointer("/spec/template/metadata/labels"),
                 &mut out,
             );
             if let Some(spec) = obj.pointer("/spec/template/spec") {
-                ports("spec.template.spec", spec, &mut out);
+                containers("spec.template.spec", spec, &mut out);
             }
         }
+        "ConfigMap" | "Secret" => config_keys(obj, &mut out),
+        "Service" => service_ports(obj, &mut out),
         _ => {}
     }
     out
@@ -206,7 +332,7 @@ mod tests {
     fn ports_label_keys_and_values_are_checked_with_the_real_texts() {
         let d = json!({
             "metadata": {"name": "bad", "labels": {"bad key!": "v", "example.com/ok": "fine", "ok": "not ok"}},
-            "spec": {"template": {"spec": {"containers": [{"name": "c", "ports": [
+            "spec": {"template": {"spec": {"containers": [{"name": "c", "image": "i", "ports": [
                 {"containerPort": 70000}, {"containerPort": 80, "hostPort": 0},
             ]}]}}},
         });
