@@ -327,6 +327,25 @@ async fn more_validation(b: &Backend) {
     let err = status(
         admin
             .request::<Value>(post(
+                &format!("/api/v1/namespaces/{NS}/pods"),
+                json!({"metadata": {"name": "q"}, "spec": {"containers": [
+                    {"name": "c", "image": "i", "resources": {"limits": {"cpu": "lots"}}},
+                ]}}),
+            ))
+            .await,
+    );
+    assert_eq!(
+        (err["code"].as_u64(), err["message"].as_str()),
+        (
+            Some(400),
+            Some(
+                "Pod in version \"v1\" cannot be handled as a Pod: quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'"
+            )
+        )
+    );
+    let err = status(
+        admin
+            .request::<Value>(post(
                 &format!("/api/v1/namespaces/{NS}/services"),
                 json!({"metadata": {"name": "s"}, "spec": {"ports": [{"port": 70000}], "selector": {"a": "b"}}}),
             ))

@@ -1252,6 +1252,13 @@ fn parse_object(
         return Err(ApiError::BadRequest("the body must be a JSON object".into()));
     }
     expect.check(&v)?;
+    if protobuf::has_malformed_quantity(&v, &expect.api_version(), expect.kind) {
+        let api_version = v
+            .get("apiVersion")
+            .and_then(Value::as_str)
+            .map_or_else(|| expect.api_version(), str::to_owned);
+        return Err(expect.cannot_handle(&api_version, expect.kind, protobuf::QUANTITY_FORMAT_ERROR));
+    }
     if media_type == "application/yaml"
         && let Some(unknown) = protobuf::drop_unknown(&mut v, &expect.api_version(), expect.kind)
     {

@@ -59,6 +59,67 @@ fn walk(index: u16, obj: &mut Map<String, Value>, path: &str, top: bool, unknown
     }
 }
 
+/// kube-apiserver's decode error for a quantity that is not one.
+pub const QUANTITY_FORMAT_ERROR: &str =
+    "quantities must match the regular expression '^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$'";
+
+/// Whether `s` matches `^([+-]?[0-9.]+)([eEinumkKMGTP]*[-+]?[0-9]*)$`, the
+/// form resource.ParseQuantity checks first.
+fn quantity_form(s: &str) -> bool {
+    let b = s.as_bytes();
+    let mut i = usize::from(matches!(b.first(), Some(b'+' | b'-')));
+    let start = i;
+    while i < b.len() && (b[i].is_ascii_digit() || b[i] == b'.') {
+        i += 1;
+    }
+    if i == start {
+        return false;
+    }
+    while i < b.len() && b"eEinumkKMGTP".contains(&b[i]) {
+        i += 1;
+    }
+    if i < b.len() && matches!(b[i], b'+' | b'-') {
+        i += 1;
+    }
+    b[i..].iter().all(u8::is_ascii_digit)
+}
+
+/// Whether some quantity of `obj` (of `kind` in `api_version`) is not one
+/// (kube-apiserver refuses such a body at decoding, [`QUANTITY_FORMAT_ERROR`]).
+#[must_use]
+pub fn has_malformed_quantity(obj: &Value, api_version: &str, kind: &str) -> bool {
+    let Some(index) = schema::KINDS
+        .iter()
+        .find(|(v, k, _)| *v == api_version && *k == kind)
+        .map(|(_, _, m)| *m)
+    else {
+        return false;
+    };
+    malformed_quantity(index, obj)
+}
+
+fn malformed_quantity(index: u16, obj: &Value) -> bool {
+    let Value::Object(members) = obj else {
+        return false;
+    };
+    let msg = &schema::MESSAGES[usize::from(index)];
+    let bad = |v: &Value| v.as_str().is_some_and(|s| !quantity_form(s));
+    members.iter().any(|(key, value)| {
+        let Some(field) = find(msg, key) else {
+            return false;
+        };
+        match (field.ty, field.repeated) {
+            (Ty::Quantity, false) => bad(value),
+            (Ty::Map(_, Ty::Quantity), _) => value.as_object().is_some_and(|m| m.values().any(bad)),
+            (Ty::Msg(i), false) => malformed_quantity(i, value),
+            (Ty::Msg(i), true) => value
+                .as_array()
+                .is_some_and(|items| items.iter().any(|item| malformed_quantity(i, item))),
+            _ => false,
+        }
+    })
+}
+
 /// What strict decoding found in a JSON body, in document order.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Issue {
@@ -246,7 +307,7 @@ impl<'de> serde::de::Visitor<'de> for Node<'_> {
 mod tests {
     use serde_json::json;
 
-    use super::{Issue, decode_json, drop_unknown};
+    use super::{Issue, decode_json, drop_unknown, has_malformed_quantity, quantity_form};
 
     #[test]
     fn unknown_members_are_dropped_and_named_by_their_paths() {
@@ -345,5 +406,22 @@ mod tests {
         assert_eq!(issues, [Issue::Duplicate("a.b".into())]);
         assert_eq!(v, json!({"a": {"b": -2}, "c": [true, null, "s"]}));
         assert!(decode_json(b"{\"a\":1} x", "", "").is_err());
+    }
+
+    #[test]
+    fn quantities_are_checked_where_the_schema_has_them() {
+        for ok in ["1", "250m", "1.5", "64Mi", "1e3", "+2", "-1", "1E-3", ".5"] {
+            assert!(quantity_form(ok), "{ok}");
+        }
+        for bad in ["", "lots", "1 Mi", "m", "1.5 ", "--1", "1e3x"] {
+            assert!(!quantity_form(bad), "{bad}");
+        }
+        let pod = |cpu: &str| {
+            json!({"spec": {"containers": [{"name": "c", "resources": {"limits": {"cpu": cpu}}}],
+                            "overhead": {"memory": "1Mi"}}})
+        };
+        assert!(!has_malformed_quantity(&pod("500m"), "v1", "Pod"));
+        assert!(has_malformed_quantity(&pod("lots"), "v1", "Pod"));
+        assert!(!has_malformed_quantity(&pod("lots"), "example.com/v1", "Widget"));
     }
 }

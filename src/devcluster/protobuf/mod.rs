@@ -23,7 +23,7 @@ mod fields;
 #[rustfmt::skip]
 mod schema;
 
-pub use fields::{Issue, decode_json, drop_unknown};
+pub use fields::{Issue, QUANTITY_FORMAT_ERROR, decode_json, drop_unknown, has_malformed_quantity};
 
 use base64::Engine as _;
 use serde_json::{Map, Value};
