@@ -132,3 +132,34 @@ async fn custom_pod_command() {
         ["sh".to_owned(), "-c".to_owned()]
     );
 }
+
+/// `--control-plane real` without the binaries `make control-plane` builds
+/// fails at start with one line naming the flag and the make target, before
+/// anything runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_control_plane_without_its_build_fails_with_one_line() {
+    let _t = Timer::start("playground without the control plane build");
+    let empty = std::env::temp_dir().join(format!("skipper-e2e-no-cp-{:x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_skipper"))
+            .args(["dev", "--control-plane", "real", "--listen", "127.0.0.1:0"])
+            .arg("--control-plane-dir")
+            .arg(&empty)
+            .output(),
+    )
+    .await
+    .expect("skipper dev did not fail within 10s")
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&empty);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "stderr: {stderr}");
+    assert!(
+        stderr.contains(&format!("--control-plane-dir: no etcd in {}", empty.display()))
+            && stderr.contains("`make control-plane`"),
+        "stderr: {stderr}"
+    );
+    assert!(out.stdout.is_empty());
+}

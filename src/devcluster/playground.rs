@@ -195,7 +195,8 @@ pub struct PlaygroundArgs {
     /// The Kubernetes control plane: `sim` (the embedded API simulator, nothing else needed) or
     /// `real` (etcd, kube-apiserver, kube-controller-manager and kube-scheduler as built by
     /// `make control-plane`, pods on a bridge of their own; needs root)
-    #[arg(long, env = "SKIPPER_CONTROL_PLANE", value_enum, default_value_t = ControlPlaneKind::Sim)]
+    #[arg(long, env = "SKIPPER_CONTROL_PLANE", value_enum, default_value_t = ControlPlaneKind::Sim,
+          value_name = "sim|real", hide_possible_values = true)]
     pub control_plane: ControlPlaneKind,
 
     /// Where the binaries of `--control-plane real` are [default: target/control-plane, else
@@ -294,6 +295,39 @@ pub fn parse_otlp_endpoint(s: &str) -> Result<String, String> {
     }
 }
 
+/// The collector address pods export to. Pods with a network of their
+/// own (`host` is the host's address on it) have their own loopback, so a
+/// loopback collector host (`127.0.0.0/8`, `::1`, `localhost`) becomes
+/// `host`; any other URL, and every URL when pods share the host's
+/// network, is kept.
+#[must_use]
+pub fn otlp_endpoint_for_pods(url: &str, host: Option<std::net::Ipv4Addr>) -> String {
+    let Some(host) = host else {
+        return url.to_owned();
+    };
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return url.to_owned();
+    };
+    let loopback = uri.host().is_some_and(|h| {
+        h.eq_ignore_ascii_case("localhost")
+            || h.trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    });
+    if !loopback {
+        return url.to_owned();
+    }
+    let scheme = uri.scheme_str().unwrap_or("http");
+    let port = uri.port_u16().map(|p| format!(":{p}")).unwrap_or_default();
+    let rest = uri
+        .path_and_query()
+        .map(http::uri::PathAndQuery::as_str)
+        .filter(|p| *p != "/")
+        .unwrap_or("");
+    format!("{scheme}://{host}{port}{rest}")
+}
+
 /// Parses `KEY=VALUE`.
 ///
 /// # Errors
@@ -316,8 +350,8 @@ pub enum PlaygroundError {
         source: std::io::Error,
     },
     #[error(
-        "{flag}: no {binary} in {looked_in}; build the control plane with `make control-plane` (needs Go) \
-         or name its directory with --control-plane-dir"
+        "{flag}: no {binary} in {looked_in}; build the control plane with `make control-plane` (needs Go){}",
+        if *flag == "--control-plane-dir" { "" } else { " or name its directory with --control-plane-dir" }
     )]
     ControlPlaneMissing {
         flag: &'static str,
@@ -858,6 +892,10 @@ fn print_ready(args: &PlaygroundArgs, cluster: &PlaygroundCluster, up: &Up, took
     println!("  web UI:        http://{first}:{CONTROLLER_WEB_PORT}/ (every controller serves one)");
     if let Some(url) = &args.otlp_endpoint {
         println!("  traces:        OTLP/HTTP to {url} (router, controllers, pool pods)");
+        let pods = otlp_endpoint_for_pods(url, cluster.host_on_pod_network);
+        if &pods != url {
+            println!("                 pods send to {pods}: the host on the pod network (listen there too)");
+        }
     }
     println!("  controllers:   {members} (gRPC :{CONTROLLER_PORT}, metrics :{CONTROLLER_METRICS_PORT})");
     println!("  metrics:       curl -s http://{}/metrics", args.metrics_listen);
@@ -885,6 +923,10 @@ struct PlaygroundCluster {
     kubeconfig: PathBuf,
     /// Holds the router's log and token, and the pods' directories.
     work_dir: PathBuf,
+    /// The host's address as pods reach it, when pods have a network of
+    /// their own (the real control plane's bridge gateway); `None` when
+    /// they share the host's.
+    host_on_pod_network: Option<std::net::Ipv4Addr>,
 }
 
 /// What runs the Kubernetes API and the pods.
@@ -948,6 +990,7 @@ impl PlaygroundCluster {
                     client,
                     kubeconfig,
                     work_dir,
+                    host_on_pod_network: None,
                 })
             }
             Target::Real { bin_dir } => {
@@ -979,11 +1022,13 @@ impl PlaygroundCluster {
                 let client = cluster.client().await?;
                 let kubeconfig = cluster.admin_kubeconfig().to_path_buf();
                 let work_dir = cluster.work_dir().to_path_buf();
+                let host_on_pod_network = Some(cluster.bridge().gateway());
                 Ok(Self {
                     backend: Backend::Real(Box::new(cluster)),
                     client,
                     kubeconfig,
                     work_dir,
+                    host_on_pod_network,
                 })
             }
         }
@@ -1065,7 +1110,7 @@ async fn serve(
     shutdown: &Shutdown,
     (started, describe): (std::time::Instant, &str),
 ) -> Result<(), PlaygroundError> {
-    apply_manifests(args, &cluster.client).await?;
+    apply_manifests(args, cluster).await?;
     let work_dir = &cluster.work_dir;
     keep_router_token(cluster.client.clone(), work_dir.join(ROUTER_TOKEN_FILE), shutdown).await?;
     let mut router = spawn_router(args, exe, &cluster.kubeconfig, work_dir)?;
@@ -1098,8 +1143,12 @@ async fn serve(
     }
 }
 
-async fn apply_manifests(args: &PlaygroundArgs, client: &kube::Client) -> Result<(), PlaygroundError> {
-    let client = client.clone();
+async fn apply_manifests(args: &PlaygroundArgs, cluster: &PlaygroundCluster) -> Result<(), PlaygroundError> {
+    let client = cluster.client.clone();
+    let pods_otlp = args
+        .otlp_endpoint
+        .as_deref()
+        .map(|url| otlp_endpoint_for_pods(url, cluster.host_on_pod_network));
     let key = SigningKey::generate();
     let public_pem = key.verifying_key().to_pem();
     for d in documents("namespace.yaml", NAMESPACE_YAML)? {
@@ -1144,7 +1193,7 @@ async fn apply_manifests(args: &PlaygroundArgs, client: &kube::Client) -> Result
                 POOL_NAMESPACE,
                 pool,
                 args.pod_command.as_deref(),
-                args.otlp_endpoint.as_deref(),
+                pods_otlp.as_deref(),
             )?,
         )
         .await?;
@@ -1160,7 +1209,7 @@ async fn apply_manifests(args: &PlaygroundArgs, client: &kube::Client) -> Result
         crate::config::format_duration(args.heartbeat_timeout),
     );
     env.insert("SKIPPER_LOG_FORMAT".into(), "text".into());
-    if let Some(url) = &args.otlp_endpoint {
+    if let Some(url) = &pods_otlp {
         env.insert("SKIPPER_TELEMETRY".into(), "true".into());
         env.insert("OTEL_EXPORTER_OTLP_ENDPOINT".into(), url.clone());
     }
@@ -1260,6 +1309,26 @@ mod tests {
             "{err}"
         );
         let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn pods_on_a_network_of_their_own_reach_a_loopback_collector_through_the_host() {
+        let gw = Some(std::net::Ipv4Addr::new(10, 213, 7, 1));
+        for (url, host, want) in [
+            ("http://127.0.0.1:4318", gw, "http://10.213.7.1:4318"),
+            ("http://localhost:4318", gw, "http://10.213.7.1:4318"),
+            ("https://[::1]:4318/base", gw, "https://10.213.7.1:4318/base"),
+            ("http://127.3.2.1", gw, "http://10.213.7.1"),
+            (
+                "http://collector.example:4318",
+                gw,
+                "http://collector.example:4318",
+            ),
+            ("http://10.0.0.5:4318", gw, "http://10.0.0.5:4318"),
+            ("http://127.0.0.1:4318", None, "http://127.0.0.1:4318"),
+        ] {
+            assert_eq!(otlp_endpoint_for_pods(url, host), want, "{url} with {host:?}");
+        }
     }
 
     #[test]
