@@ -28,7 +28,7 @@ use skipper::token::SigningKey;
 
 const WAIT: Duration = Duration::from_secs(60);
 
-async fn start(namespaces: &[&str]) -> Option<RealCluster> {
+async fn start(namespaces: &[&str], metrics_api: bool) -> Option<RealCluster> {
     // RUST_LOG shows the agent's and the cluster's logs.
     let _ = tracing_subscriber::fmt()
         .with_test_writer()
@@ -40,6 +40,7 @@ async fn start(namespaces: &[&str]) -> Option<RealCluster> {
         skipper_exe: env!("CARGO_BIN_EXE_skipper").into(),
         namespaces: namespaces.iter().map(|s| (*s).to_owned()).collect(),
         metrics_interval: Duration::from_millis(200),
+        metrics_api,
         ..real_cluster::Config::default()
     };
     let begin = Instant::now();
@@ -120,7 +121,7 @@ fn links() -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pods_get_routable_ips_in_their_own_network_and_services_publish_them() {
-    let Some(cluster) = start(&["net"]).await else {
+    let Some(cluster) = start(&["net"], true).await else {
         return;
     };
     let admin = cluster.client().await.unwrap();
@@ -227,6 +228,33 @@ async fn pods_get_routable_ips_in_their_own_network_and_services_publish_them() 
         assert_eq!(status, 200, "GET http://{ip}:8888/healthz");
     }
 
+    // Pod metrics of the agent's samples, through kube-apiserver's
+    // aggregation layer (metrics.k8s.io as an APIService).
+    let metrics = kube::api::ApiResource {
+        group: "metrics.k8s.io".into(),
+        version: "v1beta1".into(),
+        api_version: "metrics.k8s.io/v1beta1".into(),
+        kind: "PodMetrics".into(),
+        plural: "pods".into(),
+    };
+    let pod_metrics: Api<kube::api::DynamicObject> = Api::namespaced_with(admin.clone(), "net", &metrics);
+    backend::eventually("metrics of both pods", WAIT, || async {
+        let list = pod_metrics
+            .list(&ListParams::default().labels("app=web"))
+            .await
+            .ok()?;
+        let measured = list
+            .items
+            .iter()
+            .filter(|m| {
+                let c = &m.data["containers"][0];
+                c["name"] == "web" && c["usage"]["memory"].as_str().is_some_and(|v| v != "0")
+            })
+            .count();
+        (measured == 2).then_some(())
+    })
+    .await;
+
     // The `kubernetes` Service has the API server's (non-loopback) address
     // as its endpoint, published by kube-apiserver's endpoint reconciler.
     let default_slices: Api<EndpointSlice> = Api::namespaced(admin.clone(), "default");
@@ -249,7 +277,7 @@ async fn a_pod_reaches_the_api_server_in_cluster_with_its_service_account_token(
         eprintln!("skipped: curl is not installed");
         return;
     }
-    let Some(cluster) = start(&["net"]).await else {
+    let Some(cluster) = start(&["net"], false).await else {
         return;
     };
     let admin = cluster.client().await.unwrap();
@@ -293,7 +321,7 @@ curl -sS --fail --cacert "$SA/ca.crt" -H "Authorization: Bearer $(cat "$SA/token
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_pods_network_goes_with_it_and_the_bridge_with_the_cluster() {
-    let Some(cluster) = start(&["net"]).await else {
+    let Some(cluster) = start(&["net"], false).await else {
         return;
     };
     let admin = cluster.client().await.unwrap();
@@ -318,11 +346,38 @@ async fn a_pods_network_goes_with_it_and_the_bridge_with_the_cluster() {
     let pods: Api<Pod> = Api::namespaced(admin.clone(), "net");
     pods.create(&PostParams::default(), &pod).await.unwrap();
     let ip = wait_pods(&admin, "net", "the pod to run with an IP", |list| {
-        let p = list.first()?;
+        let p = list
+            .iter()
+            .find(|p| p.metadata.name.as_deref() == Some("sleeper"))?;
         let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
         if running { pod_ip(p) } else { None }
     })
     .await;
+    // A `hostNetwork` pod stays in the host's namespace, with the node's address.
+    let host: Pod = serde_json::from_value(json!({
+        "metadata": {"name": "host", "namespace": "net"},
+        "spec": {
+            "hostNetwork": true,
+            "terminationGracePeriodSeconds": 1,
+            "containers": [{"name": "main", "image": "debian", "command": ["sleep", "3600"]}],
+        },
+    }))
+    .unwrap();
+    pods.create(&PostParams::default(), &host).await.unwrap();
+    let host_ip = wait_pods(&admin, "net", "the hostNetwork pod to run", |list| {
+        let p = list.iter().find(|p| p.metadata.name.as_deref() == Some("host"))?;
+        let running = p.status.as_ref().and_then(|s| s.phase.as_deref()) == Some("Running");
+        if running { pod_ip(p) } else { None }
+    })
+    .await;
+    assert_eq!(host_ip, cluster.bridge().gateway());
+    let host_pid = cluster.kubelet().pid_of("net", "host").unwrap();
+    assert_eq!(
+        std::fs::read_link(format!("/proc/{host_pid}/ns/net")).unwrap(),
+        std::fs::read_link("/proc/self/ns/net").unwrap()
+    );
+    pods.delete("host", &DeleteParams::default()).await.unwrap();
+
     let namespaces = cluster.bridge().namespaces();
     assert_eq!(namespaces.len(), 1, "{namespaces:?}");
     assert!(Path::new("/run/netns").join(&namespaces[0]).exists());
