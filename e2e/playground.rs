@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::Timer;
-use crate::harness::{Dev, Opts, control_plane_args, process_alive, single, skipped_on_real};
+use crate::harness::{Dev, Opts, control_plane_args, process_alive, real_control_plane, single};
 
 /// SIGINT: exit status 0, no process it started (router, pod processes and
 /// their children) left.
@@ -60,18 +60,13 @@ async fn busy_listen_port_fails_at_once() {
     assert!(out.stdout.is_empty());
 }
 
-/// Without the right to create mount and PID namespaces (here: root with
-/// every capability dropped), `skipper dev` fails at start with one line
-/// naming what is missing, before anything runs.
+/// Without the privileges pods need (here: root with every capability
+/// dropped), `skipper dev` fails at start with one line naming what is
+/// missing, before anything runs: mount and PID namespaces on the
+/// simulator; on the real control plane the pod network (network
+/// namespaces on a bridge) is checked first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_namespaces_dev_fails_with_one_line() {
-    if skipped_on_real(
-        "playground without namespaces",
-        "it checks the node agent's namespace message; on the real control plane the pod network's \
-         CAP_NET_ADMIN check fails first",
-    ) {
-        return;
-    }
     let _t = Timer::start("playground without namespaces");
     if !nix::unistd::geteuid().is_root() {
         // Unprivileged, the playground uses user namespaces, which dropping
@@ -87,13 +82,9 @@ async fn without_namespaces_dev_fails_with_one_line() {
                 "--inh-caps=-all",
                 env!("CARGO_BIN_EXE_skipper"),
             ])
-            .args([
-                "dev",
-                "--listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ])
+            .arg("dev")
+            .args(control_plane_args())
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
             .output(),
     )
     .await
@@ -102,11 +93,16 @@ async fn without_namespaces_dev_fails_with_one_line() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.trim_end().lines().count(), 1, "stderr: {stderr}");
+    let missing = if real_control_plane() {
+        "pod networking needs CAP_NET_ADMIN and CAP_SYS_ADMIN"
+    } else {
+        "pods need private mount and PID namespaces"
+    };
     assert!(
-        stderr.contains("pods need private mount and PID namespaces") && stderr.contains("CAP_SYS_ADMIN"),
+        stderr.contains(missing) && stderr.contains("CAP_SYS_ADMIN"),
         "stderr: {stderr}"
     );
-    assert_eq!(stderr.matches("pods need").count(), 1, "said once: {stderr}");
+    assert_eq!(stderr.matches(missing).count(), 1, "said once: {stderr}");
     assert!(out.stdout.is_empty());
 }
 
