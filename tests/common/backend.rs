@@ -285,6 +285,29 @@ impl Backend {
         }
     }
 
+    /// Whether pods run on this backend (a node agent serves it).
+    pub fn runs_pods(&self) -> bool {
+        matches!(self, Self::Sim(_))
+    }
+
+    /// The directory of pod `ns/name` on its node (its volumes under
+    /// `volumes/<name>/`), when this backend runs pods and has it.
+    pub fn pod_dir(&self, ns: &str, name: &str) -> Option<PathBuf> {
+        match self {
+            Self::Sim(c) => c.pod_dir(ns, name),
+            Self::Real(_) => None,
+        }
+    }
+
+    /// Kills the main process of pod `ns/name` as a crash would (SIGKILL);
+    /// its pid, or `None` when no such process runs here.
+    pub fn kill_pod_process(&self, ns: &str, name: &str) -> Option<u32> {
+        match self {
+            Self::Sim(c) => c.kill_pod_process(ns, name).ok(),
+            Self::Real(_) => None,
+        }
+    }
+
     /// Stops it (every process it started).
     pub async fn shutdown(self) {
         match self {
