@@ -21,6 +21,11 @@ use skipper::api;
 use skipper::client::{ChannelSettings, Client, Endpoints};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
+#[path = "../tests/common/process.rs"]
+mod process;
+#[allow(unused_imports)] // the reliability suite uses part of it
+pub use process::{listener_pid, process_alive};
+
 /// Namespace of the playground's pools.
 pub const NS: &str = "default";
 /// Label carrying the tenant of an assigned pod.
@@ -173,35 +178,11 @@ impl Dev {
         .unwrap();
         dev.api_server = config.cluster_url.to_string().trim_end_matches('/').to_owned();
         dev.client = kube::Client::try_from(config).unwrap();
-        let token = dev.router_token().await;
-        std::fs::write(&dev.token_file, token).unwrap();
-        dev
-    }
-
-    /// A token of the routers' ServiceAccount for the controllers'
-    /// audience (controllers refuse calls without one).
-    async fn router_token(&self) -> String {
-        use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-        let api: Api<k8s_openapi::api::core::v1::ServiceAccount> =
-            Api::namespaced(self.client.clone(), "skipper");
-        let request = TokenRequest {
-            spec: TokenRequestSpec {
-                audiences: vec![skipper::credentials::AUDIENCE.to_owned()],
-                expiration_seconds: Some(3600),
-                ..TokenRequestSpec::default()
-            },
-            ..TokenRequest::default()
-        };
-        let answer: TokenRequest = api
-            .create_subresource(
-                "token",
-                "skipper-router",
-                &kube::api::PostParams::default(),
-                &request,
-            )
+        let token = skipper::devcluster::playground::router_token(&dev.client, 3600)
             .await
             .unwrap();
-        answer.status.unwrap().token
+        std::fs::write(&dev.token_file, token).unwrap();
+        dev
     }
 
     /// A client of the controller at `ip`, presenting the router's token.
@@ -273,6 +254,27 @@ impl Dev {
             .filter(|p| !p.metadata.labels.as_ref().is_some_and(|l| l.contains_key(TENANT)))
             .filter(|p| pod_ready(p))
             .count()
+    }
+
+    /// Crashes a pod: SIGKILLs the process listening on the pod's IP and
+    /// `port` (its container's main process), as an out-of-memory kill or
+    /// a segfault would. Returns the pid.
+    pub async fn kill_pod_process(&self, ns: &str, name: &str, port: u16) -> u32 {
+        let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
+        let pod = api.get(name).await.unwrap();
+        let ip: std::net::Ipv4Addr = pod
+            .status
+            .and_then(|s| s.pod_ip)
+            .unwrap_or_else(|| panic!("pod {ns}/{name} has no IP"))
+            .parse()
+            .unwrap();
+        let pid = listener_pid(ip, port).unwrap_or_else(|| panic!("nothing listens on {ip}:{port}"));
+        nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+            nix::sys::signal::Signal::SIGKILL,
+        )
+        .unwrap();
+        pid
     }
 
     /// POSTs a fault to the simulator (`/_sim/...`) as the administrator.
@@ -405,67 +407,13 @@ impl Dev {
 
     /// Every process `skipper dev` started, directly or not: the router,
     /// and each pod's shims, main processes and their children.
-    pub fn process_tree(&self) -> Vec<i32> {
-        let Some(root) = self.child.as_ref().and_then(tokio::process::Child::id) else {
-            return Vec::new();
-        };
-        let mut parent_of = std::collections::HashMap::new();
-        for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-            let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                continue;
-            };
-            if let Some(ppid) = stat
-                .rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-                .and_then(|s| s.parse::<u32>().ok())
-            {
-                parent_of.insert(pid, ppid);
-            }
-        }
-        let mut out = Vec::new();
-        let mut frontier = vec![root];
-        while let Some(cur) = frontier.pop() {
-            for (child, parent) in &parent_of {
-                if *parent == cur {
-                    out.push(i32::try_from(*child).unwrap());
-                    frontier.push(*child);
-                }
-            }
-        }
-        out
+    pub fn process_tree(&self) -> Vec<u32> {
+        self.child
+            .as_ref()
+            .and_then(tokio::process::Child::id)
+            .map(process::descendants)
+            .unwrap_or_default()
     }
-}
-
-/// The pid of the process listening on `ip:port` (TCP), found the way
-/// `ss -p` finds it: the socket in `/proc/net/tcp`, then the process that
-/// holds it (a pod's main process, in the simulator).
-pub fn listener_pid(ip: std::net::Ipv4Addr, port: u16) -> Option<u32> {
-    let want = format!("{:08X}:{port:04X}", u32::from_le_bytes(ip.octets()));
-    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
-    let inode = table.lines().skip(1).find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        // State 0A is LISTEN.
-        (f.get(1) == Some(&want.as_str()) && f.get(3) == Some(&"0A"))
-            .then(|| f.get(9).map(|s| (*s).to_owned()))?
-    })?;
-    let link = format!("socket:[{inode}]");
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            if std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == link) {
-                return Some(pid);
-            }
-        }
-    }
-    None
 }
 
 impl Drop for Dev {

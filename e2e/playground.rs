@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::Timer;
-use crate::harness::{Dev, Opts, single};
+use crate::harness::{Dev, Opts, process_alive, single};
 
 /// SIGINT: exit status 0, no process it started (router, pod processes and
 /// their children) left.
@@ -26,14 +26,7 @@ async fn ctrl_c_stops_everything() {
     let status = dev.interrupt().await;
     assert_eq!(status.code(), Some(0));
     // Gone, or a zombie waiting for init to reap it.
-    let running = |pid: &i32| {
-        std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next())
-                .is_some_and(|state| state != "Z" && state != "X")
-        })
-    };
-    let survivors: Vec<i32> = pids.iter().copied().filter(running).collect();
+    let survivors: Vec<u32> = pids.iter().copied().filter(|p| process_alive(*p)).collect();
     assert!(survivors.is_empty(), "processes survived: {survivors:?}");
     assert!(
         tokio::net::TcpStream::connect(&router).await.is_err(),

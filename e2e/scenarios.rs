@@ -224,7 +224,7 @@ async fn s05_three_controllers_failover() {
     let pod = controller_pod(&dev, &victim).await;
     running.progress(50).await;
     let before = rec.snapshot();
-    dev.fault(&format!("pods/skipper/{pod}/kill")).await;
+    dev.kill_pod_process("skipper", &pod, 50051).await;
     wait_for(WAIT, "the killed controller restarted and Ready", || async {
         let p = controller_pod_status(&dev, &pod).await?;
         let cs = p.container_statuses?.into_iter().next()?;
@@ -382,7 +382,7 @@ async fn s06_pod_crash_under_load() {
     assert_eq!(old.len(), 1);
     let old = old.into_iter().next().unwrap();
     let running = load(&dev, vec![f.clone()], 4);
-    dev.fault(&format!("pods/{NS}/{old}/kill")).await;
+    dev.kill_pod_process(NS, &old, 8888).await;
     let pods: kube::Api<Pod> = kube::Api::namespaced(dev.client.clone(), NS);
     wait_for(WAIT, "the crashed container restarted and Ready", || async {
         let p = pods.get_opt(&old).await.ok()??;

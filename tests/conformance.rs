@@ -77,13 +77,7 @@ fn deployment(name: &str, replicas: i32, extra_spec: &Value) -> Deployment {
 
 // === RBAC ===
 
-differential!(
-    rbac_decisions_and_forbidden_texts,
-    rbac,
-    namespaces = [NS],
-    sim_deviation =
-        "kubectl auth can-i sends a protobuf SelfSubjectAccessReview, which the simulator cannot decode"
-);
+differential!(rbac_decisions_and_forbidden_texts, rbac, namespaces = [NS]);
 
 async fn rbac(b: &Backend) {
     let admin = b.client().await;
@@ -359,12 +353,7 @@ async fn defaulting(b: &Backend) {
 
 // === kubectl create ===
 
-differential!(
-    imperative_kubectl_create,
-    kubectl_create,
-    namespaces = [],
-    sim_deviation = "the simulator cannot decode the protobuf bodies of imperative kubectl create"
-);
+differential!(imperative_kubectl_create, kubectl_create, namespaces = []);
 
 async fn kubectl_create(b: &Backend) {
     if !backend::kubectl_available() {
@@ -451,6 +440,226 @@ async fn kubectl_create(b: &Backend) {
         again.stderr.trim(),
         "error: failed to create configmap: configmaps \"settings\" already exists"
     );
+}
+
+// === Request bodies: protobuf, YAML, JSON ===
+
+differential!(
+    request_bodies_in_protobuf_yaml_and_json,
+    request_bodies,
+    namespaces = [NS]
+);
+
+/// A protobuf field of wire type 2 (length-delimited).
+fn pb_field(tag: u8, bytes: &[u8]) -> Vec<u8> {
+    assert!(bytes.len() < 128, "one-byte lengths only");
+    let mut out = vec![tag << 3 | 2, u8::try_from(bytes.len()).unwrap()];
+    out.extend_from_slice(bytes);
+    out
+}
+
+/// `k8s\0` + runtime.Unknown{typeMeta{apiVersion, kind}, raw} around a
+/// ConfigMap named `name` with data `a: 1`.
+fn pb_configmap(api_version: &str, kind: &str, name: &str) -> Vec<u8> {
+    let meta = pb_field(1, name.as_bytes());
+    let entry = [pb_field(1, b"a"), pb_field(2, b"1")].concat();
+    let raw = [pb_field(1, &meta), pb_field(2, &entry)].concat();
+    let type_meta = [pb_field(1, api_version.as_bytes()), pb_field(2, kind.as_bytes())].concat();
+    [b"k8s\0".to_vec(), pb_field(1, &type_meta), pb_field(2, &raw)].concat()
+}
+
+async fn request_bodies(b: &Backend) {
+    let client = b.client().await;
+    let post = |resource: &str, content_type: &str, body: Vec<u8>| {
+        http::Request::post(format!("/api/v1/namespaces/{NS}/{resource}"))
+            .header("content-type", content_type)
+            .body(body)
+            .unwrap()
+    };
+    const PB: &str = "application/vnd.kubernetes.protobuf";
+    let created = client
+        .request::<Value>(post("configmaps", PB, pb_configmap("v1", "ConfigMap", "pb")))
+        .await
+        .unwrap();
+    assert_eq!(
+        (&created["kind"], &created["metadata"]["name"], &created["data"]),
+        (&json!("ConfigMap"), &json!("pb"), &json!({"a": "1"}))
+    );
+    // An envelope without a kind holds the kind of the URL.
+    let created = client
+        .request::<Value>(post("configmaps", PB, pb_configmap("", "", "pb-kindless")))
+        .await
+        .unwrap();
+    assert_eq!(created["kind"], "ConfigMap");
+    let refused = [
+        (
+            post("configmaps", PB, pb_configmap("example.com/v1", "Widget", "w")),
+            400,
+            "Widget in version \"v1\" cannot be handled as a ConfigMap: no kind \"Widget\" is registered for version \"example.com/v1\" in scheme \"pkg/runtime/scheme.go:111\"",
+        ),
+        (
+            post("secrets", PB, pb_configmap("v1", "ConfigMap", "c")),
+            400,
+            "ConfigMap in version \"v1\" cannot be handled as a Secret: converting (v1.ConfigMap) to (core.Secret): unknown conversion",
+        ),
+        (
+            post(
+                "secrets",
+                "application/json",
+                br#"{"kind":"ConfigMap","apiVersion":"v1","metadata":{"name":"c"}}"#.to_vec(),
+            ),
+            400,
+            "ConfigMap in version \"v1\" cannot be handled as a Secret: converting (v1.ConfigMap) to (core.Secret): unknown conversion",
+        ),
+        (
+            post("configmaps", PB, br#"{"x":1}"#.to_vec()),
+            400,
+            "the object provided is unrecognized (must be of type ConfigMap): provided data does not appear to be a protobuf message, expected prefix [107 56 115 0] ({\"x\":1})",
+        ),
+        (
+            post(
+                "configmaps",
+                "text/plain",
+                br#"{"metadata":{"name":"t"}}"#.to_vec(),
+            ),
+            415,
+            "the body of the request was in an unknown format - accepted media types include: application/json, application/yaml, application/vnd.kubernetes.protobuf",
+        ),
+    ];
+    for (request, code, message) in refused {
+        let err = status(client.request::<Value>(request).await);
+        assert_eq!(
+            (err["code"].as_u64(), err["message"].as_str()),
+            (Some(code), Some(message))
+        );
+    }
+    let yaml = client
+        .request::<Value>(post(
+            "configmaps",
+            "application/yaml",
+            b"metadata:\n  name: from-yaml\ndata:\n  a: \"1\"\n".to_vec(),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(yaml["data"], json!({"a": "1"}));
+
+    if !backend::kubectl_available() {
+        eprintln!("skipped: kubectl is not installed");
+        return;
+    }
+    // kubectl's typed clients send protobuf for every kind below.
+    for (args, said) in [
+        (
+            vec!["create", "serviceaccount", "robot"],
+            "serviceaccount/robot created",
+        ),
+        (
+            vec![
+                "create",
+                "role",
+                "reader",
+                "--verb=get,list",
+                "--resource=configmaps",
+            ],
+            "role.rbac.authorization.k8s.io/reader created",
+        ),
+        (
+            vec![
+                "create",
+                "rolebinding",
+                "reader",
+                "--role=reader",
+                &format!("--serviceaccount={NS}:robot"),
+            ],
+            "rolebinding.rbac.authorization.k8s.io/reader created",
+        ),
+        (
+            vec![
+                "create",
+                "clusterrole",
+                "node-reader",
+                "--verb=get",
+                "--resource=nodes",
+            ],
+            "clusterrole.rbac.authorization.k8s.io/node-reader created",
+        ),
+        (
+            vec![
+                "create",
+                "clusterrolebinding",
+                "node-reader",
+                "--clusterrole=node-reader",
+                "--user=bob",
+            ],
+            "clusterrolebinding.rbac.authorization.k8s.io/node-reader created",
+        ),
+        (
+            vec!["create", "service", "clusterip", "web", "--tcp=80:8080"],
+            "service/web created",
+        ),
+    ] {
+        let mut full = vec!["-n", NS];
+        full.extend(args.iter().copied());
+        let out = b.kubectl(&full).await;
+        assert!(out.ok, "kubectl {full:?}: {out:?}");
+        assert_eq!(out.stdout.trim(), said);
+    }
+    let svc: Value = client
+        .request(
+            http::Request::get(format!("/api/v1/namespaces/{NS}/services/web"))
+                .body(vec![])
+                .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        svc["spec"]["ports"],
+        json!([{"name": "80-8080", "protocol": "TCP", "port": 80, "targetPort": 8080}])
+    );
+    assert_eq!(svc["spec"]["selector"], json!({"app": "web"}));
+    let role: Value = client
+        .request(
+            http::Request::get(format!(
+                "/apis/rbac.authorization.k8s.io/v1/namespaces/{NS}/roles/reader"
+            ))
+            .body(vec![])
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        role["rules"],
+        json!([{"apiGroups": [""], "resources": ["configmaps"], "verbs": ["get", "list"]}])
+    );
+    // TokenRequest, SelfSubjectAccessReview and SelfSubjectReview in protobuf.
+    let token = b.kubectl(&["-n", NS, "create", "token", "robot"]).await;
+    assert!(
+        token.ok && token.stdout.trim().split('.').count() == 3,
+        "{token:?}"
+    );
+    let robot = format!("system:serviceaccount:{NS}:robot");
+    for (verb, resource, answer) in [("list", "configmaps", "yes"), ("delete", "configmaps", "no")] {
+        let out = b
+            .kubectl(&["-n", NS, "--as", &robot, "auth", "can-i", verb, resource])
+            .await;
+        assert_eq!(out.stdout.trim(), answer, "can-i {verb} {resource}: {out:?}");
+    }
+    backend::eventually("bob may get nodes", WAIT, || async {
+        let out = b.kubectl(&["--as", "bob", "auth", "can-i", "get", "nodes"]).await;
+        (out.stdout.trim() == "yes").then_some(())
+    })
+    .await;
+    let whoami = b
+        .kubectl(&[
+            "--as",
+            &robot,
+            "auth",
+            "whoami",
+            "-o",
+            "jsonpath={.status.userInfo.username}",
+        ])
+        .await;
+    assert_eq!(whoami.stdout.trim(), robot, "{whoami:?}");
 }
 
 // === Field selectors ===

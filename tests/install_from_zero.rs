@@ -90,7 +90,9 @@ async fn manifests_install_from_zero_with_three_controllers_and_serve_a_request(
     .await;
     // One ring of all three, as every controller sees it (asked with a
     // router's token: controllers refuse calls without one).
-    let token = router_token(&client).await;
+    let token = skipper::devcluster::playground::router_token(&client, 3600)
+        .await
+        .unwrap();
     for ip in &controllers {
         let addr = format!("{ip}:50051").parse().unwrap();
         let credentials = skipper::credentials::Credentials::fixed(&token).unwrap();
@@ -151,30 +153,4 @@ async fn manifests_install_from_zero_with_three_controllers_and_serve_a_request(
     let assigned = cluster.ready_pods(&pool_ns, "skipper/tenant=first");
     assert_eq!(assigned.len(), 1);
     cluster.shutdown().await;
-}
-
-/// A token of ServiceAccount `skipper/skipper-router` for the controllers'
-/// audience (TokenRequest).
-async fn router_token(client: &kube::Client) -> String {
-    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
-    let api: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
-        kube::Api::namespaced(client.clone(), "skipper");
-    let request = TokenRequest {
-        spec: TokenRequestSpec {
-            audiences: vec![skipper::credentials::AUDIENCE.to_owned()],
-            expiration_seconds: Some(3600),
-            ..TokenRequestSpec::default()
-        },
-        ..TokenRequest::default()
-    };
-    let answer: TokenRequest = api
-        .create_subresource(
-            "token",
-            "skipper-router",
-            &kube::api::PostParams::default(),
-            &request,
-        )
-        .await
-        .unwrap();
-    answer.status.unwrap().token
 }

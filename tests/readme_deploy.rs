@@ -85,8 +85,7 @@ fn the_readme_has_the_deploy_steps_this_test_runs() {
 differential!(
     the_readme_deploy_steps_run_verbatim,
     deploy_steps,
-    namespaces = [],
-    sim_deviation = "kubectl create of namespaces, secrets and configmaps sends protobuf, which the simulator cannot decode"
+    namespaces = []
 );
 
 async fn deploy_steps(b: &Backend) {

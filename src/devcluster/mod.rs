@@ -89,7 +89,7 @@
 //! | Admission and schema validation | full: every field of every kind, strict decoding (`fieldValidation=Strict` refuses unknown fields, otherwise they are dropped with a warning) | names, label keys and values, container ports, selectors, required containers, immutable workload selectors and finalizers of objects being deleted ([`validation`], the real `422` texts and causes); no schema: unknown fields are stored and other invalid values accepted |
 //! | Mutating admission | every configured plugin | only the ServiceAccount token volume of pods (a missing ServiceAccount is not refused) |
 //! | Defaulting | every decoded object | Pods, Deployments and ReplicaSets (workload specs, pod templates, containers, probes, ports); pods lack what admission adds besides `serviceAccountName` (`priority`, `preemptionPolicy`, `enableServiceLinks`, default tolerations); a Deployment or ReplicaSet without `metadata.labels` gets its template's labels (as `extensions/v1beta1` did; `apps/v1` leaves them empty) |
-//! | Request bodies | JSON, YAML, protobuf | JSON only: kubectl's protobuf bodies (`create configmap\|secret\|namespace\|deployment`, `create token`, `auth can-i`, `auth whoami`) answer `400` |
+//! | Response encodings | JSON, YAML or protobuf, as `Accept` asks | JSON whatever `Accept` asks (client-go offers JSON beside protobuf, so kubectl reads it) |
 //! | Server-side apply | yes | no (`415`) |
 //! | Rollouts | kube-controller-manager's deployment controller | the same decisions ([`deployment`], [`replicaset`]); ReplicaSet names hash the template's canonical JSON (FNV-1a), so they differ from a real cluster's for the same template; `minReadySeconds` is noticed at the next resync (1 s) rather than by a timed requeue |
 //! | Events | `events.k8s.io/v1` and core `v1` | core `v1` only |
@@ -125,6 +125,8 @@ pub mod patch;
 pub mod pki;
 /// The local playground (`skipper dev`).
 pub mod playground;
+/// `application/vnd.kubernetes.protobuf` request bodies.
+pub mod protobuf;
 /// Resource quantities (`250m`, `64Mi`).
 pub mod quantity;
 /// Node and RBAC authorization.

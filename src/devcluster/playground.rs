@@ -24,7 +24,8 @@ use std::path::{Path, PathBuf};
 use std::process::{ExitCode, ExitStatus, Stdio};
 use std::time::Duration;
 
-use kube::api::{Api, DynamicObject, PostParams};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
@@ -496,14 +497,34 @@ where
     }
 }
 
-fn pod_ips(pods: &[Value]) -> Vec<String> {
+/// The IPs of the pods of `ns` matching `selector` that are Ready and not
+/// being deleted, sorted; `None` when the API does not answer (the caller
+/// asks again until its deadline).
+async fn ready_pod_ips(client: &kube::Client, ns: &str, selector: &str) -> Option<Vec<String>> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pods = match api.list(&ListParams::default().labels(selector)).await {
+        Ok(list) => list.items,
+        Err(e) => {
+            tracing::debug!(error = %e, namespace = ns, selector, "listing pods");
+            return None;
+        }
+    };
     let mut ips: Vec<String> = pods
-        .iter()
-        .map(|p| str_at(p, "/status/podIP").to_owned())
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p))
+        .filter_map(|p| p.status?.pod_ip)
         .filter(|ip| !ip.is_empty())
         .collect();
     ips.sort();
-    ips
+    Some(ips)
+}
+
+/// Whether a pod's `Ready` condition is `True`.
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 /// The router child process; stopped with SIGTERM (then SIGKILL) on drop.
@@ -524,10 +545,13 @@ impl RouterProcess {
     }
 }
 
-/// Requests a token of the router's ServiceAccount for the controllers'
-/// audience and writes it to `path` (replacing the file in one step, as the
-/// kubelet does).
-async fn write_router_token(client: &kube::Client, path: &Path) -> Result<(), PlaygroundError> {
+/// Requests a token of the routers' ServiceAccount
+/// (`skipper/skipper-router`) for the controllers' audience, valid for
+/// `seconds` (TokenRequest): what a router pod gets in its projected volume.
+///
+/// # Errors
+/// [`PlaygroundError::RouterToken`] with the API's answer.
+pub async fn router_token(client: &kube::Client, seconds: i64) -> Result<String, PlaygroundError> {
     use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
     let fail = |e: String| PlaygroundError::RouterToken(e);
     let api: Api<k8s_openapi::api::core::v1::ServiceAccount> =
@@ -535,7 +559,7 @@ async fn write_router_token(client: &kube::Client, path: &Path) -> Result<(), Pl
     let request = TokenRequest {
         spec: TokenRequestSpec {
             audiences: vec![crate::credentials::AUDIENCE.to_owned()],
-            expiration_seconds: Some(ROUTER_TOKEN_SECONDS),
+            expiration_seconds: Some(seconds),
             ..TokenRequestSpec::default()
         },
         ..TokenRequest::default()
@@ -548,10 +572,17 @@ async fn write_router_token(client: &kube::Client, path: &Path) -> Result<(), Pl
                 "TokenRequest for {CONTROLLER_NAMESPACE}/{ROUTER_SERVICE_ACCOUNT}: {e}"
             ))
         })?;
-    let token = answer
+    answer
         .status
         .map(|s| s.token)
-        .ok_or_else(|| fail("the TokenRequest has no status".into()))?;
+        .ok_or_else(|| fail("the TokenRequest has no status".into()))
+}
+
+/// Writes a fresh router token to `path`, replacing the file in one step
+/// (as the kubelet does).
+async fn write_router_token(client: &kube::Client, path: &Path) -> Result<(), PlaygroundError> {
+    let fail = |e: String| PlaygroundError::RouterToken(e);
+    let token = router_token(client, ROUTER_TOKEN_SECONDS).await?;
     let tmp = path.with_extension("tmp");
     std::fs::write(&tmp, token).map_err(|e| fail(format!("{}: {e}", tmp.display())))?;
     std::fs::rename(&tmp, path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
@@ -651,20 +682,15 @@ struct Up {
 
 async fn bring_up(
     args: &PlaygroundArgs,
-    cluster: &Cluster,
+    cluster: &PlaygroundCluster,
     router: &mut RouterProcess,
 ) -> Result<Up, PlaygroundError> {
     let deadline = tokio::time::Instant::now() + args.ready_timeout;
     let timeout = args.ready_timeout;
-    let mut controller_ips = Vec::new();
-    wait_for(deadline, timeout, "the controller pods to be Ready", || {
-        let pods = cluster.ready_pods(CONTROLLER_NAMESPACE, CONTROLLER_SELECTOR);
-        let ips = pod_ips(&pods);
-        let ok = ips.len() == usize::from(args.controllers);
-        if ok {
-            controller_ips.clone_from(&ips);
-        }
-        async move { ok.then_some(()) }
+    let client = &cluster.client;
+    let controller_ips = wait_for(deadline, timeout, "the controller pods to be Ready", || async {
+        let ips = ready_pod_ips(client, CONTROLLER_NAMESPACE, CONTROLLER_SELECTOR).await?;
+        (ips.len() == usize::from(args.controllers)).then_some(ips)
     })
     .await?;
     for ip in &controller_ips {
@@ -682,9 +708,9 @@ async fn bring_up(
             deadline,
             timeout,
             &format!("{} Ready pods of pool {}", pool.replicas, pool.name),
-            || {
-                let ok = cluster.ready_pods(POOL_NAMESPACE, &selector).len() >= usize::from(pool.replicas);
-                async move { ok.then_some(()) }
+            || async {
+                let ips = ready_pod_ips(client, POOL_NAMESPACE, &selector).await?;
+                (ips.len() >= usize::from(pool.replicas)).then_some(())
             },
         )
         .await?;
@@ -718,18 +744,12 @@ async fn bring_up(
     Ok(Up { controller_ips })
 }
 
-fn print_ready(args: &PlaygroundArgs, cluster: &Cluster, up: &Up) {
-    let work_dir = cluster
-        .kubeconfig_path()
-        .parent()
-        .unwrap_or_else(|| Path::new("."));
+fn print_ready(args: &PlaygroundArgs, cluster: &PlaygroundCluster, up: &Up) {
+    let work_dir = &cluster.work_dir;
     let pool = args.pools.first().map_or("fixture", |p| p.name.as_str());
     let function = example_function(pool, "t1");
     let listen = args.listen;
-    let kubeconfig = args
-        .kubeconfig_out
-        .as_deref()
-        .unwrap_or_else(|| cluster.kubeconfig_path());
+    let kubeconfig = args.kubeconfig_out.as_deref().unwrap_or(&cluster.kubeconfig);
     let members = up.controller_ips.join(",");
     let first = up.controller_ips.first().map_or("", String::as_str);
     println!("skipper dev ready: router http://{listen}");
@@ -752,19 +772,84 @@ fn print_ready(args: &PlaygroundArgs, cluster: &Cluster, up: &Up) {
     );
     println!(
         "  logs:          {} (router.log; pods/<namespace>_<pod>/logs/<container>/<restart>.log)",
-        cluster
-            .kubeconfig_path()
-            .parent()
-            .unwrap_or_else(|| Path::new("."))
-            .display()
+        work_dir.display()
     );
     println!("  stop:          Ctrl-C");
+}
+
+/// The cluster the playground drives, through what every backend offers:
+/// the Kubernetes API as the administrator (a kube client and a
+/// kubeconfig), a work directory, and shutdown.
+struct PlaygroundCluster {
+    backend: Backend,
+    /// The administrator's client.
+    client: kube::Client,
+    /// The administrator's kubeconfig.
+    kubeconfig: PathBuf,
+    /// Holds the router's log and token, and the pods' directories.
+    work_dir: PathBuf,
+}
+
+/// What runs the Kubernetes API and the pods.
+enum Backend {
+    /// The embedded simulator with its node agent.
+    Simulator(Cluster),
+}
+
+impl PlaygroundCluster {
+    async fn start(args: &PlaygroundArgs, exe: &Path) -> Result<Self, PlaygroundError> {
+        let cluster = Cluster::start(Config {
+            skipper_exe: exe.to_path_buf(),
+            restart_backoff: super::kubelet::BackoffPolicy {
+                initial: args.restart_backoff,
+                max: args.restart_backoff.saturating_mul(30),
+            },
+            ..Config::default()
+        })
+        .await?;
+        let client = cluster.client()?;
+        let kubeconfig = cluster.kubeconfig_path().to_path_buf();
+        let work_dir = kubeconfig
+            .parent()
+            .unwrap_or_else(|| Path::new("."))
+            .to_path_buf();
+        Ok(Self {
+            backend: Backend::Simulator(cluster),
+            client,
+            kubeconfig,
+            work_dir,
+        })
+    }
+
+    /// Copies the administrator's kubeconfig to `path` (mode 0600).
+    fn write_kubeconfig(&self, path: &Path) -> Result<(), PlaygroundError> {
+        let fail = |source| PlaygroundError::KubeconfigOut {
+            path: path.to_path_buf(),
+            source,
+        };
+        if let Some(parent) = path.parent()
+            && !parent.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(parent).map_err(fail)?;
+        }
+        let text = std::fs::read_to_string(&self.kubeconfig).map_err(fail)?;
+        super::pki::write_file(path, &text, true).map_err(|e| match e {
+            super::pki::PkiError::Write { source, .. } => fail(source),
+            other => fail(std::io::Error::other(other.to_string())),
+        })
+    }
+
+    async fn shutdown(self) {
+        match self.backend {
+            Backend::Simulator(cluster) => cluster.shutdown().await,
+        }
+    }
 }
 
 /// Runs the playground until SIGINT/SIGTERM.
 ///
 /// # Errors
-/// [`PlaygroundError`]: a busy `--listen`, a manifest the simulator rejects,
+/// [`PlaygroundError`]: a busy `--listen`, a manifest the cluster rejects,
 /// or a part that does not come up within `--ready-timeout`.
 pub async fn run(args: PlaygroundArgs) -> Result<ExitCode, PlaygroundError> {
     telemetry::init(&telemetry::Args {
@@ -784,26 +869,17 @@ pub async fn run(args: PlaygroundArgs) -> Result<ExitCode, PlaygroundError> {
     let shutdown = Shutdown::new();
     shutdown.trigger_on_signals().map_err(PlaygroundError::Signals)?;
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("skipper"));
-    let cluster = Cluster::start(Config {
-        skipper_exe: exe.clone(),
-        restart_backoff: super::kubelet::BackoffPolicy {
-            initial: args.restart_backoff,
-            max: args.restart_backoff.saturating_mul(30),
+    let cluster = PlaygroundCluster::start(&args, &exe).await?;
+    let result = match &args.kubeconfig_out {
+        Some(path) => cluster.write_kubeconfig(path),
+        None => Ok(()),
+    };
+    let result = match result {
+        Ok(()) => tokio::select! {
+            r = serve(&args, &cluster, &exe, &shutdown) => r,
+            () = shutdown.cancelled() => Ok(()),
         },
-        ..Config::default()
-    })
-    .await?;
-    if let Some(path) = &args.kubeconfig_out {
-        cluster
-            .write_kubeconfig(path)
-            .map_err(|source| PlaygroundError::KubeconfigOut {
-                path: path.clone(),
-                source,
-            })?;
-    }
-    let result = tokio::select! {
-        r = serve(&args, &cluster, &exe, &shutdown) => r,
-        () = shutdown.cancelled() => Ok(()),
+        Err(e) => Err(e),
     };
     shutdown.trigger();
     cluster.shutdown().await;
@@ -812,18 +888,14 @@ pub async fn run(args: PlaygroundArgs) -> Result<ExitCode, PlaygroundError> {
 
 async fn serve(
     args: &PlaygroundArgs,
-    cluster: &Cluster,
+    cluster: &PlaygroundCluster,
     exe: &Path,
     shutdown: &Shutdown,
 ) -> Result<(), PlaygroundError> {
-    apply_manifests(args, cluster).await?;
-    let work_dir = cluster
-        .kubeconfig_path()
-        .parent()
-        .unwrap_or_else(|| Path::new("."))
-        .to_path_buf();
-    keep_router_token(cluster.client()?, work_dir.join(ROUTER_TOKEN_FILE), shutdown).await?;
-    let mut router = spawn_router(args, exe, cluster.kubeconfig_path(), &work_dir)?;
+    apply_manifests(args, &cluster.client).await?;
+    let work_dir = &cluster.work_dir;
+    keep_router_token(cluster.client.clone(), work_dir.join(ROUTER_TOKEN_FILE), shutdown).await?;
+    let mut router = spawn_router(args, exe, &cluster.kubeconfig, work_dir)?;
     let up = match bring_up(args, cluster, &mut router).await {
         Ok(up) => up,
         Err(e) => {
@@ -853,8 +925,8 @@ async fn serve(
     }
 }
 
-async fn apply_manifests(args: &PlaygroundArgs, cluster: &Cluster) -> Result<(), PlaygroundError> {
-    let client = cluster.client()?;
+async fn apply_manifests(args: &PlaygroundArgs, client: &kube::Client) -> Result<(), PlaygroundError> {
+    let client = client.clone();
     let key = SigningKey::generate();
     let public_pem = key.verifying_key().to_pem();
     for d in documents("namespace.yaml", NAMESPACE_YAML)? {

@@ -21,6 +21,7 @@ use super::error::ApiError;
 use super::kubelet::Kubelet;
 use super::patch::{self, PatchKind};
 use super::pki::MASTERS_GROUP;
+use super::protobuf;
 use super::resources::{self, ResourceDef, by_kind};
 use super::reviews;
 use super::selector::{FieldSelector, LabelSelector};
@@ -296,7 +297,11 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
             Method::POST | Method::PUT | Method::PATCH | Method::DELETE
         )
     {
-        let parsed: Option<Value> = serde_json::from_slice(&body).ok();
+        let parsed: Option<Value> = if parts.method == Method::PATCH {
+            serde_json::from_slice(&body).ok()
+        } else {
+            parse_object(&parts.headers, &body, Expect::ANY).ok()
+        };
         if let Err(why) = rbac::node_restriction(&shared.store, node, &attrs, parsed.as_ref()) {
             let mut e = ApiError::forbidden(&user.name, &attrs);
             if let ApiError::Forbidden { message, name, .. } = &mut e {
@@ -650,7 +655,7 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
         if *method != Method::POST || name.is_some() {
             return Err(ApiError::MethodNotAllowed);
         }
-        let obj = parse_object(&body)?;
+        let obj = parse_object(headers, &body, Expect::of(res))?;
         let answer = match res.kind {
             "TokenReview" => reviews::token_review(&shared.auth, &shared.store, &obj)?,
             "SelfSubjectReview" => reviews::self_subject_review(user),
@@ -669,7 +674,7 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
         if *method != Method::POST {
             return Err(ApiError::MethodNotAllowed);
         }
-        let obj = parse_object(&body)?;
+        let obj = parse_object(headers, &body, Expect::TOKEN_REQUEST)?;
         if let Some(node) = user.node_name() {
             reviews::node_may_request_token(&shared.store, node, ns, &obj)?;
         }
@@ -762,7 +767,7 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
             } else {
                 String::new()
             };
-            let obj = parse_object(&body)?;
+            let obj = parse_object(headers, &body, Expect::of(res))?;
             let mut obj = prepare_create(res, obj)?;
             if res.kind == "Pod" {
                 obj = super::admission::admit_pod(store, &ns, obj);
@@ -771,7 +776,12 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
             Ok(json_response(StatusCode::CREATED, &created))
         }
         (Method::PUT, Some(name), sub) => {
-            let new = parse_object(&body)?;
+            let expect = if sub == Some("scale") {
+                Expect::SCALE
+            } else {
+                Expect::of(res)
+            };
+            let new = parse_object(headers, &body, expect)?;
             let updated = match sub {
                 Some("scale") => {
                     let replicas = new.pointer("/spec/replicas").cloned().unwrap_or(json!(0));
@@ -820,7 +830,7 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
             Ok(json_response(StatusCode::OK, &updated))
         }
         (Method::DELETE, Some(name), None) => {
-            let opts = delete_options(&body, q)?;
+            let opts = delete_options(headers, &body, q)?;
             let obj = store.get(res, &ns_str, &name).ok_or_else(|| ApiError::NotFound {
                 res,
                 name: name.clone(),
@@ -833,7 +843,7 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
             Ok(json_response(StatusCode::OK, &out))
         }
         (Method::DELETE, None, None) => {
-            let opts = delete_options(&body, q)?;
+            let opts = delete_options(headers, &body, q)?;
             let (items, rv) = store.list(res, ns.as_deref());
             let items = filter(res, items, q)?;
             if dry_run || opts.dry_run {
@@ -932,25 +942,173 @@ fn table_str(s: Option<&str>) -> String {
     s.unwrap_or("").to_owned()
 }
 
-fn parse_object(body: &[u8]) -> Result<Value, ApiError> {
-    let v: Value = serde_json::from_slice(body)
-        .map_err(|e| ApiError::BadRequest(format!("the object could not be decoded as JSON: {e}")))?;
+/// The media types a request body may have (a `415` lists them).
+const BODY_MEDIA_TYPES: &str = "application/json, application/yaml, application/vnd.kubernetes.protobuf";
+
+/// The kind a request body must hold: the resource's, or its subresource's.
+#[derive(Debug, Clone, Copy)]
+struct Expect<'a> {
+    group: &'a str,
+    version: &'a str,
+    kind: &'a str,
+}
+
+impl Expect<'static> {
+    const TOKEN_REQUEST: Self = Self {
+        group: "authentication.k8s.io",
+        version: "v1",
+        kind: "TokenRequest",
+    };
+    const SCALE: Self = Self {
+        group: "autoscaling",
+        version: "v1",
+        kind: "Scale",
+    };
+    /// Whatever kind the body names (NodeRestriction reads bodies before routing).
+    const ANY: Self = Self {
+        group: "",
+        version: "",
+        kind: "",
+    };
+    const DELETE_OPTIONS: Self = Self {
+        group: "meta.k8s.io",
+        version: "v1",
+        kind: "DeleteOptions",
+    };
+
+    fn of(res: &'static ResourceDef) -> Self {
+        Self {
+            group: res.group,
+            version: res.version,
+            kind: res.kind,
+        }
+    }
+}
+
+impl Expect<'_> {
+    fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_owned()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// The package of the internal type a real API server converts to
+    /// (`core.Secret`, `apps.Deployment`, `rbac.Role`).
+    fn internal_package(&self) -> &str {
+        match self.group {
+            "" => "core",
+            g => g.split('.').next().unwrap_or(g),
+        }
+    }
+
+    /// kube-apiserver's `400` for a body it decoded as `kind` of `api_version`
+    /// but cannot use as this kind.
+    fn cannot_handle(&self, api_version: &str, kind: &str, why: &str) -> ApiError {
+        let version = api_version.rsplit('/').next().unwrap_or(api_version);
+        ApiError::BadRequest(format!(
+            "{kind} in version {version:?} cannot be handled as a {}: {why}",
+            self.kind
+        ))
+    }
+
+    /// kube-apiserver's `400` for a body it could not even type.
+    fn unrecognized(&self, body: &[u8], why: &str) -> ApiError {
+        ApiError::BadRequest(format!(
+            "the object provided is unrecognized (must be of type {}): {why} ({})",
+            self.kind,
+            summarize(body)
+        ))
+    }
+
+    /// Refuses a body whose `apiVersion`/`kind` is not this kind.
+    fn check(&self, obj: &Value) -> Result<(), ApiError> {
+        let kind = obj.get("kind").and_then(Value::as_str).unwrap_or("");
+        if kind.is_empty() || self.kind.is_empty() {
+            return Ok(());
+        }
+        let api_version = obj.get("apiVersion").and_then(Value::as_str).unwrap_or("");
+        let want = self.api_version();
+        if kind == self.kind && (api_version == want || api_version.is_empty()) {
+            return Ok(());
+        }
+        let version = api_version.rsplit('/').next().unwrap_or(api_version);
+        let registered = resources::RESOURCES
+            .iter()
+            .any(|r| r.kind == kind && r.api_version() == api_version)
+            || protobuf::has_kind(api_version, kind);
+        let why = if registered {
+            format!(
+                "converting ({version}.{kind}) to ({}.{}): unknown conversion",
+                self.internal_package(),
+                self.kind
+            )
+        } else {
+            format!(
+                "no kind {kind:?} is registered for version {api_version:?} in scheme \"pkg/runtime/scheme.go:111\""
+            )
+        };
+        Err(self.cannot_handle(api_version, kind, &why))
+    }
+}
+
+/// The start of a body as kube-apiserver quotes it in a `400`: text when it
+/// looks like JSON, else hex; 30 bytes at most.
+fn summarize(body: &[u8]) -> String {
+    const MAX: usize = 30;
+    let head = &body[..body.len().min(MAX)];
+    let more = if body.len() > MAX { " ..." } else { "" };
+    match body.first() {
+        None => "<empty>".to_owned(),
+        Some(b'{') => format!("{}{more}", String::from_utf8_lossy(head)),
+        Some(_) => {
+            let hex: String = head.iter().map(|b| format!("{b:02x}")).collect();
+            format!("{hex}{more}")
+        }
+    }
+}
+
+/// The media type of a request body, without parameters.
+fn body_media_type(headers: &HeaderMap) -> String {
+    headers
+        .get(header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("")
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase()
+}
+
+/// The object in a request body, of kind `expect`: JSON, YAML, or Kubernetes'
+/// protobuf encoding (client-go's typed clients, such as kubectl's `create`
+/// and `auth can-i`). Other media types answer `415`.
+fn parse_object(headers: &HeaderMap, body: &[u8], expect: Expect<'_>) -> Result<Value, ApiError> {
+    let v: Value = match body_media_type(headers).as_str() {
+        "" | "application/json" => serde_json::from_slice(body)
+            .map_err(|e| ApiError::BadRequest(format!("the object could not be decoded as JSON: {e}")))?,
+        "application/yaml" => serde_yaml_ng::from_slice(body)
+            .map_err(|e| ApiError::BadRequest(format!("the object could not be decoded as YAML: {e}")))?,
+        protobuf::MEDIA_TYPE => {
+            protobuf::decode(body, (&expect.api_version(), expect.kind)).map_err(|e| match e.type_meta() {
+                Some((api_version, kind)) => expect.cannot_handle(api_version, kind, &e.to_string()),
+                None => expect.unrecognized(body, &e.to_string()),
+            })?
+        }
+        _ => return Err(ApiError::UnsupportedMediaType(BODY_MEDIA_TYPES)),
+    };
     if !v.is_object() {
         return Err(ApiError::BadRequest("the body must be a JSON object".into()));
     }
+    expect.check(&v)?;
     Ok(v)
 }
 
 /// Validation and conversions a real API server applies on create.
 fn prepare_create(res: &'static ResourceDef, mut obj: Value) -> Result<Value, ApiError> {
-    if let Some(kind) = obj.get("kind").and_then(Value::as_str)
-        && kind != res.kind
-    {
-        return Err(ApiError::BadRequest(format!(
-            "the kind {kind:?} of the object does not match the resource {}",
-            res.group_resource()
-        )));
-    }
+    Expect::of(res).check(&obj)?;
     match res.kind {
         "Pod" => {
             let has_containers = obj
@@ -1103,11 +1261,23 @@ struct DeleteOpts {
     rv: Option<String>,
 }
 
-fn delete_options(body: &[u8], q: &HashMap<String, String>) -> Result<DeleteOpts, ApiError> {
+fn delete_options(
+    headers: &HeaderMap,
+    body: &[u8],
+    q: &HashMap<String, String>,
+) -> Result<DeleteOpts, ApiError> {
     let mut o = DeleteOpts::default();
     if !body.iter().all(u8::is_ascii_whitespace) {
-        let v: Value = serde_json::from_slice(body)
-            .map_err(|e| ApiError::BadRequest(format!("the DeleteOptions could not be decoded: {e}")))?;
+        let v: Value = if body_media_type(headers) == protobuf::MEDIA_TYPE {
+            let e = Expect::DELETE_OPTIONS;
+            protobuf::decode(body, (&e.api_version(), e.kind)).map_err(|err| match err.type_meta() {
+                Some((api_version, kind)) => e.cannot_handle(api_version, kind, &err.to_string()),
+                None => e.unrecognized(body, &err.to_string()),
+            })?
+        } else {
+            serde_json::from_slice(body)
+                .map_err(|e| ApiError::BadRequest(format!("the DeleteOptions could not be decoded: {e}")))?
+        };
         o.grace = v.get("gracePeriodSeconds").and_then(Value::as_i64);
         o.dry_run = v
             .get("dryRun")

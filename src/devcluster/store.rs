@@ -881,10 +881,15 @@ fn default_pod_spec(spec: &mut Value) {
     }
 }
 
-/// Defaults of a Deployment's or ReplicaSet's `spec` that the API server
-/// fills in whenever it decodes one, on creates and updates alike
-/// (`SetDefaults_Deployment`, `SetDefaults_ReplicaSet`).
+/// Defaults that the API server fills in whenever it decodes an object, on
+/// creates and updates alike: a Secret's `type`, the `spec` of a Pod,
+/// Deployment or ReplicaSet (`SetDefaults_Secret`, `SetDefaults_PodSpec`,
+/// `SetDefaults_Deployment`, `SetDefaults_ReplicaSet`).
 fn default_spec(res: &'static ResourceDef, obj: &mut Value) {
+    if res.kind == "Secret" && obj.get("type").is_none_or(|t| t.is_null() || t == "") {
+        // SetDefaults_Secret.
+        obj["type"] = json!("Opaque");
+    }
     if !obj.get("spec").is_some_and(Value::is_object) {
         return;
     }
@@ -963,7 +968,7 @@ fn apply_defaults(res: &'static ResourceDef, obj: &mut Value) {
         "Service" if obj.pointer("/spec/type").is_none() => {
             obj["spec"]["type"] = json!("ClusterIP");
         }
-        _ => {}
+        _ => default_spec(res, obj),
     }
 }
 
@@ -1074,6 +1079,35 @@ mod tests {
             d["metadata"]["generation"], 2,
             "status changes keep the generation"
         );
+    }
+
+    #[test]
+    fn secrets_without_a_type_are_opaque_on_every_write() {
+        let s = store_with_ns(100);
+        let secrets = by_kind("Secret");
+        let created = s
+            .create(
+                secrets,
+                "ns",
+                json!({"metadata": {"name": "s"}, "data": {"k": "dg=="}}),
+            )
+            .unwrap();
+        assert_eq!(created["type"], "Opaque");
+        let updated = s
+            .update_with(secrets, "ns", "s", false, |o| {
+                o["type"] = json!("");
+                Ok(())
+            })
+            .unwrap();
+        assert_eq!(updated["type"], "Opaque");
+        let tls = s
+            .create(
+                secrets,
+                "ns",
+                json!({"metadata": {"name": "t"}, "type": "kubernetes.io/tls"}),
+            )
+            .unwrap();
+        assert_eq!(tls["type"], "kubernetes.io/tls");
     }
 
     #[test]

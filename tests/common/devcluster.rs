@@ -9,6 +9,11 @@ use std::time::{Duration, SystemTime};
 use skipper::devcluster::{Cluster, Config};
 use skipper::token::{SigningKey, Version};
 
+#[path = "process.rs"]
+mod process;
+#[allow(unused_imports)] // each test binary uses part of it
+pub use process::{descendants, listener_pid, process_alive};
+
 /// A cluster tuned for tests, with the given extra namespaces.
 pub async fn cluster(namespaces: &[&str]) -> Cluster {
     cluster_with(namespaces, |_| {}).await
@@ -108,76 +113,6 @@ pub async fn assign(ip: &str, key: &SigningKey, tenant: &str) -> reqwest::Status
         .await
         .expect("assign request")
         .status()
-}
-
-/// Whether a process with this pid exists (and is not a zombie).
-pub fn process_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().next())
-            .is_some_and(|state| state != "Z" && state != "X"),
-        Err(_) => false,
-    }
-}
-
-/// The pid of the process listening on `ip:port` (TCP), found the way `ss -p`
-/// finds it: the socket in `/proc/net/tcp`, then the process holding it.
-pub fn listener_pid(ip: std::net::Ipv4Addr, port: u16) -> Option<u32> {
-    let want = format!("{:08X}:{port:04X}", u32::from_le_bytes(ip.octets()));
-    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
-    let inode = table.lines().skip(1).find_map(|l| {
-        let f: Vec<&str> = l.split_whitespace().collect();
-        // State 0A is LISTEN.
-        (f.get(1) == Some(&want.as_str()) && f.get(3) == Some(&"0A"))
-            .then(|| f.get(9).map(|s| (*s).to_owned()))?
-    })?;
-    let link = format!("socket:[{inode}]");
-    for entry in std::fs::read_dir("/proc").ok()?.flatten() {
-        let Some(pid) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
-            continue;
-        };
-        for fd in fds.flatten() {
-            if std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == link) {
-                return Some(pid);
-            }
-        }
-    }
-    None
-}
-
-/// Every process descended from `pid` (children, grandchildren, ...).
-pub fn descendants(pid: u32) -> Vec<u32> {
-    let mut parent_of = std::collections::HashMap::new();
-    for entry in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
-        let Some(p) = entry.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
-            continue;
-        };
-        let Ok(stat) = std::fs::read_to_string(format!("/proc/{p}/stat")) else {
-            continue;
-        };
-        let ppid = stat
-            .rsplit_once(')')
-            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
-            .and_then(|s| s.parse::<u32>().ok());
-        if let Some(pp) = ppid {
-            parent_of.insert(p, pp);
-        }
-    }
-    let mut out = Vec::new();
-    let mut frontier = vec![pid];
-    while let Some(cur) = frontier.pop() {
-        for (child, parent) in &parent_of {
-            if *parent == cur {
-                out.push(*child);
-                frontier.push(*child);
-            }
-        }
-    }
-    out
 }
 
 /// Whether kubectl is installed (tests that need it skip with a message otherwise).
