@@ -12,7 +12,10 @@
 //!
 //! - **etcd**: one member on loopback, data in the work directory,
 //!   `--unsafe-no-fsync` (the data dies with the control plane anyway).
-//! - **kube-apiserver**: HTTPS only, client certificates and ServiceAccount
+//! - **kube-apiserver**: on loopback, or on [`Config::bind_address`] (the
+//!   gateway of the node agent's pod bridge in
+//!   [`super::real_cluster`], so pods reach it and the `kubernetes`
+//!   Service gets a real endpoint); HTTPS only, client certificates and ServiceAccount
 //!   tokens (issuer, JWKS) for authentication, `--authorization-mode=Node,RBAC`,
 //!   the default admission plugins plus `NodeRestriction` (as kubeadm
 //!   enables it), the aggregation layer's front-proxy certificates (an
@@ -20,7 +23,8 @@
 //!   Service cluster IPs on loopback ([`SERVICE_CLUSTER_IP_RANGE`]).
 //! - **kube-controller-manager**: the deployment, replicaset,
 //!   endpointslice, garbage-collector, namespace, serviceaccount,
-//!   serviceaccount-token and root-ca-certificate-publisher controllers,
+//!   serviceaccount-token, root-ca-certificate-publisher and node-lifecycle
+//!   controllers,
 //!   each under its own ServiceAccount (`--use-service-account-credentials`).
 //! - **kube-scheduler**.
 //!
@@ -58,7 +62,7 @@ pub const BINARIES: [&str; 4] = [
 ];
 
 /// The controllers kube-controller-manager runs.
-pub const CONTROLLERS: [&str; 8] = [
+pub const CONTROLLERS: [&str; 9] = [
     "deployment-controller",
     "replicaset-controller",
     "endpointslice-controller",
@@ -67,6 +71,10 @@ pub const CONTROLLERS: [&str; 8] = [
     "serviceaccount-controller",
     "serviceaccount-token-controller",
     "root-ca-certificate-publisher-controller",
+    // Removes the `node.kubernetes.io/not-ready` taint the TaintNodesByCondition
+    // admission plugin puts on a new Node once it reports Ready, and taints
+    // (and evicts from) nodes whose Lease stops being renewed.
+    "node-lifecycle-controller",
 ];
 
 /// The ServiceAccount token issuer (and default audience), as a cluster
@@ -102,6 +110,13 @@ pub struct Config {
     /// Extra `--flag=value` arguments for kube-apiserver (appended last, so
     /// they win).
     pub apiserver_args: Vec<String>,
+    /// The address kube-apiserver serves and advertises. On loopback (the
+    /// default) the `kubernetes` Service gets no endpoints (they may not be
+    /// loopback); any other address (e.g. the gateway of the node agent's
+    /// pod bridge, so pods reach it) is covered by the serving certificate,
+    /// advertised, and published by the endpoint reconciler as the
+    /// `kubernetes` Service's endpoint, as on a real cluster.
+    pub bind_address: Ipv4Addr,
 }
 
 impl Default for Config {
@@ -113,6 +128,7 @@ impl Default for Config {
             stop_timeout: Duration::from_secs(15),
             extra_serving_names: Vec::new(),
             apiserver_args: Vec::new(),
+            bind_address: Ipv4Addr::LOCALHOST,
         }
     }
 }
@@ -129,7 +145,7 @@ pub enum ControlPlaneError {
     WorkDir { path: PathBuf, source: std::io::Error },
     #[error("generating key material: {0}")]
     Pki(#[from] PkiError),
-    #[error("finding a free loopback port: {0}")]
+    #[error("finding a free port: {0}")]
     Port(std::io::Error),
     #[error("starting {name}: {source}")]
     Spawn {
@@ -247,10 +263,26 @@ pub async fn client_from_kubeconfig(what: &str, text: &str) -> Result<kube::Clie
 
 /// A loopback port nobody listens on right now.
 fn free_port() -> Result<u16, ControlPlaneError> {
-    std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+    free_port_on(Ipv4Addr::LOCALHOST)
+}
+
+/// A port of `addr` nobody listens on right now.
+fn free_port_on(addr: Ipv4Addr) -> Result<u16, ControlPlaneError> {
+    std::net::TcpListener::bind((addr, 0))
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
         .map_err(ControlPlaneError::Port)
+}
+
+/// The names the serving certificate covers besides the defaults: the
+/// configured ones and the bind address.
+fn serving_names(config: &Config) -> Vec<String> {
+    let mut names = config.extra_serving_names.clone();
+    let bind = config.bind_address.to_string();
+    if !config.bind_address.is_loopback() && !names.contains(&bind) {
+        names.push(bind);
+    }
+    names
 }
 
 /// The last `lines` lines of a log file (empty when unreadable).
@@ -455,7 +487,7 @@ impl ControlPlane {
             server: String::new(),
             etcd: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
             addr: SocketAddr::from((Ipv4Addr::LOCALHOST, 0)),
-            pki: ClusterPki::generate(&config.extra_serving_names)?,
+            pki: ClusterPki::generate(&serving_names(&config))?,
             files: PkiFiles {
                 ca_cert: PathBuf::new(),
                 ca_key: PathBuf::new(),
@@ -542,17 +574,14 @@ impl ControlPlane {
         write(&proxy_cert, &front_proxy_client.cert_pem, false)?;
         write(&proxy_key, &front_proxy_client.key_pem, true)?;
 
-        let port = free_port()?;
-        self.addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+        let bind = config.bind_address;
+        let port = free_port_on(bind)?;
+        self.addr = SocketAddr::from((bind, port));
         self.server = format!("https://{}", self.addr);
         let mut args = vec![
             flag("etcd-servers", &etcd_url),
-            flag("bind-address", "127.0.0.1"),
-            // Loopback cannot be an Endpoints address: the `kubernetes`
-            // Service keeps no endpoints (pods get the API server's
-            // address from the node agent).
-            flag("advertise-address", "127.0.0.1"),
-            flag("endpoint-reconciler-type", "none"),
+            flag("bind-address", bind),
+            flag("advertise-address", bind),
             flag("secure-port", port),
             path_flag("cert-dir", &pki_dir),
             path_flag("tls-cert-file", &self.files.serving_cert),
@@ -577,6 +606,12 @@ impl ControlPlane {
             path_flag("proxy-client-cert-file", &proxy_cert),
             path_flag("proxy-client-key-file", &proxy_key),
         ];
+        if bind.is_loopback() {
+            // Loopback cannot be an Endpoints address: the `kubernetes`
+            // Service keeps no endpoints (pods get the API server's
+            // address from the node agent).
+            args.push(flag("endpoint-reconciler-type", "none"));
+        }
         args.extend(config.apiserver_args.iter().cloned());
         let admin = kubeconfig_text(
             "admin",
@@ -636,7 +671,7 @@ impl ControlPlane {
         .await
     }
 
-    /// The API server's URL (`https://127.0.0.1:PORT`).
+    /// The API server's URL (`https://<bind address>:PORT`).
     #[must_use]
     pub fn server(&self) -> &str {
         &self.server

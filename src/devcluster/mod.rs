@@ -93,11 +93,11 @@
 //! | Server-side apply | yes | no (`415`) |
 //! | Rollouts | kube-controller-manager's deployment controller | the same decisions ([`deployment`], [`replicaset`]); ReplicaSet names hash the template's canonical JSON (FNV-1a), so they differ from a real cluster's for the same template; `minReadySeconds` is noticed at the next resync (1 s) rather than by a timed requeue |
 //! | Events | `events.k8s.io/v1` and core `v1` | core `v1` only |
-//! | EndpointSlice and Endpoints addresses | loopback (`127.0.0.0/8`, `::1`) refused with `422` | accepted: every pod runs on its own loopback IP |
+//! | EndpointSlice and Endpoints addresses | loopback (`127.0.0.0/8`, `::1`) refused with `422` | accepted: every pod runs on its own loopback IP (on the real control plane the agent's bridge mode gives pods routable IPs instead, see [`real_cluster`]) |
 //! | Cluster DNS, Service virtual IPs | yes | none (reach pods by IP or through EndpointSlices) |
 //!
 //! The pod runtime's own differences (images are ignored, pods share the
-//! host's network, ...) are listed in [`kubelet`]. A normal exit, a panic
+//! host's network in loopback mode, ...) are listed in [`kubelet`]. A normal exit, a panic
 //! (drop), Ctrl-C or a SIGKILL of the simulator stops every pod process.
 
 /// Mutating admission (the ServiceAccount token volume of pods).
@@ -131,6 +131,9 @@ pub mod protobuf;
 pub mod quantity;
 /// Node and RBAC authorization.
 pub mod rbac;
+/// A real cluster: the real control plane, the node agent as its nodes,
+/// pods on a bridge network.
+pub mod real_cluster;
 /// The ReplicaSet controller's decisions (which pods go first, availability, status).
 pub mod replicaset;
 /// Served resource kinds and discovery.
@@ -445,6 +448,7 @@ impl Cluster {
             lease_duration: config.node_lease_duration,
             node_status_interval: Duration::from_secs(60),
             volume_resync: config.volume_resync,
+            network: kubelet::PodNetwork::Loopback,
         }));
         let root = CancellationToken::new();
         let shared = Arc::new(Shared {

@@ -23,7 +23,7 @@ use tokio_util::task::TaskTracker;
 
 use super::runtime::{Sample, sample_containers};
 use super::worker::{Update, Worker};
-use super::{ContainerUsage, PodUsage, Settings};
+use super::{ContainerUsage, PodSample, PodUsage, Settings};
 use crate::devcluster::quantity::{parse_milli, parse_units};
 
 /// The namespace of node heartbeat Leases.
@@ -48,6 +48,7 @@ struct ContainerPids {
 struct PodEntry {
     ns: String,
     name: String,
+    labels: BTreeMap<String, String>,
     containers: Vec<ContainerPids>,
 }
 
@@ -66,9 +67,42 @@ impl Registry {
             PodEntry {
                 ns: ns.to_owned(),
                 name: name.to_owned(),
+                labels: BTreeMap::new(),
                 containers: Vec::new(),
             },
         );
+    }
+
+    /// The pod's current labels (for pod metrics).
+    pub fn set_labels(&self, uid: &str, labels: &BTreeMap<String, String>) {
+        if let Some(entry) = lock(&self.pods).get_mut(uid)
+            && entry.labels != *labels
+        {
+            entry.labels.clone_from(labels);
+        }
+    }
+
+    /// Latest usage of every pod of `namespace` (every namespace when
+    /// `None`) with its labels.
+    #[must_use]
+    pub fn usages(&self, namespace: Option<&str>) -> Vec<PodSample> {
+        let pods = lock(&self.pods);
+        let usage = lock(&self.usage);
+        let mut out: Vec<_> = pods
+            .values()
+            .filter(|e| namespace.is_none_or(|n| n == e.ns))
+            .filter_map(|e| {
+                let u = usage.get(&(e.ns.clone(), e.name.clone()))?;
+                Some(PodSample {
+                    namespace: e.ns.clone(),
+                    name: e.name.clone(),
+                    labels: e.labels.clone(),
+                    usage: u.clone(),
+                })
+            })
+            .collect();
+        out.sort_by(|a, b| (&a.namespace, &a.name).cmp(&(&b.namespace, &b.name)));
+        out
     }
 
     /// Records (or clears) the processes of a container.
@@ -262,7 +296,7 @@ impl Ctx {
     /// The address of every node (and `hostIP` of its pods).
     #[must_use]
     pub fn host_ip(&self) -> Ipv4Addr {
-        Ipv4Addr::LOCALHOST
+        self.settings.network.host_ip()
     }
 
     /// `KUBERNETES_SERVICE_HOST` for pods.
@@ -334,7 +368,7 @@ pub fn node_object(settings: &Settings, name: &str, zone: &str) -> Node {
                 condition("Ready", "True", "KubeletReady", "kubelet is posting ready status"),
             ],
             "addresses": [
-                {"type": "InternalIP", "address": Ipv4Addr::LOCALHOST.to_string()},
+                {"type": "InternalIP", "address": settings.network.host_ip().to_string()},
                 {"type": "Hostname", "address": name},
             ],
             "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},

@@ -8,8 +8,15 @@
 //! heartbeat Leases in `kube-node-lease`; it watches the pods whose
 //! `spec.nodeName` is one of its nodes and runs each in a [`worker`]:
 //!
-//! - **Sandbox**: each pod gets its own loopback IP (`127.a.b.c`, its
-//!   `podIP`); each container runs in its own mount, PID and UTS namespaces
+//! - **Network** ([`network`], [`Settings::network`]): with
+//!   [`PodNetwork::Bridge`] (root; the real cluster of
+//!   [`super::real_cluster`]) each pod gets its own network namespace with
+//!   `eth0` on the agent's bridge, a routable IP of the bridge's /24 and its
+//!   own `lo`; every container, exec probe and exec hook joins it. With
+//!   [`PodNetwork::Loopback`] (the simulator's default, also without
+//!   privileges) each pod gets its own loopback IP (`127.a.b.c`) in the
+//!   host's network namespace.
+//! - **Sandbox**: each container runs in its own mount, PID and UTS namespaces
 //!   ([`sandbox`]) with a private `/tmp` and home (`/root`, `HOME`), the
 //!   pod's hostname, a kubelet-style `/etc/hosts`, and its volumes at their
 //!   `mountPath` ([`volumes`]: `emptyDir`, `hostPath`, `configMap`,
@@ -46,7 +53,7 @@
 //! | Feature | Real kubelet | This agent |
 //! |---|---|---|
 //! | Images | Pulled and unpacked per container | Ignored: a container sees the host's filesystem (except its private `/tmp` and `/root` and its volumes); `skipper` in a command (and a container without `command`, whose entrypoint is `skipper`, with `fixture` when there are no `args`) runs the agent's own binary |
-//! | Network | A network namespace per pod | Pods share the host's network namespace: each gets its own loopback IP, but a program must bind that IP (`fieldRef: status.podIP`); two pods binding the wildcard address on one port collide |
+//! | Network | A network namespace per pod, wired by a CNI plugin; Services reached through kube-proxy | Bridge mode (root): a network namespace per pod on one bridge per agent (a private /24, gateway on the host), as the CNI `bridge` plugin does; `hostNetwork` pods stay in the host's namespace with the node's address (the gateway); no kube-proxy, so cluster IPs do not route; no NAT, so pods reach the host's addresses but nothing beyond it, and pods of different agents cannot reach each other. Loopback mode (the simulator): pods share the host's network namespace with a loopback IP each; a program must bind that IP (`fieldRef: status.podIP`), two pods binding the wildcard address on one port collide |
 //! | Service variables | Docker-link variables for every Service with a cluster IP | Only the `kubernetes` ones, pointing at the API server the agent talks to (Services here have no cluster IP) |
 //! | Cluster DNS | `resolv.conf` pointing at cluster DNS | The host's `resolv.conf` |
 //! | `securityContext` | User, groups, capabilities, read-only root, seccomp applied | Not applied: containers run as the agent's user (a warning is logged) |
@@ -66,6 +73,7 @@
 
 pub mod agent;
 pub mod env;
+pub mod network;
 pub mod probe;
 pub mod restart;
 pub mod runtime;
@@ -82,6 +90,7 @@ use std::time::Duration;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+pub use network::PodNetwork;
 pub use restart::BackoffPolicy;
 
 /// One node the agent runs.
@@ -131,6 +140,9 @@ pub struct Settings {
     pub node_status_interval: Duration,
     /// How often ConfigMap, Secret, downward API and token volumes are refreshed.
     pub volume_resync: Duration,
+    /// Where pod IPs come from: loopback addresses in the host's network
+    /// namespace, or a network namespace per pod on a bridge.
+    pub network: network::PodNetwork,
 }
 
 impl Settings {
@@ -159,6 +171,15 @@ pub struct PodUsage {
     pub timestamp: String,
     /// The interval the CPU figures cover.
     pub window: Duration,
+}
+
+/// The latest usage sample of a pod, with the pod's identity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PodSample {
+    pub namespace: String,
+    pub name: String,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub usage: PodUsage,
 }
 
 /// Why the agent could not start.
@@ -295,6 +316,13 @@ impl Kubelet {
     #[must_use]
     pub fn usage(&self, ns: &str, name: &str) -> Option<PodUsage> {
         self.registry.usage(ns, name)
+    }
+
+    /// Latest CPU and memory of every pod of `namespace` (every namespace
+    /// when `None`) that has a sample.
+    #[must_use]
+    pub fn usages(&self, namespace: Option<&str>) -> Vec<PodSample> {
+        self.registry.usages(namespace)
     }
 
     /// The directory of a pod on the node.

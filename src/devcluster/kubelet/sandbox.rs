@@ -4,7 +4,8 @@
 //! need a single-threaded process.
 //!
 //! `__sandbox run` reads a [`RunSpec`] on stdin and:
-//! 1. asks to be killed with its parent (the node agent), opens the log;
+//! 1. asks to be killed with its parent (the node agent), opens the log,
+//!    and joins the pod's network namespace when it has one;
 //! 2. unshares mount, PID and UTS namespaces (and a user namespace mapping
 //!    the caller to root when it is not root), makes every mount private and
 //!    sets the pod's hostname;
@@ -79,6 +80,10 @@ pub struct RunSpec {
     pub cwd: Option<PathBuf>,
     /// Where the container's stdout and stderr go.
     pub log: PathBuf,
+    /// The pod's network namespace (a pinned path, `/run/netns/<name>`),
+    /// joined before the other namespaces are made; the host's when `None`.
+    #[serde(default)]
+    pub netns: Option<PathBuf>,
 }
 
 /// The line `__sandbox run` prints once the container started (or failed to).
@@ -454,6 +459,11 @@ fn start(spec: &RunSpec) -> Result<(std::process::Child, Option<std::fs::File>),
         Some(p) => Some(std::fs::File::open(p).map_err(io(|| format!("opening {}", p.display())))?),
         None => None,
     };
+    if let Some(netns) = &spec.netns {
+        let file = std::fs::File::open(netns).map_err(io(|| format!("opening {}", netns.display())))?;
+        nix::sched::setns(file, CloneFlags::CLONE_NEWNET)
+            .map_err(sys(|| format!("setns({}) of the pod's network", netns.display())))?;
+    }
     enter_namespaces()?;
     let hostname: String = spec.hostname.chars().take(63).collect();
     if !hostname.is_empty() {
@@ -677,6 +687,11 @@ fn join_namespaces(pid: u32) -> Result<(), SandboxError> {
         std::fs::read_link(format!("/proc/self/ns/{ns}")).ok()
             == std::fs::read_link(format!("/proc/{pid}/ns/{ns}")).ok()
     };
+    // The pod's network first: joining it needs the capabilities of the
+    // initial user namespace (a pod has its own network only under root).
+    if !same("net") {
+        nix::sched::setns(open("net")?, CloneFlags::CLONE_NEWNET).map_err(sys(|| "setns(net)".into()))?;
+    }
     if !same("user") {
         nix::sched::setns(open("user")?, CloneFlags::CLONE_NEWUSER).map_err(sys(|| "setns(user)".into()))?;
     }

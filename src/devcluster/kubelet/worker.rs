@@ -1,5 +1,5 @@
 //! The pod worker: one task per pod bound to one of the agent's nodes. It
-//! sets up the sandbox (loopback IP, directories, volumes), runs the init
+//! sets up the sandbox (pod IP and network, directories, volumes), runs the init
 //! containers in order to completion, then every container and sidecar;
 //! probes them; restarts them under the pod's `restartPolicy` with the
 //! crash back-off; reports the pod status through `pods/{name}/status`;
@@ -23,6 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::agent::Ctx;
 use super::env::{self, PodFacts, Sources};
+use super::network::{PodLink, PodNetwork};
 use super::probe::{self, Kind};
 use super::restart::{Backoff, RestartPolicy, Role, go_duration, restarts};
 use super::runtime::{self, Exit, LaunchError};
@@ -167,6 +168,8 @@ pub struct Worker {
     name: String,
     dir: PathBuf,
     ip: Option<Ipv4Addr>,
+    /// The pod's network namespace and veth on a bridge network.
+    link: Option<PodLink>,
     start_time: Timestamp,
     volumes: Volumes,
     sandbox_ready: bool,
@@ -233,6 +236,7 @@ impl Worker {
             name,
             dir,
             ip: None,
+            link: None,
             start_time: Timestamp::now(),
             sandbox_ready: false,
             sandbox_message: None,
@@ -300,6 +304,10 @@ impl Worker {
     /// Runs the pod until it is deleted (or `kill` fires: everything stops at once).
     pub async fn run(mut self, mut updates: watch::Receiver<Update>, kill: CancellationToken) {
         self.ctx.registry.add(&self.uid, &self.ns, &self.name);
+        self.ctx.registry.set_labels(
+            &self.uid,
+            self.pod.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
+        );
         self.ctx.warn_security_context(&self.pod);
         let removed = self.main_loop(&mut updates, &kill).await;
         if kill.is_cancelled() {
@@ -353,7 +361,12 @@ impl Worker {
                 changed = updates.changed() => {
                     let latest = updates.borrow_and_update().clone();
                     match (changed, latest) {
-                        (Ok(()), Some(pod)) => self.pod = pod,
+                        (Ok(()), Some(pod)) => {
+                            if let Some(labels) = &pod.metadata.labels {
+                                self.ctx.registry.set_labels(&self.uid, labels);
+                            }
+                            self.pod = pod;
+                        }
                         _ => return true,
                     }
                 }
@@ -373,11 +386,33 @@ impl Worker {
                 .flat_map(|s| s.spec.ports.iter().flatten())
                 .filter_map(|p| u16::try_from(p.container_port).ok())
                 .collect();
-            self.ip = self.ctx.allocate_ip(&ports);
-            if self.ip.is_none() {
-                self.sandbox_message = Some("no free loopback address for the pod".into());
-                self.dirty = true;
-                return;
+            match &self.ctx.settings.network {
+                PodNetwork::Loopback => {
+                    self.ip = self.ctx.allocate_ip(&ports);
+                    if self.ip.is_none() {
+                        self.sandbox_message = Some("no free loopback address for the pod".into());
+                        self.dirty = true;
+                        return;
+                    }
+                }
+                // `hostNetwork`: the host's namespace, the node's address.
+                PodNetwork::Bridge(_)
+                    if self.pod.spec.as_ref().and_then(|s| s.host_network) == Some(true) =>
+                {
+                    self.ip = Some(self.ctx.host_ip());
+                }
+                PodNetwork::Bridge(bridge) => match bridge.attach() {
+                    Ok(link) => {
+                        self.ip = Some(link.ip());
+                        self.link = Some(link);
+                    }
+                    Err(e) => {
+                        tracing::warn!(pod = %self.name, namespace = %self.ns, error = %e, "pod network setup failed; retrying");
+                        self.sandbox_message = Some(format!("failed to set up the pod's network: {e}"));
+                        self.dirty = true;
+                        return;
+                    }
+                },
             }
             // The pod's directory belongs to this incarnation.
             let _ = std::fs::remove_dir_all(&self.dir);
@@ -586,6 +621,7 @@ impl Worker {
                 .filter(|d| !d.is_empty())
                 .map(PathBuf::from),
             log,
+            netns: self.link.as_ref().map(PodLink::netns_path),
         };
         let started_at = Timestamp::now();
         let launched = runtime::launch(&self.ctx.settings.skipper_exe, &run, &self.ctx.tracker).await;
@@ -1183,6 +1219,8 @@ impl Worker {
                 r.probes.cancel();
             }
         }
+        // The veth and the network namespace go with the pod.
+        self.link = None;
         self.ctx.registry.remove(&self.uid);
     }
 

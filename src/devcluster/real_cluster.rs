@@ -1,0 +1,434 @@
+//! A real Kubernetes cluster on this machine: the control plane of
+//! [`super::control_plane`] (etcd, kube-apiserver, kube-controller-manager,
+//! kube-scheduler, built by `make control-plane`) with the node agent of
+//! [`super::kubelet`] as its nodes, pods on a real pod network.
+//!
+//! [`RealCluster::start`]:
+//! 1. creates the pod network: a bridge on a private /24 with the gateway on
+//!    the host ([`Bridge`]); every pod gets its own network namespace and an
+//!    address on it, so Services publish pods in their EndpointSlices (a
+//!    real control plane refuses loopback endpoint addresses);
+//! 2. starts the control plane with kube-apiserver serving and advertising
+//!    the gateway address, so pods reach it in-cluster
+//!    (`KUBERNETES_SERVICE_HOST`/`PORT`, their ServiceAccount token) and the
+//!    `kubernetes` Service has that endpoint, as on a real cluster;
+//! 3. starts the node agent with one client per node, each authenticated as
+//!    the node (`system:node:<name>` in `system:nodes`: the Node authorizer
+//!    and NodeRestriction limit it to its own Node, Lease and pods);
+//! 4. creates the requested namespaces (once their `default` ServiceAccount
+//!    exists, pods can be admitted there);
+//! 5. optionally serves `metrics.k8s.io` from the agent's samples through an
+//!    APIService ([`super::metrics_api`]), as metrics-server does.
+//!
+//! [`RealCluster::shutdown`] stops the pods and the agent, then the control
+//! plane, then removes the pod network. Dropping the value does the same
+//! without waiting (processes are SIGKILLed).
+//!
+//! Bridge mode needs root (`CAP_NET_ADMIN`, `CAP_SYS_ADMIN`) and the `ip`
+//! command of iproute2; [`RealCluster::start`] fails with one line naming
+//! what is missing.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::{Namespace, ServiceAccount};
+use kube::api::{Api, PostParams};
+use serde_json::json;
+use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
+
+use super::control_plane::{self, ControlPlane, ControlPlaneError};
+use super::kubelet::network::{Bridge, NetworkError};
+use super::kubelet::{self, BackoffPolicy, Capacity, Kubelet, KubeletError, NodeSpec, PodNetwork};
+use super::metrics_api::{self, MetricsApiError};
+
+/// How long the agent's tasks may take to stop.
+const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a new namespace's `default` ServiceAccount may take to appear.
+const NAMESPACE_READY: Duration = Duration::from_secs(30);
+
+/// How the cluster runs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The control plane (`bin_dir` is where `make control-plane` put the
+    /// binaries). Its `bind_address` is set to the pod network's gateway.
+    pub control_plane: control_plane::Config,
+    /// The skipper binary: the agent's sandbox shim, and `skipper` in
+    /// container commands.
+    pub skipper_exe: PathBuf,
+    /// The nodes the agent runs.
+    pub nodes: Vec<NodeSpec>,
+    pub capacity: Capacity,
+    pub restart_backoff: BackoffPolicy,
+    /// How often container CPU and memory are sampled.
+    pub metrics_interval: Duration,
+    /// How often ConfigMap, Secret, downward API and token volumes are refreshed.
+    pub volume_resync: Duration,
+    /// `leaseDurationSeconds` of node Leases.
+    pub lease_duration: Duration,
+    /// Namespaces created at start.
+    pub namespaces: Vec<String>,
+    /// Serve `metrics.k8s.io` (pod metrics from the agent's samples).
+    pub metrics_api: bool,
+    /// Holds the control plane's files (`control-plane/`) and the pods'
+    /// directories (`pods/`); a fresh temporary directory (removed at the
+    /// end) when `None`.
+    pub work_dir: Option<PathBuf>,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            control_plane: control_plane::Config::default(),
+            skipper_exe: std::env::current_exe().unwrap_or_else(|_| PathBuf::from("skipper")),
+            nodes: vec![NodeSpec {
+                name: "node-0".into(),
+                zone: "zone-a".into(),
+            }],
+            capacity: Capacity::default(),
+            restart_backoff: BackoffPolicy::default(),
+            metrics_interval: Duration::from_secs(10),
+            volume_resync: Duration::from_secs(60),
+            lease_duration: Duration::from_secs(40),
+            namespaces: Vec::new(),
+            metrics_api: false,
+            work_dir: None,
+        }
+    }
+}
+
+/// Why the cluster could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum RealClusterError {
+    #[error("pod network: {0}")]
+    Network(#[from] NetworkError),
+    #[error("control plane: {0}")]
+    ControlPlane(#[from] ControlPlaneError),
+    #[error("node agent: {0}")]
+    Kubelet(#[from] KubeletError),
+    #[error("metrics.k8s.io: {0}")]
+    MetricsApi(#[from] MetricsApiError),
+    #[error("creating {path}: {source}")]
+    WorkDir { path: PathBuf, source: std::io::Error },
+    #[error("creating namespace {name}: {source}")]
+    Namespace { name: String, source: Box<kube::Error> },
+    #[error("namespace {name}: no default ServiceAccount after {waited:?}")]
+    NamespaceNotReady { name: String, waited: Duration },
+}
+
+/// A running cluster. Dropping it kills every process and removes the pod
+/// network; [`RealCluster::shutdown`] stops it in order.
+pub struct RealCluster {
+    plane: Option<ControlPlane>,
+    kubelet: Arc<Kubelet>,
+    bridge: Arc<Bridge>,
+    tracker: TaskTracker,
+    stop: CancellationToken,
+    work_dir: PathBuf,
+    owns_work_dir: bool,
+    metrics_api: Option<SocketAddr>,
+}
+
+impl std::fmt::Debug for RealCluster {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RealCluster")
+            .field("plane", &self.plane)
+            .field("bridge", &self.bridge.name())
+            .field("work_dir", &self.work_dir)
+            .finish_non_exhaustive()
+    }
+}
+
+impl metrics_api::UsageSource for Kubelet {
+    fn pods(&self, namespace: Option<&str>) -> Vec<metrics_api::PodUsage> {
+        self.usages(namespace)
+            .into_iter()
+            .map(|s| metrics_api::PodUsage {
+                namespace: s.namespace,
+                name: s.name,
+                labels: s.labels,
+                timestamp: s.usage.timestamp,
+                window: s.usage.window,
+                containers: s
+                    .usage
+                    .containers
+                    .into_iter()
+                    .map(|c| metrics_api::ContainerUsage {
+                        name: c.name,
+                        cpu_millis: c.cpu_millis,
+                        memory_bytes: c.memory_bytes,
+                    })
+                    .collect(),
+            })
+            .collect()
+    }
+}
+
+/// The user name of a node's credential.
+#[must_use]
+pub fn node_user(node: &str) -> String {
+    format!("system:node:{node}")
+}
+
+/// The group of every node's credential.
+pub const NODES_GROUP: &str = "system:nodes";
+
+impl RealCluster {
+    /// Creates the pod network, starts the control plane on its gateway and
+    /// the node agent, creates the namespaces and (optionally) serves pod
+    /// metrics.
+    ///
+    /// # Errors
+    /// [`RealClusterError`]; whatever started is stopped again.
+    pub async fn start(config: Config) -> Result<Self, RealClusterError> {
+        let (work_dir, owns_work_dir) = match &config.work_dir {
+            Some(d) => (d.clone(), false),
+            None => {
+                let suffix: u64 = rand::random();
+                (
+                    std::env::temp_dir().join(format!("skipper-real-{}-{suffix:016x}", std::process::id())),
+                    true,
+                )
+            }
+        };
+        let pods = work_dir.join("pods");
+        std::fs::create_dir_all(&pods).map_err(|source| RealClusterError::WorkDir {
+            path: pods.clone(),
+            source,
+        })?;
+        let cleanup = |e: RealClusterError| {
+            if owns_work_dir {
+                let _ = std::fs::remove_dir_all(&work_dir);
+            }
+            e
+        };
+        let bridge = Arc::new(Bridge::create().map_err(|e| cleanup(e.into()))?);
+        let mut cp = config.control_plane.clone();
+        cp.bind_address = bridge.gateway();
+        if cp.work_dir.is_none() {
+            cp.work_dir = Some(work_dir.join("control-plane"));
+        }
+        let plane = ControlPlane::start(cp).await.map_err(|e| cleanup(e.into()))?;
+        let kubelet = Arc::new(Kubelet::new(kubelet::Settings {
+            skipper_exe: config.skipper_exe.clone(),
+            pod_root: pods,
+            nodes: config.nodes.clone(),
+            capacity: config.capacity.clone(),
+            api_server: plane.addr(),
+            backoff: config.restart_backoff,
+            metrics_interval: config.metrics_interval,
+            lease_duration: config.lease_duration,
+            node_status_interval: Duration::from_secs(60),
+            volume_resync: config.volume_resync,
+            network: PodNetwork::Bridge(bridge.clone()),
+        }));
+        let mut cluster = Self {
+            plane: Some(plane),
+            kubelet,
+            bridge,
+            tracker: TaskTracker::new(),
+            stop: CancellationToken::new(),
+            work_dir,
+            owns_work_dir,
+            metrics_api: None,
+        };
+        // From here on, dropping `cluster` undoes everything.
+        cluster.start_agent(&config).await?;
+        cluster.create_namespaces(&config.namespaces).await?;
+        if config.metrics_api {
+            let registration = metrics_api::Registration {
+                namespace: "kube-system".into(),
+                service: "metrics-server".into(),
+                port: 0,
+                front_proxy: cluster.control_plane().front_proxy(),
+                available_within: Duration::from_secs(60),
+            };
+            let admin = cluster.client().await?;
+            let registered = metrics_api::register_and_serve(
+                &admin,
+                &registration,
+                cluster.kubelet.clone(),
+                &cluster.tracker,
+                &cluster.stop,
+            )
+            .await?;
+            cluster.metrics_api = Some(registered.addr);
+        }
+        tracing::info!(
+            server = %cluster.server(),
+            bridge = %cluster.bridge.name(),
+            "real cluster ready"
+        );
+        Ok(cluster)
+    }
+
+    async fn start_agent(&self, config: &Config) -> Result<(), RealClusterError> {
+        let mut clients = BTreeMap::new();
+        for n in &config.nodes {
+            let client = self
+                .control_plane()
+                .client_for(&node_user(&n.name), &[NODES_GROUP])
+                .await?;
+            clients.insert(n.name.clone(), client);
+        }
+        self.kubelet
+            .start(
+                |node| {
+                    clients
+                        .get(node)
+                        .cloned()
+                        .ok_or_else(|| format!("no credential for node {node}"))
+                },
+                &self.tracker,
+                &self.stop,
+            )
+            .await?;
+        Ok(())
+    }
+
+    async fn create_namespaces(&self, names: &[String]) -> Result<(), RealClusterError> {
+        if names.is_empty() {
+            return Ok(());
+        }
+        let admin = self.client().await?;
+        let api: Api<Namespace> = Api::all(admin.clone());
+        for name in names {
+            let ns: Namespace = serde_json::from_value(json!({"metadata": {"name": name}})).map_err(|e| {
+                RealClusterError::Namespace {
+                    name: name.clone(),
+                    source: Box::new(kube::Error::SerdeError(e)),
+                }
+            })?;
+            match api.create(&PostParams::default(), &ns).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 409 => {}
+                Err(e) => {
+                    return Err(RealClusterError::Namespace {
+                        name: name.clone(),
+                        source: Box::new(e),
+                    });
+                }
+            }
+        }
+        // Pods are admitted once their ServiceAccount exists.
+        let begin = tokio::time::Instant::now();
+        for name in names {
+            let sas: Api<ServiceAccount> = Api::namespaced(admin.clone(), name);
+            let mut tick = tokio::time::interval(Duration::from_millis(50));
+            loop {
+                tick.tick().await;
+                if matches!(sas.get_opt("default").await, Ok(Some(_))) {
+                    break;
+                }
+                if begin.elapsed() > NAMESPACE_READY {
+                    return Err(RealClusterError::NamespaceNotReady {
+                        name: name.clone(),
+                        waited: begin.elapsed(),
+                    });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The control plane (kubeconfigs and clients for any identity,
+    /// `compact`, process ids, logs).
+    ///
+    /// # Panics
+    /// Never: the control plane is present until [`RealCluster::shutdown`]
+    /// consumes the value.
+    #[must_use]
+    pub fn control_plane(&self) -> &ControlPlane {
+        #[allow(clippy::expect_used)] // only `shutdown` (which consumes self) takes it
+        self.plane
+            .as_ref()
+            .expect("the control plane runs until shutdown")
+    }
+
+    /// A client as the administrator.
+    ///
+    /// # Errors
+    /// [`RealClusterError::ControlPlane`].
+    pub async fn client(&self) -> Result<kube::Client, RealClusterError> {
+        Ok(self.control_plane().client().await?)
+    }
+
+    /// The administrator's kubeconfig.
+    #[must_use]
+    pub fn admin_kubeconfig(&self) -> &Path {
+        self.control_plane().admin_kubeconfig()
+    }
+
+    /// The API server's URL (`https://<gateway>:<port>`).
+    #[must_use]
+    pub fn server(&self) -> &str {
+        self.control_plane().server()
+    }
+
+    /// The node agent (processes, fault hooks, usage, logs, pod directories).
+    #[must_use]
+    pub fn kubelet(&self) -> &Arc<Kubelet> {
+        &self.kubelet
+    }
+
+    /// The pod network.
+    #[must_use]
+    pub fn bridge(&self) -> &Bridge {
+        &self.bridge
+    }
+
+    /// Where `metrics.k8s.io` is served, when it is.
+    #[must_use]
+    pub fn metrics_api(&self) -> Option<SocketAddr> {
+        self.metrics_api
+    }
+
+    /// The work directory.
+    #[must_use]
+    pub fn work_dir(&self) -> &Path {
+        &self.work_dir
+    }
+
+    /// Stops every pod (SIGKILL, as when the node goes away) and the agent,
+    /// then the control plane (SIGTERM in reverse start order), then
+    /// removes the pod network.
+    pub async fn shutdown(mut self) {
+        self.stop_agent();
+        if tokio::time::timeout(STOP_TIMEOUT, self.tracker.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("node agent tasks did not stop within {STOP_TIMEOUT:?}");
+        }
+        if let Some(plane) = self.plane.take() {
+            plane.shutdown().await;
+        }
+        self.bridge.remove();
+    }
+
+    fn stop_agent(&self) {
+        self.kubelet.kill_all();
+        self.stop.cancel();
+        self.tracker.close();
+    }
+}
+
+impl Drop for RealCluster {
+    fn drop(&mut self) {
+        self.stop_agent();
+        drop(self.plane.take());
+        self.bridge.remove();
+        if self.owns_work_dir {
+            // A pod task that has not seen the cancellation yet may still add
+            // a file while the tree is removed; a few passes get everything.
+            for _ in 0..5 {
+                if std::fs::remove_dir_all(&self.work_dir).is_ok() || !self.work_dir.exists() {
+                    break;
+                }
+            }
+        }
+    }
+}
