@@ -765,7 +765,8 @@ async fn claim_path_as_its_service_account(
 differential!(
     removing_a_claim_path_verb_from_the_controller_roles_fails_with_403,
     claim_path_verb_removal,
-    namespaces = []
+    namespaces = [],
+    pods
 );
 
 /// With the manifests' Roles the named claim-path test passes; without any

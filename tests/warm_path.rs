@@ -449,5 +449,6 @@ differential!(
         NAMESPACES[2],
         NAMESPACES[3],
         NAMESPACES[4]
-    ]
+    ],
+    pods
 );

@@ -107,7 +107,7 @@ impl Sim<'static> {
     /// Starts the backend `SKIPPER_TEST_CONTROL_PLANE` names with the
     /// function and controller namespaces.
     pub async fn start() -> Self {
-        let backend = Backend::from_env(&NAMESPACES)
+        let backend = Backend::from_env_with_pods(&NAMESPACES)
             .await
             .expect("a backend (the real control plane is demanded, so a missing build fails)");
         Self::with(Held::Owned(backend)).await
@@ -152,7 +152,9 @@ impl<'a> Sim<'a> {
     pub fn cluster(&self) -> &Cluster {
         match &*self.backend {
             Backend::Sim(c) => c,
-            Backend::Real(_) => panic!("a simulator-only scenario runs on the real control plane"),
+            Backend::Real(_) | Backend::Cluster(_) => {
+                panic!("a simulator-only scenario runs on the real control plane")
+            }
         }
     }
 
