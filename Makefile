@@ -2,7 +2,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: build test e2e chaos fuzz fuzz-smoke lint fmt bench bench-router bench-sim bench-controller clean control-plane
+.PHONY: build test e2e e2e-real chaos fuzz fuzz-smoke lint fmt bench bench-router bench-sim bench-controller clean control-plane
 
 ## build: the release binary at target/release/skipper
 build:
@@ -37,6 +37,13 @@ test:
 e2e:
 	$(CARGO) build --bin skipper
 	$(CARGO) test --test e2e -- --test-threads 2 --nocapture
+
+## e2e-real: the same scenarios on the real control plane (`skipper dev --control-plane real`, built by
+## `make control-plane`; needs root for the pods' network); a scenario that needs the simulator prints why
+## it is skipped
+e2e-real: control-plane
+	$(CARGO) build --bin skipper
+	SKIPPER_TEST_CONTROL_PLANE=real $(CARGO) test --test e2e -- --test-threads 2 --nocapture
 
 ## chaos: the reliability suite against the real binary (header and heartbeat floods, races
 ## across controllers, pod and controller kills, leaked pods), two scenarios at a time; every

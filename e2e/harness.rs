@@ -1,8 +1,13 @@
-//! Runs the real `skipper dev` (simulated cluster, controller pods, router
-//! process, pool pods) and talks to it the way users do: HTTP through the
-//! router, kube-rs and the simulator's fault endpoints through the
-//! kubeconfig it writes, gRPC to the controllers. [`Dev`] stops the whole
-//! tree on drop, also when a test fails.
+//! Runs the real `skipper dev` (cluster, controller pods, router process,
+//! pool pods) and talks to it the way users do: HTTP through the router,
+//! kube-rs (and the simulator's fault endpoints) through the kubeconfig it
+//! writes, gRPC to the controllers. [`Dev`] stops the whole tree on drop,
+//! also when a test fails.
+//!
+//! `SKIPPER_TEST_CONTROL_PLANE=real` runs every `skipper dev` with
+//! `--control-plane real` (the control plane `make control-plane` builds;
+//! `make e2e-real`); scenarios that need the simulator say why and skip
+//! ([`skipped_on_real`]).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -64,6 +69,36 @@ impl Default for Opts {
     }
 }
 
+/// Whether the suite runs on the real control plane
+/// (`SKIPPER_TEST_CONTROL_PLANE=real`).
+pub fn real_control_plane() -> bool {
+    std::env::var("SKIPPER_TEST_CONTROL_PLANE").is_ok_and(|v| v == "real")
+}
+
+/// The name of the control plane the suite runs on, for printed figures.
+pub fn control_plane_name() -> &'static str {
+    if real_control_plane() { "real" } else { "sim" }
+}
+
+/// On the real control plane: prints why `scenario` does not run there and
+/// answers true (the caller returns).
+pub fn skipped_on_real(scenario: &str, reason: &str) -> bool {
+    let skip = real_control_plane();
+    if skip {
+        eprintln!("e2e: {scenario} skipped on the real control plane: {reason}");
+    }
+    skip
+}
+
+/// `skipper dev` arguments selecting the suite's control plane.
+pub fn control_plane_args() -> Vec<&'static str> {
+    if real_control_plane() {
+        vec!["--control-plane", "real"]
+    } else {
+        Vec::new()
+    }
+}
+
 fn free_port() -> u16 {
     let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     l.local_addr().unwrap().port()
@@ -87,6 +122,8 @@ pub struct Dev {
     /// A router's token for calling controllers directly (a file, for
     /// `ring-inspect --token-file`).
     pub token_file: PathBuf,
+    /// When `skipper dev` was started.
+    pub started: std::time::Instant,
     dir: PathBuf,
 }
 
@@ -102,8 +139,10 @@ impl Dev {
         let kubeconfig = dir.join("kubeconfig");
         let listen = format!("127.0.0.1:{}", free_port());
         let metrics = format!("127.0.0.1:{}", free_port());
+        let started = std::time::Instant::now();
         let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_skipper"));
         cmd.arg("dev")
+            .args(control_plane_args())
             .args(["--listen", &listen, "--metrics-listen", &metrics])
             .arg("--kubeconfig-out")
             .arg(&kubeconfig)
@@ -151,6 +190,7 @@ impl Dev {
             controller_ips: Vec::new(),
             stdout,
             token_file: dir.join("router-token"),
+            started,
             dir,
         };
         // The sender goes away without a ready line when `skipper dev` exits.

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use crate::Timer;
-use crate::harness::{Dev, Opts, process_alive, single};
+use crate::harness::{Dev, Opts, control_plane_args, process_alive, real_control_plane, single};
 
 /// SIGINT: exit status 0, no process it started (router, pod processes and
 /// their children) left.
@@ -43,7 +43,9 @@ async fn busy_listen_port_fails_at_once() {
     let out = tokio::time::timeout(
         Duration::from_secs(10),
         tokio::process::Command::new(env!("CARGO_BIN_EXE_skipper"))
-            .args(["dev", "--listen", &addr.to_string()])
+            .arg("dev")
+            .args(control_plane_args())
+            .args(["--listen", &addr.to_string()])
             .output(),
     )
     .await
@@ -58,9 +60,11 @@ async fn busy_listen_port_fails_at_once() {
     assert!(out.stdout.is_empty());
 }
 
-/// Without the right to create mount and PID namespaces (here: root with
-/// every capability dropped), `skipper dev` fails at start with one line
-/// naming what is missing, before anything runs.
+/// Without the privileges pods need (here: root with every capability
+/// dropped), `skipper dev` fails at start with one line naming what is
+/// missing, before anything runs: mount and PID namespaces on the
+/// simulator; on the real control plane the pod network (network
+/// namespaces on a bridge) is checked first.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_namespaces_dev_fails_with_one_line() {
     let _t = Timer::start("playground without namespaces");
@@ -78,13 +82,9 @@ async fn without_namespaces_dev_fails_with_one_line() {
                 "--inh-caps=-all",
                 env!("CARGO_BIN_EXE_skipper"),
             ])
-            .args([
-                "dev",
-                "--listen",
-                "127.0.0.1:0",
-                "--metrics-listen",
-                "127.0.0.1:0",
-            ])
+            .arg("dev")
+            .args(control_plane_args())
+            .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
             .output(),
     )
     .await
@@ -93,11 +93,16 @@ async fn without_namespaces_dev_fails_with_one_line() {
     assert_eq!(out.status.code(), Some(1));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert_eq!(stderr.trim_end().lines().count(), 1, "stderr: {stderr}");
+    let missing = if real_control_plane() {
+        "pod networking needs CAP_NET_ADMIN and CAP_SYS_ADMIN"
+    } else {
+        "pods need private mount and PID namespaces"
+    };
     assert!(
-        stderr.contains("pods need private mount and PID namespaces") && stderr.contains("CAP_SYS_ADMIN"),
+        stderr.contains(missing) && stderr.contains("CAP_SYS_ADMIN"),
         "stderr: {stderr}"
     );
-    assert_eq!(stderr.matches("pods need").count(), 1, "said once: {stderr}");
+    assert_eq!(stderr.matches(missing).count(), 1, "said once: {stderr}");
     assert!(out.stdout.is_empty());
 }
 
@@ -122,4 +127,35 @@ async fn custom_pod_command() {
         c.command.as_ref().unwrap()[..2],
         ["sh".to_owned(), "-c".to_owned()]
     );
+}
+
+/// `--control-plane real` without the binaries `make control-plane` builds
+/// fails at start with one line naming the flag and the make target, before
+/// anything runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn real_control_plane_without_its_build_fails_with_one_line() {
+    let _t = Timer::start("playground without the control plane build");
+    let empty = std::env::temp_dir().join(format!("skipper-e2e-no-cp-{:x}", rand::random::<u64>()));
+    std::fs::create_dir_all(&empty).unwrap();
+    let out = tokio::time::timeout(
+        Duration::from_secs(10),
+        tokio::process::Command::new(env!("CARGO_BIN_EXE_skipper"))
+            .args(["dev", "--control-plane", "real", "--listen", "127.0.0.1:0"])
+            .arg("--control-plane-dir")
+            .arg(&empty)
+            .output(),
+    )
+    .await
+    .expect("skipper dev did not fail within 10s")
+    .unwrap();
+    let _ = std::fs::remove_dir_all(&empty);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(stderr.trim_end().lines().count(), 1, "stderr: {stderr}");
+    assert!(
+        stderr.contains(&format!("--control-plane-dir: no etcd in {}", empty.display()))
+            && stderr.contains("`make control-plane`"),
+        "stderr: {stderr}"
+    );
+    assert!(out.stdout.is_empty());
 }

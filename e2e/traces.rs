@@ -93,8 +93,11 @@ async fn receiver() -> (SocketAddr, Arc<Mutex<Vec<Span>>>, watch::Receiver<u64>)
             }
         }),
     );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
+    // Every address: on the real control plane pods have a network of
+    // their own and reach the host's collector through the host's address
+    // on it (`skipper dev` tells them that address instead of loopback).
+    let listener = tokio::net::TcpListener::bind("0.0.0.0:0").await.unwrap();
+    let addr = SocketAddr::from(([127, 0, 0, 1], listener.local_addr().unwrap().port()));
     tokio::spawn(async move { axum::serve(listener, app).await });
     (addr, spans, received)
 }

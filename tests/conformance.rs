@@ -262,8 +262,7 @@ async fn validation(b: &Backend) {
 differential!(
     unknown_fields_are_refused_under_strict_validation_and_dropped_otherwise,
     strict_field_validation,
-    namespaces = [NS],
-    sim_deviation = "the simulator has no schema: it stores unknown fields and ignores fieldValidation"
+    namespaces = [NS]
 );
 
 async fn strict_field_validation(b: &Backend) {
@@ -293,7 +292,7 @@ async fn strict_field_validation(b: &Backend) {
         "Deployment in version \"v1\" cannot be handled as a Deployment: strict decoding error: unknown field \"spec.template.spec.containers[0].bogus\""
     );
     let stored = raw
-        .create(&PostParams::default(), &from(with_unknown))
+        .create(&PostParams::default(), &from(with_unknown.clone()))
         .await
         .unwrap();
     assert!(
@@ -301,6 +300,128 @@ async fn strict_field_validation(b: &Backend) {
             .get("bogus")
             .is_none()
     );
+
+    // The default (Warn) names each dropped field in a Warning header;
+    // Ignore drops them silently.
+    let warnings = |response: &http::Response<kube::client::Body>| -> Vec<String> {
+        response
+            .headers()
+            .get_all("warning")
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect()
+    };
+    let cm_path = format!("/api/v1/namespaces/{NS}/configmaps");
+    let post_cm = |query: &str, name: &str| {
+        http::Request::post(format!("{cm_path}{query}"))
+            .header("content-type", "application/json")
+            .body(
+                serde_json::to_vec(
+                    &json!({"metadata": {"name": name, "bogus": 1}, "data": {"a": "1"}, "top": 2}),
+                )
+                .unwrap(),
+            )
+            .unwrap()
+    };
+    let response = admin.send(post_cm("", "warned").map(Into::into)).await.unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(
+        warnings(&response),
+        [
+            "299 - \"unknown field \\\"metadata.bogus\\\"\"",
+            "299 - \"unknown field \\\"top\\\"\""
+        ]
+    );
+    let response = admin
+        .send(post_cm("?fieldValidation=Ignore", "ignored").map(Into::into))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 201);
+    assert!(warnings(&response).is_empty());
+    let err = status(
+        admin
+            .request::<Value>(post_cm("?fieldValidation=Strict", "strict"))
+            .await,
+    );
+    assert_eq!(
+        err["message"],
+        "ConfigMap in version \"v1\" cannot be handled as a ConfigMap: strict decoding error: unknown field \"metadata.bogus\", unknown field \"top\""
+    );
+    let err = status(
+        admin
+            .request::<Value>(post_cm("?fieldValidation=Nope", "nope"))
+            .await,
+    );
+    assert_eq!(
+        (err["code"].as_u64(), err["message"].as_str()),
+        (
+            Some(422),
+            Some(
+                "CreateOptions.meta.k8s.io \"\" is invalid: fieldValidation: Unsupported value: \"Nope\": supported values: \"\", \"Ignore\", \"Strict\", \"Warn\""
+            )
+        )
+    );
+    // A member given twice: reported in document order with unknown ones;
+    // the last value is kept.
+    let duplicated = |query: &str| {
+        http::Request::post(format!("{cm_path}{query}"))
+            .header("content-type", "application/json")
+            .body(br#"{"metadata":{"name":"dup","name":"dup"},"zz":1,"data":{"a":"1","a":"2"}}"#.to_vec())
+            .unwrap()
+    };
+    let err = status(
+        admin
+            .request::<Value>(duplicated("?fieldValidation=Strict"))
+            .await,
+    );
+    assert_eq!(
+        err["message"],
+        "ConfigMap in version \"v1\" cannot be handled as a ConfigMap: strict decoding error: duplicate field \"metadata.name\", unknown field \"zz\", duplicate field \"data.a\""
+    );
+    let response = admin.send(duplicated("").map(Into::into)).await.unwrap();
+    assert_eq!(response.status(), 201);
+    assert_eq!(
+        warnings(&response),
+        [
+            "299 - \"duplicate field \\\"metadata.name\\\"\"",
+            "299 - \"unknown field \\\"zz\\\"\"",
+            "299 - \"duplicate field \\\"data.a\\\"\"",
+        ]
+    );
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), NS);
+    assert_eq!(cms.get("dup").await.unwrap().data.unwrap()["a"], "2");
+    // Updates and patches are checked the same way.
+    let mut current = serde_json::to_value(cms.get("warned").await.unwrap()).unwrap();
+    current["bogus"] = json!(1);
+    let put = http::Request::put(format!("{cm_path}/warned?fieldValidation=Strict"))
+        .header("content-type", "application/json")
+        .body(serde_json::to_vec(&current).unwrap())
+        .unwrap();
+    let err = status(admin.request::<Value>(put).await);
+    assert_eq!(
+        err["message"],
+        "ConfigMap in version \"v1\" cannot be handled as a ConfigMap: strict decoding error: unknown field \"bogus\""
+    );
+    let patch = |query: &str| {
+        http::Request::patch(format!("{cm_path}/warned{query}"))
+            .header("content-type", "application/merge-patch+json")
+            .body(br#"{"bogus": 1, "data": {"b": "2"}}"#.to_vec())
+            .unwrap()
+    };
+    let err = status(admin.request::<Value>(patch("?fieldValidation=Strict")).await);
+    assert_eq!(err["code"], 422);
+    assert!(
+        err["message"]
+            .as_str()
+            .unwrap()
+            .ends_with("strict decoding error: unknown field \"bogus\""),
+        "{err}"
+    );
+    let response = admin.send(patch("").map(Into::into)).await.unwrap();
+    assert_eq!(response.status(), 200);
+    assert_eq!(warnings(&response), ["299 - \"unknown field \\\"bogus\\\"\""]);
+    let patched = cms.get("warned").await.unwrap();
+    assert_eq!(patched.data.unwrap()["b"], "2");
 }
 
 differential!(

@@ -692,3 +692,57 @@ async fn shutdown_and_drop_stop_every_pod_process() {
     })
     .await;
 }
+
+#[tokio::test]
+async fn pods_turn_available_when_min_ready_seconds_are_over_not_at_the_next_resync() {
+    // A resync far away: only the minReadySeconds wake-up can make the pod
+    // available within the wait below.
+    let cluster = common::cluster_with(&[NS], |c| c.resync_interval = Duration::from_secs(300)).await;
+    let client = cluster.client().unwrap();
+    let (_key, pem) = common::keys();
+    let mut d = pool_deployment_json(NS, "fixture", 1, &pem);
+    d["spec"]["minReadySeconds"] = json!(2);
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    deployments
+        .create(&PostParams::default(), &serde_json::from_value(d).unwrap())
+        .await
+        .unwrap();
+    let pods = ready_pool(&cluster, 1).await;
+    let ready_at = pods[0]["status"]["conditions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["type"] == "Ready")
+        .and_then(|c| c["lastTransitionTime"].as_str())
+        .unwrap()
+        .parse::<jiff::Timestamp>()
+        .unwrap();
+    let replicasets: Api<ReplicaSet> = Api::namespaced(client.clone(), NS);
+    // minReadySeconds (2 s) from readiness plus slack for a loaded machine,
+    // well short of the resync and of the node heartbeats that also wake
+    // the controllers.
+    let rs = common::eventually(
+        "the ReplicaSet counts its pod available",
+        Duration::from_secs(6),
+        || async {
+            let list = replicasets.list(&ListParams::default()).await.ok()?;
+            list.items
+                .into_iter()
+                .find(|rs| rs.status.as_ref().and_then(|s| s.available_replicas) == Some(1))
+        },
+    )
+    .await;
+    let status = rs.status.unwrap();
+    assert_eq!(status.ready_replicas, Some(1));
+    let now = jiff::Timestamp::now();
+    assert!(
+        now.duration_since(ready_at) > jiff::SignedDuration::from_secs(2),
+        "available only after minReadySeconds: ready at {ready_at}, available by {now}"
+    );
+    common::eventually("the Deployment is available", WAIT, || async {
+        let d = deployments.get("fixture").await.ok()?;
+        (d.status?.available_replicas == Some(1)).then_some(())
+    })
+    .await;
+    cluster.shutdown().await;
+}

@@ -416,13 +416,17 @@ async fn http_post_json(
 
 /// Whether `GET <client's server>/path` answers `ok`.
 async fn k8s_ok(client: &kube::Client, path: &str) -> bool {
+    use tracing::instrument::WithSubscriber as _;
     let Ok(req) = http::Request::get(path).body(Vec::new()) else {
         return false;
     };
-    matches!(
-        tokio::time::timeout(Duration::from_secs(2), client.request_text(req)).await,
-        Ok(Ok(body)) if body.trim() == "ok"
-    )
+    // A component that is still starting refuses the connection or answers
+    // 500; kube's client would log each such answer as an error (and each
+    // handshake with a health port's self-signed certificate as a warning).
+    // Here they are the expected answers until the deadline.
+    let ask = tokio::time::timeout(Duration::from_secs(2), client.request_text(req))
+        .with_subscriber(tracing::subscriber::NoSubscriber::default());
+    matches!(ask.await, Ok(Ok(body)) if body.trim() == "ok")
 }
 
 /// A client for a component's own HTTPS port, which serves a self-signed

@@ -50,6 +50,34 @@ pub fn reconcile(store: &Store, ctx: &Context) -> Result<(), ApiError> {
     first_err.map_or(Ok(()), Err)
 }
 
+/// When the next Ready pod of a ReplicaSet with `minReadySeconds` turns
+/// available: the controllers' loop wakes then, as kube-controller-manager
+/// requeues such a ReplicaSet after `minReadySeconds` (its Deployment follows
+/// the ReplicaSet's status). `None` when no pod is waiting.
+#[must_use]
+pub fn next_wake(store: &Store) -> Option<jiff::Timestamp> {
+    let min_ready = |rs: &Value| {
+        rs.pointer("/spec/minReadySeconds")
+            .and_then(Value::as_i64)
+            .unwrap_or(0)
+    };
+    let (all_rs, _) = store.list(by_kind("ReplicaSet"), None);
+    let waiting: Vec<&Value> = all_rs.iter().filter(|rs| min_ready(rs) > 0).collect();
+    if waiting.is_empty() {
+        return None;
+    }
+    let (pods, _) = store.list(by_kind("Pod"), None);
+    let now = jiff::Timestamp::now();
+    waiting
+        .into_iter()
+        .filter_map(|rs| {
+            let uid = uid_of(rs);
+            let owned: Vec<&Value> = pods.iter().filter(|p| controlled_by(p, uid)).collect();
+            replicaset::next_availability(&owned, min_ready(rs), now)
+        })
+        .min()
+}
+
 /// Whether the object carries a controller ownerReference with this uid.
 fn controlled_by(obj: &Value, owner_uid: &str) -> bool {
     controller_ref(obj).is_some_and(|r| r.get("uid").and_then(Value::as_str) == Some(owner_uid))

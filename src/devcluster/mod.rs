@@ -86,12 +86,12 @@
 //! | RBAC escalation checks | creating a Role or binding needs the rights it grants (or `escalate`/`bind`) | not checked |
 //! | Aggregated ClusterRoles | `view`/`edit`/`admin` aggregate labelled roles | fixed rules (core, apps, batch, discovery, policy, coordination, events, metrics) |
 //! | Node authorizer | graph of pods, volumes, PVs, ResourceClaims, ... | pods, secrets, configmaps, PVCs and ServiceAccounts referenced by pods bound to the node |
-//! | Admission and schema validation | full: every field of every kind, strict decoding (`fieldValidation=Strict` refuses unknown fields, otherwise they are dropped with a warning) | names, label keys and values, container ports, selectors, required containers, immutable workload selectors and finalizers of objects being deleted ([`validation`], the real `422` texts and causes); no schema: unknown fields are stored and other invalid values accepted |
+//! | Admission and schema validation | full: every field of every kind, strict decoding (`fieldValidation=Strict` refuses unknown and duplicate fields, otherwise they are dropped with a warning) | strict decoding the same for JSON bodies (the schema of [`protobuf`]: unknown and duplicate fields in document order, `Warning: 299` headers, the real `400` texts; YAML bodies report unknown fields only, a strict patch's `422` quotes the patched object without `managedFields`); values: names, label keys and values, container ports, selectors, required containers, immutable workload selectors and finalizers of objects being deleted ([`validation`], the real `422` texts and causes); other invalid values are accepted |
 //! | Mutating admission | every configured plugin | only the ServiceAccount token volume of pods (a missing ServiceAccount is not refused) |
 //! | Defaulting | every decoded object | Pods, Deployments and ReplicaSets (workload specs, pod templates, containers, probes, ports); pods lack what admission adds besides `serviceAccountName` (`priority`, `preemptionPolicy`, `enableServiceLinks`, default tolerations); a Deployment or ReplicaSet without `metadata.labels` gets its template's labels (as `extensions/v1beta1` did; `apps/v1` leaves them empty) |
 //! | Response encodings | JSON, YAML or protobuf, as `Accept` asks | JSON whatever `Accept` asks (client-go offers JSON beside protobuf, so kubectl reads it) |
 //! | Server-side apply | yes | no (`415`) |
-//! | Rollouts | kube-controller-manager's deployment controller | the same decisions ([`deployment`], [`replicaset`]); ReplicaSet names hash the template's canonical JSON (FNV-1a), so they differ from a real cluster's for the same template; `minReadySeconds` is noticed at the next resync (1 s) rather than by a timed requeue |
+//! | Rollouts | kube-controller-manager's deployment controller | the same decisions ([`deployment`], [`replicaset`]); ReplicaSet names hash the template's canonical JSON (FNV-1a), so they differ from a real cluster's for the same template |
 //! | Events | `events.k8s.io/v1` and core `v1` | core `v1` only |
 //! | EndpointSlice and Endpoints addresses | loopback (`127.0.0.0/8`, `::1`) refused with `422` | accepted: every pod runs on its own loopback IP (on the real control plane the agent's bridge mode gives pods routable IPs instead, see [`real_cluster`]) |
 //! | Cluster DNS, Service virtual IPs | yes | none (reach pods by IP or through EndpointSlices) |
@@ -177,6 +177,9 @@ use store::Store;
 
 /// The shortest time between two passes of the control loops.
 const RECONCILE_BATCH: Duration = Duration::from_millis(20);
+/// How long after a pod's `minReadySeconds` are over the controllers look
+/// again (availability needs "ready for longer than").
+const MIN_READY_SLACK: Duration = Duration::from_millis(10);
 
 /// How the simulator runs.
 #[derive(Debug, Clone)]
@@ -480,9 +483,18 @@ impl Cluster {
                 if let Err(e) = controllers::reconcile(&store, &ctx) {
                     tracing::debug!(error = %e, "reconcile pass");
                 }
+                // A pod turning available after minReadySeconds changes no
+                // object: wake for it (just after, as availability is
+                // "ready for longer than"), or resync, whichever is first.
+                let next = controllers::next_wake(&store)
+                    .map(|at| {
+                        Duration::try_from(at.duration_since(jiff::Timestamp::now()))
+                            .unwrap_or(Duration::ZERO)
+                    })
+                    .map_or(resync, |wait| (wait + MIN_READY_SLACK).min(resync));
                 tokio::select! {
                     _ = rx.changed() => {}
-                    () = tokio::time::sleep(resync) => {}
+                    () = tokio::time::sleep(next) => {}
                     () = token.cancelled() => break,
                 }
                 // Changes that arrive together are reconciled in one pass:

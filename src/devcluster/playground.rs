@@ -31,6 +31,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 
+use super::real_cluster::{self, RealCluster, RealClusterError};
 use super::{Cluster, ClusterError, Config};
 use crate::config::parse_positive_duration;
 use crate::domain::{Function, Scale};
@@ -147,7 +148,7 @@ pub struct PlaygroundArgs {
     #[arg(long = "command", env = "SKIPPER_COMMAND", value_name = "SHELL")]
     pub pod_command: Option<String>,
 
-    /// Write a kubeconfig for the simulated cluster here (for kubectl)
+    /// Write the cluster administrator's kubeconfig here (for kubectl)
     #[arg(long, env = "SKIPPER_KUBECONFIG_OUT", value_name = "PATH")]
     pub kubeconfig_out: Option<PathBuf>,
 
@@ -191,9 +192,94 @@ pub struct PlaygroundArgs {
     #[arg(long, env = "SKIPPER_OTLP_ENDPOINT", value_name = "URL", value_parser = parse_otlp_endpoint)]
     pub otlp_endpoint: Option<String>,
 
+    /// The Kubernetes control plane: `sim` (the embedded API simulator, nothing else needed) or
+    /// `real` (etcd, kube-apiserver, kube-controller-manager and kube-scheduler as built by
+    /// `make control-plane`, pods on a bridge of their own; needs root)
+    #[arg(long, env = "SKIPPER_CONTROL_PLANE", value_enum, default_value_t = ControlPlaneKind::Sim,
+          value_name = "sim|real", hide_possible_values = true)]
+    pub control_plane: ControlPlaneKind,
+
+    /// Where the binaries of `--control-plane real` are [default: target/control-plane, else
+    /// control-plane beside the directory of this executable]
+    #[arg(long, env = "SKIPPER_CONTROL_PLANE_DIR", value_name = "DIR")]
+    pub control_plane_dir: Option<PathBuf>,
+
     /// Log level of the playground itself (pods and the router log to files in its work directory)
     #[arg(long, env = "SKIPPER_LOG_LEVEL", default_value = "warn", ignore_case = true)]
     pub log_level: Level,
+}
+
+/// Which Kubernetes control plane `skipper dev` runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ControlPlaneKind {
+    /// The embedded Kubernetes API simulator.
+    Sim,
+    /// A real control plane built by `make control-plane`.
+    Real,
+}
+
+/// Where `make control-plane` puts the binaries, relative to the
+/// repository (and the working directory of `cargo run`).
+pub const DEFAULT_CONTROL_PLANE_DIR: &str = "target/control-plane";
+
+/// The directory holding every binary of the real control plane:
+/// `flag` when given (`--control-plane-dir`), else the first of
+/// `default` ([`DEFAULT_CONTROL_PLANE_DIR`]) and `control-plane` in the parent of
+/// `exe`'s directory (`target/debug/skipper` → `target/control-plane`)
+/// that holds them all.
+///
+/// # Errors
+/// [`PlaygroundError::ControlPlaneMissing`] naming the flag, the directories
+/// looked at and the first binary missing.
+pub fn control_plane_dir(
+    flag: Option<&Path>,
+    default: &Path,
+    exe: &Path,
+) -> Result<PathBuf, PlaygroundError> {
+    let candidates: Vec<PathBuf> = match flag {
+        Some(dir) => vec![dir.to_path_buf()],
+        None => {
+            let mut c = vec![default.to_path_buf()];
+            if let Some(beside) = exe.parent().and_then(Path::parent) {
+                let beside = beside.join("control-plane");
+                if !c.contains(&beside) {
+                    c.push(beside);
+                }
+            }
+            c
+        }
+    };
+    let missing = |dir: &Path| {
+        super::control_plane::BINARIES
+            .into_iter()
+            .find(|b| !is_executable(&dir.join(b)))
+    };
+    let mut first_missing = super::control_plane::BINARIES[0];
+    for (i, dir) in candidates.iter().enumerate() {
+        match missing(dir) {
+            None => return Ok(dir.clone()),
+            Some(b) if i == 0 => first_missing = b,
+            Some(_) => {}
+        }
+    }
+    Err(PlaygroundError::ControlPlaneMissing {
+        flag: if flag.is_some() {
+            "--control-plane-dir"
+        } else {
+            "--control-plane real"
+        },
+        binary: first_missing,
+        looked_in: candidates
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" and "),
+    })
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
 }
 
 /// Checks an OTLP/HTTP collector address: an `http://` or `https://` URL
@@ -207,6 +293,39 @@ pub fn parse_otlp_endpoint(s: &str) -> Result<String, String> {
         (Some("http" | "https"), Some(h)) if !h.is_empty() => Ok(s.trim_end_matches('/').to_owned()),
         _ => Err(format!("{s:?} is not an http:// or https:// URL with a host")),
     }
+}
+
+/// The collector address pods export to. Pods with a network of their
+/// own (`host` is the host's address on it) have their own loopback, so a
+/// loopback collector host (`127.0.0.0/8`, `::1`, `localhost`) becomes
+/// `host`; any other URL, and every URL when pods share the host's
+/// network, is kept.
+#[must_use]
+pub fn otlp_endpoint_for_pods(url: &str, host: Option<std::net::Ipv4Addr>) -> String {
+    let Some(host) = host else {
+        return url.to_owned();
+    };
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return url.to_owned();
+    };
+    let loopback = uri.host().is_some_and(|h| {
+        h.eq_ignore_ascii_case("localhost")
+            || h.trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    });
+    if !loopback {
+        return url.to_owned();
+    }
+    let scheme = uri.scheme_str().unwrap_or("http");
+    let port = uri.port_u16().map(|p| format!(":{p}")).unwrap_or_default();
+    let rest = uri
+        .path_and_query()
+        .map(http::uri::PathAndQuery::as_str)
+        .filter(|p| *p != "/")
+        .unwrap_or("");
+    format!("{scheme}://{host}{port}{rest}")
 }
 
 /// Parses `KEY=VALUE`.
@@ -230,8 +349,19 @@ pub enum PlaygroundError {
         addr: SocketAddr,
         source: std::io::Error,
     },
+    #[error(
+        "{flag}: no {binary} in {looked_in}; build the control plane with `make control-plane` (needs Go){}",
+        if *flag == "--control-plane-dir" { "" } else { " or name its directory with --control-plane-dir" }
+    )]
+    ControlPlaneMissing {
+        flag: &'static str,
+        binary: &'static str,
+        looked_in: String,
+    },
     #[error("starting the simulated cluster: {0}")]
     Cluster(#[from] ClusterError),
+    #[error("starting the real control plane: {0}")]
+    RealCluster(#[from] RealClusterError),
     #[error("--kubeconfig-out {path}: {source}")]
     KubeconfigOut { path: PathBuf, source: std::io::Error },
     #[error("manifest {file}: {reason}")]
@@ -744,7 +874,7 @@ async fn bring_up(
     Ok(Up { controller_ips })
 }
 
-fn print_ready(args: &PlaygroundArgs, cluster: &PlaygroundCluster, up: &Up) {
+fn print_ready(args: &PlaygroundArgs, cluster: &PlaygroundCluster, up: &Up, took: Duration, describe: &str) {
     let work_dir = &cluster.work_dir;
     let pool = args.pools.first().map_or("fixture", |p| p.name.as_str());
     let function = example_function(pool, "t1");
@@ -762,6 +892,10 @@ fn print_ready(args: &PlaygroundArgs, cluster: &PlaygroundCluster, up: &Up) {
     println!("  web UI:        http://{first}:{CONTROLLER_WEB_PORT}/ (every controller serves one)");
     if let Some(url) = &args.otlp_endpoint {
         println!("  traces:        OTLP/HTTP to {url} (router, controllers, pool pods)");
+        let pods = otlp_endpoint_for_pods(url, cluster.host_on_pod_network);
+        if &pods != url {
+            println!("                 pods send to {pods}: the host on the pod network (listen there too)");
+        }
     }
     println!("  controllers:   {members} (gRPC :{CONTROLLER_PORT}, metrics :{CONTROLLER_METRICS_PORT})");
     println!("  metrics:       curl -s http://{}/metrics", args.metrics_listen);
@@ -774,6 +908,7 @@ fn print_ready(args: &PlaygroundArgs, cluster: &PlaygroundCluster, up: &Up) {
         "  logs:          {} (router.log; pods/<namespace>_<pod>/logs/<container>/<restart>.log)",
         work_dir.display()
     );
+    println!("  started in:    {:.1}s ({describe})", took.as_secs_f64());
     println!("  stop:          Ctrl-C");
 }
 
@@ -788,37 +923,115 @@ struct PlaygroundCluster {
     kubeconfig: PathBuf,
     /// Holds the router's log and token, and the pods' directories.
     work_dir: PathBuf,
+    /// The host's address as pods reach it, when pods have a network of
+    /// their own (the real control plane's bridge gateway); `None` when
+    /// they share the host's.
+    host_on_pod_network: Option<std::net::Ipv4Addr>,
 }
 
 /// What runs the Kubernetes API and the pods.
 enum Backend {
     /// The embedded simulator with its node agent.
     Simulator(Cluster),
+    /// A real control plane with the node agent, pods on a bridge.
+    Real(Box<RealCluster>),
+}
+
+/// The control plane the flags ask for, checked before anything starts.
+enum Target {
+    Simulator,
+    Real { bin_dir: PathBuf },
+}
+
+impl Target {
+    fn from_args(args: &PlaygroundArgs, exe: &Path) -> Result<Self, PlaygroundError> {
+        match args.control_plane {
+            ControlPlaneKind::Sim => Ok(Self::Simulator),
+            ControlPlaneKind::Real => Ok(Self::Real {
+                bin_dir: control_plane_dir(
+                    args.control_plane_dir.as_deref(),
+                    Path::new(DEFAULT_CONTROL_PLANE_DIR),
+                    exe,
+                )?,
+            }),
+        }
+    }
+
+    fn describe(&self) -> &'static str {
+        match self {
+            Self::Simulator => "simulated control plane",
+            Self::Real { .. } => "real control plane",
+        }
+    }
 }
 
 impl PlaygroundCluster {
-    async fn start(args: &PlaygroundArgs, exe: &Path) -> Result<Self, PlaygroundError> {
-        let cluster = Cluster::start(Config {
-            skipper_exe: exe.to_path_buf(),
-            restart_backoff: super::kubelet::BackoffPolicy {
-                initial: args.restart_backoff,
-                max: args.restart_backoff.saturating_mul(30),
-            },
-            ..Config::default()
-        })
-        .await?;
-        let client = cluster.client()?;
-        let kubeconfig = cluster.kubeconfig_path().to_path_buf();
-        let work_dir = kubeconfig
-            .parent()
-            .unwrap_or_else(|| Path::new("."))
-            .to_path_buf();
-        Ok(Self {
-            backend: Backend::Simulator(cluster),
-            client,
-            kubeconfig,
-            work_dir,
-        })
+    async fn start(args: &PlaygroundArgs, exe: &Path, target: Target) -> Result<Self, PlaygroundError> {
+        let restart_backoff = super::kubelet::BackoffPolicy {
+            initial: args.restart_backoff,
+            max: args.restart_backoff.saturating_mul(30),
+        };
+        match target {
+            Target::Simulator => {
+                let cluster = Cluster::start(Config {
+                    skipper_exe: exe.to_path_buf(),
+                    restart_backoff,
+                    ..Config::default()
+                })
+                .await?;
+                let client = cluster.client()?;
+                let kubeconfig = cluster.kubeconfig_path().to_path_buf();
+                let work_dir = kubeconfig
+                    .parent()
+                    .unwrap_or_else(|| Path::new("."))
+                    .to_path_buf();
+                Ok(Self {
+                    backend: Backend::Simulator(cluster),
+                    client,
+                    kubeconfig,
+                    work_dir,
+                    host_on_pod_network: None,
+                })
+            }
+            Target::Real { bin_dir } => {
+                let sim = Config::default();
+                let cluster = RealCluster::start(real_cluster::Config {
+                    control_plane: super::control_plane::Config {
+                        bin_dir,
+                        ..super::control_plane::Config::default()
+                    },
+                    skipper_exe: exe.to_path_buf(),
+                    // The simulator's nodes, one per zone.
+                    nodes: sim
+                        .zones
+                        .iter()
+                        .enumerate()
+                        .map(|(i, zone)| super::kubelet::NodeSpec {
+                            name: format!("node-{i}"),
+                            zone: zone.clone(),
+                        })
+                        .collect(),
+                    restart_backoff,
+                    metrics_interval: sim.metrics_interval,
+                    volume_resync: sim.volume_resync,
+                    // The controllers read pod metrics, as from metrics-server.
+                    metrics_api: true,
+                    ..real_cluster::Config::default()
+                })
+                .await?;
+                let client = cluster.client().await?;
+                let kubeconfig = cluster.admin_kubeconfig().to_path_buf();
+                let work_dir = cluster.work_dir().to_path_buf();
+                let host_on_pod_network = Some(cluster.bridge().gateway());
+                Ok(Self {
+                    backend: Backend::Real(Box::new(cluster)),
+                    client,
+                    kubeconfig,
+                    work_dir,
+                    host_on_pod_network,
+                })
+            }
+        }
     }
 
     /// Copies the administrator's kubeconfig to `path` (mode 0600).
@@ -842,6 +1055,7 @@ impl PlaygroundCluster {
     async fn shutdown(self) {
         match self.backend {
             Backend::Simulator(cluster) => cluster.shutdown().await,
+            Backend::Real(cluster) => cluster.shutdown().await,
         }
     }
 }
@@ -852,11 +1066,15 @@ impl PlaygroundCluster {
 /// [`PlaygroundError`]: a busy `--listen`, a manifest the cluster rejects,
 /// or a part that does not come up within `--ready-timeout`.
 pub async fn run(args: PlaygroundArgs) -> Result<ExitCode, PlaygroundError> {
+    let started = std::time::Instant::now();
     telemetry::init(&telemetry::Args {
         log_level: args.log_level,
         log_format: Format::Text,
         ..telemetry::Args::default()
     });
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("skipper"));
+    let target = Target::from_args(&args, &exe)?;
+    let describe = target.describe();
     // Fail at once on a busy port, before anything starts.
     drop(
         TcpListener::bind(args.listen)
@@ -868,15 +1086,14 @@ pub async fn run(args: PlaygroundArgs) -> Result<ExitCode, PlaygroundError> {
     );
     let shutdown = Shutdown::new();
     shutdown.trigger_on_signals().map_err(PlaygroundError::Signals)?;
-    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("skipper"));
-    let cluster = PlaygroundCluster::start(&args, &exe).await?;
+    let cluster = PlaygroundCluster::start(&args, &exe, target).await?;
     let result = match &args.kubeconfig_out {
         Some(path) => cluster.write_kubeconfig(path),
         None => Ok(()),
     };
     let result = match result {
         Ok(()) => tokio::select! {
-            r = serve(&args, &cluster, &exe, &shutdown) => r,
+            r = serve(&args, &cluster, &exe, &shutdown, (started, describe)) => r,
             () = shutdown.cancelled() => Ok(()),
         },
         Err(e) => Err(e),
@@ -891,8 +1108,9 @@ async fn serve(
     cluster: &PlaygroundCluster,
     exe: &Path,
     shutdown: &Shutdown,
+    (started, describe): (std::time::Instant, &str),
 ) -> Result<(), PlaygroundError> {
-    apply_manifests(args, &cluster.client).await?;
+    apply_manifests(args, cluster).await?;
     let work_dir = &cluster.work_dir;
     keep_router_token(cluster.client.clone(), work_dir.join(ROUTER_TOKEN_FILE), shutdown).await?;
     let mut router = spawn_router(args, exe, &cluster.kubeconfig, work_dir)?;
@@ -903,7 +1121,7 @@ async fn serve(
             return Err(e);
         }
     };
-    print_ready(args, cluster, &up);
+    print_ready(args, cluster, &up, started.elapsed(), describe);
     let exited = tokio::select! {
         () = shutdown.cancelled() => None,
         status = router.child.wait() => Some(status),
@@ -925,8 +1143,12 @@ async fn serve(
     }
 }
 
-async fn apply_manifests(args: &PlaygroundArgs, client: &kube::Client) -> Result<(), PlaygroundError> {
-    let client = client.clone();
+async fn apply_manifests(args: &PlaygroundArgs, cluster: &PlaygroundCluster) -> Result<(), PlaygroundError> {
+    let client = cluster.client.clone();
+    let pods_otlp = args
+        .otlp_endpoint
+        .as_deref()
+        .map(|url| otlp_endpoint_for_pods(url, cluster.host_on_pod_network));
     let key = SigningKey::generate();
     let public_pem = key.verifying_key().to_pem();
     for d in documents("namespace.yaml", NAMESPACE_YAML)? {
@@ -971,7 +1193,7 @@ async fn apply_manifests(args: &PlaygroundArgs, client: &kube::Client) -> Result
                 POOL_NAMESPACE,
                 pool,
                 args.pod_command.as_deref(),
-                args.otlp_endpoint.as_deref(),
+                pods_otlp.as_deref(),
             )?,
         )
         .await?;
@@ -987,7 +1209,7 @@ async fn apply_manifests(args: &PlaygroundArgs, client: &kube::Client) -> Result
         crate::config::format_duration(args.heartbeat_timeout),
     );
     env.insert("SKIPPER_LOG_FORMAT".into(), "text".into());
-    if let Some(url) = &args.otlp_endpoint {
+    if let Some(url) = &pods_otlp {
         env.insert("SKIPPER_TELEMETRY".into(), "true".into());
         env.insert("OTEL_EXPORTER_OTLP_ENDPOINT".into(), url.clone());
     }
@@ -1035,6 +1257,78 @@ mod tests {
         assert_eq!(value("SKIPPER_TELEMETRY"), Some(json!("true")));
         let plain = pool_manifest("default", &pool, None, None).unwrap();
         assert!(!plain.to_string().contains("OTEL_EXPORTER_OTLP_ENDPOINT"));
+    }
+
+    #[test]
+    fn control_plane_dir_is_the_flag_or_the_first_default_with_every_binary() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let root = std::env::temp_dir().join(format!("skipper-cp-dir-{:016x}", rand::random::<u64>()));
+        let fill = |dir: &Path, binaries: &[&str]| {
+            std::fs::create_dir_all(dir).unwrap();
+            for b in binaries {
+                let path = dir.join(b);
+                std::fs::write(&path, "").unwrap();
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+        };
+        let all = super::super::control_plane::BINARIES;
+        let (default, beside, flagged, partial) = (
+            root.join("target/control-plane"),
+            root.join("install/control-plane"),
+            root.join("mine"),
+            root.join("partial"),
+        );
+        let exe = root.join("install/bin/skipper");
+        // Nothing built: one error naming the flag, the directories and `make control-plane`.
+        let err = control_plane_dir(None, &default, &exe).unwrap_err().to_string();
+        assert!(err.starts_with("--control-plane real: no etcd in "), "{err}");
+        assert!(
+            err.contains(&default.display().to_string()) && err.contains(&beside.display().to_string()),
+            "{err}"
+        );
+        assert!(err.contains("`make control-plane`"), "{err}");
+        // Beside the executable, when the default has nothing.
+        fill(&beside, &all);
+        assert_eq!(control_plane_dir(None, &default, &exe).unwrap(), beside);
+        // The default first.
+        fill(&default, &all);
+        assert_eq!(control_plane_dir(None, &default, &exe).unwrap(), default);
+        // The flag wins, and must hold every binary (executable).
+        fill(&flagged, &all);
+        assert_eq!(
+            control_plane_dir(Some(&flagged), &default, &exe).unwrap(),
+            flagged
+        );
+        fill(&partial, &["etcd", "kube-apiserver"]);
+        std::fs::write(partial.join("kube-controller-manager"), "").unwrap();
+        let err = control_plane_dir(Some(&partial), &default, &exe)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("--control-plane-dir: no kube-controller-manager in "),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn pods_on_a_network_of_their_own_reach_a_loopback_collector_through_the_host() {
+        let gw = Some(std::net::Ipv4Addr::new(10, 213, 7, 1));
+        for (url, host, want) in [
+            ("http://127.0.0.1:4318", gw, "http://10.213.7.1:4318"),
+            ("http://localhost:4318", gw, "http://10.213.7.1:4318"),
+            ("https://[::1]:4318/base", gw, "https://10.213.7.1:4318/base"),
+            ("http://127.3.2.1", gw, "http://10.213.7.1"),
+            (
+                "http://collector.example:4318",
+                gw,
+                "http://collector.example:4318",
+            ),
+            ("http://10.0.0.5:4318", gw, "http://10.0.0.5:4318"),
+            ("http://127.0.0.1:4318", None, "http://127.0.0.1:4318"),
+        ] {
+            assert_eq!(otlp_endpoint_for_pods(url, host), want, "{url} with {host:?}");
+        }
     }
 
     #[test]

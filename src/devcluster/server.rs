@@ -300,7 +300,13 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
         let parsed: Option<Value> = if parts.method == Method::PATCH {
             serde_json::from_slice(&body).ok()
         } else {
-            parse_object(&parts.headers, &body, Expect::ANY).ok()
+            parse_object(
+                &Decoding::new(FieldValidation::Ignore),
+                &parts.headers,
+                &body,
+                Expect::ANY,
+            )
+            .ok()
         };
         if let Err(why) = rbac::node_restriction(&shared.store, node, &attrs, parsed.as_ref()) {
             let mut e = ApiError::forbidden(&user.name, &attrs);
@@ -318,6 +324,15 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
             return e.into_response();
         }
     }
+    let validation = if matches!(parts.method, Method::POST | Method::PUT | Method::PATCH) {
+        match FieldValidation::from_query(&parts.method, &q) {
+            Ok(v) => v,
+            Err(e) => return e.into_response(),
+        }
+    } else {
+        FieldValidation::Ignore
+    };
+    let decoding = Decoding::new(validation);
     let request = Req {
         user: &user,
         attrs: &attrs,
@@ -325,11 +340,18 @@ pub async fn handle(State(shared): State<Arc<Shared>>, req: Request) -> Response
         path: &path,
         q: &q,
         headers: &parts.headers,
+        decoding: &decoding,
     };
-    match serve(&shared, &request, body) {
+    let mut response = match serve(&shared, &request, body) {
         Ok(r) => r,
         Err(e) => e.into_response(),
+    };
+    for warning in decoding.take_warnings() {
+        if let Some(value) = warning_header(&warning) {
+            response.headers_mut().append(header::WARNING, value);
+        }
     }
+    response
 }
 
 /// What kube-apiserver's RequestInfo makes of a request: a resource request
@@ -546,6 +568,7 @@ struct Req<'a> {
     path: &'a str,
     q: &'a HashMap<String, String>,
     headers: &'a HeaderMap,
+    decoding: &'a Decoding,
 }
 
 fn sim_endpoint(shared: &Shared, method: &Method, rest: &str, q: &HashMap<String, String>) -> Response {
@@ -613,6 +636,7 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
         path,
         q,
         headers,
+        decoding,
     } = *req;
     if path == "/openapi/v3" || path == "/openapi/v3/" {
         return Ok(json_response(StatusCode::OK, &resources::openapi_v3_root()));
@@ -655,7 +679,7 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
         if *method != Method::POST || name.is_some() {
             return Err(ApiError::MethodNotAllowed);
         }
-        let obj = parse_object(headers, &body, Expect::of(res))?;
+        let obj = parse_object(decoding, headers, &body, Expect::of(res))?;
         let answer = match res.kind {
             "TokenReview" => reviews::token_review(&shared.auth, &shared.store, &obj)?,
             "SelfSubjectReview" => reviews::self_subject_review(user),
@@ -674,7 +698,7 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
         if *method != Method::POST {
             return Err(ApiError::MethodNotAllowed);
         }
-        let obj = parse_object(headers, &body, Expect::TOKEN_REQUEST)?;
+        let obj = parse_object(decoding, headers, &body, Expect::TOKEN_REQUEST)?;
         if let Some(node) = user.node_name() {
             reviews::node_may_request_token(&shared.store, node, ns, &obj)?;
         }
@@ -767,7 +791,7 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
             } else {
                 String::new()
             };
-            let obj = parse_object(headers, &body, Expect::of(res))?;
+            let obj = parse_object(decoding, headers, &body, Expect::of(res))?;
             let mut obj = prepare_create(res, obj)?;
             if res.kind == "Pod" {
                 obj = super::admission::admit_pod(store, &ns, obj);
@@ -781,7 +805,7 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
             } else {
                 Expect::of(res)
             };
-            let new = parse_object(headers, &body, expect)?;
+            let new = parse_object(decoding, headers, &body, expect)?;
             let updated = match sub {
                 Some("scale") => {
                     let replicas = new.pointer("/spec/replicas").cloned().unwrap_or(json!(0));
@@ -823,6 +847,7 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
                 store.update_with(res, &ns_str, &name, dry_run, |cur| {
                     let mut doc = cur.clone();
                     patch::apply(&mut doc, kind, &body)?;
+                    strict_patch(decoding, res, cur, &mut doc)?;
                     *cur = merge_status(res, sub, cur, doc);
                     Ok(())
                 })?
@@ -858,6 +883,44 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
             Ok(json_response(StatusCode::OK, &list_doc(res, deleted, rv, None)))
         }
         _ => Err(ApiError::MethodNotAllowed),
+    }
+}
+
+/// Drops the members a patch added that the kind has no field for; under
+/// `fieldValidation=Strict` refuses the patch instead (`422`, as
+/// kube-apiserver's patcher).
+fn strict_patch(
+    decoding: &Decoding,
+    res: &'static ResourceDef,
+    cur: &Value,
+    doc: &mut Value,
+) -> Result<(), ApiError> {
+    let (api_version, kind) = (res.api_version(), res.kind);
+    let Some(unknown) = protobuf::drop_unknown(&mut doc.clone(), &api_version, kind) else {
+        return Ok(());
+    };
+    // Members the stored object already had are not the patch's doing.
+    let before = protobuf::drop_unknown(&mut cur.clone(), &api_version, kind).unwrap_or_default();
+    let added: Vec<String> = unknown
+        .into_iter()
+        .filter(|p| !before.contains(p))
+        .map(|p| protobuf::Issue::Unknown(p).to_string())
+        .collect();
+    if added.is_empty() {
+        return Ok(());
+    }
+    let patched = doc.to_string();
+    protobuf::drop_unknown(doc, &api_version, kind);
+    match decoding.validation {
+        FieldValidation::Strict => Err(ApiError::Invalid(format!(
+            " \"\" is invalid: patch: Invalid value: {patched:?}: {}",
+            strict_decoding_error(&added)
+        ))),
+        FieldValidation::Warn => {
+            decoding.warn(added);
+            Ok(())
+        }
+        FieldValidation::Ignore => Ok(()),
     }
 }
 
@@ -940,6 +1003,80 @@ fn follow_log(
 
 fn table_str(s: Option<&str>) -> String {
     s.unwrap_or("").to_owned()
+}
+
+/// `?fieldValidation=`: what a write does with members of its body that the
+/// kind has no field for (they are never stored).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum FieldValidation {
+    /// Drop them silently.
+    Ignore,
+    /// Drop them with a `Warning` header each (the default).
+    Warn,
+    /// Refuse the request (`400`, or `422` for a patch).
+    Strict,
+}
+
+impl FieldValidation {
+    fn from_query(method: &Method, q: &HashMap<String, String>) -> Result<Self, ApiError> {
+        match q.get("fieldValidation").map(String::as_str) {
+            None | Some("" | "Warn") => Ok(Self::Warn),
+            Some("Ignore") => Ok(Self::Ignore),
+            Some("Strict") => Ok(Self::Strict),
+            Some(other) => {
+                let options = match *method {
+                    Method::PUT => "UpdateOptions",
+                    Method::PATCH => "PatchOptions",
+                    _ => "CreateOptions",
+                };
+                Err(ApiError::Invalid(format!(
+                    "{options}.meta.k8s.io \"\" is invalid: fieldValidation: Unsupported value: {other:?}: supported values: \"\", \"Ignore\", \"Strict\", \"Warn\""
+                )))
+            }
+        }
+    }
+}
+
+/// How one request's bodies are decoded, and the warnings they leave.
+struct Decoding {
+    validation: FieldValidation,
+    warnings: Mutex<Vec<String>>,
+}
+
+impl Decoding {
+    fn new(validation: FieldValidation) -> Self {
+        Self {
+            validation,
+            warnings: Mutex::new(Vec::new()),
+        }
+    }
+
+    fn warn(&self, texts: Vec<String>) {
+        self.warnings
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .extend(texts);
+    }
+
+    fn take_warnings(&self) -> Vec<String> {
+        std::mem::take(
+            &mut *self
+                .warnings
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        )
+    }
+}
+
+/// `strict decoding error: unknown field "a", duplicate field "b"`.
+fn strict_decoding_error(issues: &[String]) -> String {
+    format!("strict decoding error: {}", issues.join(", "))
+}
+
+/// The `Warning` header value of one warning (RFC 7234 `299 - "text"`).
+fn warning_header(text: &str) -> Option<axum::http::HeaderValue> {
+    let quoted = text.replace('\\', "\\\\").replace('"', "\\\"");
+    axum::http::HeaderValue::from_str(&format!("299 - \"{quoted}\"")).ok()
 }
 
 /// The media types a request body may have (a `415` lists them).
@@ -1085,24 +1222,55 @@ fn body_media_type(headers: &HeaderMap) -> String {
 /// The object in a request body, of kind `expect`: JSON, YAML, or Kubernetes'
 /// protobuf encoding (client-go's typed clients, such as kubectl's `create`
 /// and `auth can-i`). Other media types answer `415`.
-fn parse_object(headers: &HeaderMap, body: &[u8], expect: Expect<'_>) -> Result<Value, ApiError> {
-    let v: Value = match body_media_type(headers).as_str() {
-        "" | "application/json" => serde_json::from_slice(body)
+fn parse_object(
+    decoding: &Decoding,
+    headers: &HeaderMap,
+    body: &[u8],
+    expect: Expect<'_>,
+) -> Result<Value, ApiError> {
+    let media_type = body_media_type(headers);
+    let (mut v, mut issues): (Value, Vec<protobuf::Issue>) = match media_type.as_str() {
+        "" | "application/json" => protobuf::decode_json(body, &expect.api_version(), expect.kind)
             .map_err(|e| ApiError::BadRequest(format!("the object could not be decoded as JSON: {e}")))?,
-        "application/yaml" => serde_yaml_ng::from_slice(body)
-            .map_err(|e| ApiError::BadRequest(format!("the object could not be decoded as YAML: {e}")))?,
-        protobuf::MEDIA_TYPE => {
-            protobuf::decode(body, (&expect.api_version(), expect.kind)).map_err(|e| match e.type_meta() {
-                Some((api_version, kind)) => expect.cannot_handle(api_version, kind, &e.to_string()),
-                None => expect.unrecognized(body, &e.to_string()),
-            })?
-        }
+        "application/yaml" => (
+            serde_yaml_ng::from_slice(body)
+                .map_err(|e| ApiError::BadRequest(format!("the object could not be decoded as YAML: {e}")))?,
+            Vec::new(),
+        ),
+        protobuf::MEDIA_TYPE => (
+            protobuf::decode(body, (&expect.api_version(), expect.kind)).map_err(|e| {
+                match e.type_meta() {
+                    Some((api_version, kind)) => expect.cannot_handle(api_version, kind, &e.to_string()),
+                    None => expect.unrecognized(body, &e.to_string()),
+                }
+            })?,
+            Vec::new(),
+        ),
         _ => return Err(ApiError::UnsupportedMediaType(BODY_MEDIA_TYPES)),
     };
     if !v.is_object() {
         return Err(ApiError::BadRequest("the body must be a JSON object".into()));
     }
     expect.check(&v)?;
+    if media_type == "application/yaml"
+        && let Some(unknown) = protobuf::drop_unknown(&mut v, &expect.api_version(), expect.kind)
+    {
+        issues.extend(unknown.into_iter().map(protobuf::Issue::Unknown));
+    }
+    if !issues.is_empty() {
+        let texts: Vec<String> = issues.iter().map(ToString::to_string).collect();
+        match decoding.validation {
+            FieldValidation::Strict => {
+                let api_version = v
+                    .get("apiVersion")
+                    .and_then(Value::as_str)
+                    .map_or_else(|| expect.api_version(), str::to_owned);
+                return Err(expect.cannot_handle(&api_version, expect.kind, &strict_decoding_error(&texts)));
+            }
+            FieldValidation::Warn => decoding.warn(texts),
+            FieldValidation::Ignore => {}
+        }
+    }
     Ok(v)
 }
 

@@ -101,6 +101,10 @@ pub enum NetworkError {
     NoSubnet,
     #[error("no free pod address on the bridge {bridge} (it holds {capacity} pods)")]
     Exhausted { bridge: String, capacity: usize },
+    #[error("the pod bridge {0} is removed")]
+    Removed(String),
+    #[error("setting up the pod's network was interrupted: {0}")]
+    Interrupted(String),
 }
 
 // ---------------------------------------------------------------------------
@@ -527,6 +531,9 @@ impl Bridge {
     /// # Errors
     /// [`NetworkError`]: no free address, or an `ip` command that failed.
     pub fn attach(self: &Arc<Self>) -> Result<PodLink, NetworkError> {
+        if self.removed.load(Ordering::SeqCst) {
+            return Err(NetworkError::Removed(self.name.clone()));
+        }
         let addr = self.pool().allocate().ok_or_else(|| NetworkError::Exhausted {
             bridge: self.name.clone(),
             capacity: IpPool::capacity(),

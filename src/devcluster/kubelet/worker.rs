@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::agent::Ctx;
 use super::env::{self, PodFacts, Sources};
-use super::network::{PodLink, PodNetwork};
+use super::network::{NetworkError, PodLink, PodNetwork};
 use super::probe::{self, Kind};
 use super::restart::{Backoff, RestartPolicy, Role, go_duration, restarts};
 use super::runtime::{self, Exit, LaunchError};
@@ -323,6 +323,11 @@ impl Worker {
             }
         }
         self.release();
+        // The veth and the network namespace go with the pod (`ip` runs off
+        // the async workers).
+        if let Some(link) = self.link.take() {
+            let _ = tokio::task::spawn_blocking(move || drop(link)).await;
+        }
     }
 
     /// Returns `true` when the pod disappeared from the API, `false` when it
@@ -401,7 +406,14 @@ impl Worker {
                 {
                     self.ip = Some(self.ctx.host_ip());
                 }
-                PodNetwork::Bridge(bridge) => match bridge.attach() {
+                // `ip` runs off the async workers.
+                PodNetwork::Bridge(bridge) => match tokio::task::spawn_blocking({
+                    let bridge = bridge.clone();
+                    move || bridge.attach()
+                })
+                .await
+                .unwrap_or_else(|e| Err(NetworkError::Interrupted(e.to_string())))
+                {
                     Ok(link) => {
                         self.ip = Some(link.ip());
                         self.link = Some(link);
@@ -1219,8 +1231,6 @@ impl Worker {
                 r.probes.cancel();
             }
         }
-        // The veth and the network namespace go with the pod.
-        self.link = None;
         self.ctx.registry.remove(&self.uid);
     }
 

@@ -19,8 +19,11 @@
 //! types that the real control plane in `tools/k8s` is built from (see
 //! `tools/k8s/protoschema`).
 
+mod fields;
 #[rustfmt::skip]
 mod schema;
+
+pub use fields::{Issue, decode_json, drop_unknown};
 
 use base64::Engine as _;
 use serde_json::{Map, Value};
