@@ -3,6 +3,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "common/backend.rs"]
+mod backend;
 #[path = "common/controller.rs"]
 mod harness;
 
@@ -147,7 +149,7 @@ async fn failed_assign_deletes_the_pod_and_reports_the_error() {
     let mut ctl = Ctl::start(&sim, config, listener).await;
 
     for (deployment, expect) in [("broken", "status=500"), ("slow", "timed out")] {
-        let victim = sim.free_pods(deployment)[0].clone();
+        let victim = sim.free_pods(deployment).await[0].clone();
         let f = function(deployment, "t1", 1);
         let err = ctl
             .grpc
@@ -226,22 +228,26 @@ async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
             (gauge() == 1).then_some(())
         })
         .await;
-        sim.scale_pool(&deployment, 1).await;
+        // A watch of the pool records when its pod turns Ready.
         let selector = format!("skipper/deployment={deployment}");
-        // Watch, at millisecond granularity, for the pod turning Ready until
-        // the claim has returned.
-        let ready_at = tokio::time::timeout(Duration::from_secs(20), async {
-            let mut ready_at = None;
-            while !waiting.is_finished() {
-                if ready_at.is_none() && !sim.cluster.ready_pods(NS, &selector).is_empty() {
-                    ready_at = Some(tokio::time::Instant::now());
+        let pods = kube::Api::<k8s_openapi::api::core::v1::Pod>::namespaced(sim.client.clone(), NS);
+        let ready_seen = tokio::spawn(async move {
+            use futures::StreamExt as _;
+            use kube::runtime::WatchStreamExt as _;
+            let config = kube::runtime::watcher::Config::default().labels(&selector);
+            let mut events = std::pin::pin!(kube::runtime::watcher(pods, config).applied_objects());
+            while let Some(event) = events.next().await {
+                if event.is_ok_and(|p| harness::pod_ready(&p)) {
+                    return tokio::time::Instant::now();
                 }
-                tokio::time::sleep(Duration::from_millis(1)).await;
             }
-            ready_at
-        })
-        .await
-        .expect("the claim completes");
+            panic!("the pod watch ended");
+        });
+        sim.scale_pool(&deployment, 1).await;
+        let ready_at = tokio::time::timeout(Duration::from_secs(20), ready_seen)
+            .await
+            .expect("the pool's pod turns Ready")
+            .unwrap();
         let (result, done_at) = waiting.await.unwrap();
         let instance = result.unwrap();
         assert!(instance.ready_at.is_some());
@@ -252,7 +258,6 @@ async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
         // is not yet Ready in its cache.)
         let timing = instance.assign_timing.expect("the assigner's timing");
         let claimed_at = done_at - timing.assign;
-        let ready_at = ready_at.unwrap_or(claimed_at);
         best = best.min(claimed_at.saturating_duration_since(ready_at));
     }
     assert!(

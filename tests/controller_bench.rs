@@ -10,6 +10,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
+#[path = "common/backend.rs"]
+mod backend;
 #[path = "common/controller.rs"]
 mod harness;
 
@@ -76,7 +78,7 @@ async fn cold_and_warm_get_instance_latency() {
     let mut direct = Vec::new();
     for i in 0..COLD {
         let pod = eventually(Duration::from_secs(30), "a free pool pod", || async {
-            sim.free_pods("direct").first().cloned()
+            sim.free_pods("direct").await.first().cloned()
         })
         .await;
         let p = sim.live_pod(&pod).await.unwrap();
@@ -99,7 +101,7 @@ async fn cold_and_warm_get_instance_latency() {
         // Take it out of the pool (as a claim would) and delete it.
         sim.delete_pod(NS, &pod).await;
         eventually(Duration::from_secs(10), "pod gone from the pool", || async {
-            (!sim.free_pods("direct").contains(&pod)).then_some(())
+            (!sim.free_pods("direct").await.contains(&pod)).then_some(())
         })
         .await;
     }
@@ -109,7 +111,7 @@ async fn cold_and_warm_get_instance_latency() {
     let mut warm_tenant = None;
     for i in 0..COLD {
         eventually(Duration::from_secs(30), "a free pool pod", || async {
-            (!sim.free_pods("bench").is_empty()).then_some(())
+            (!sim.free_pods("bench").await.is_empty()).then_some(())
         })
         .await;
         // Let the controller's cache see it too.

@@ -4,6 +4,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "common/backend.rs"]
+mod backend;
 #[path = "common/controller.rs"]
 mod harness;
 
@@ -223,7 +225,7 @@ async fn stuck_instance_is_cleaned_up() {
     let f = function("stuck", "frozen", 1);
     // Claim a pod the way a controller that crashed before the assign
     // request would have left it: assigned an hour ago, never ready.
-    let victim = sim.free_pods("stuck")[0].clone();
+    let victim = sim.free_pods("stuck").await[0].clone();
     let ops = skipper::controller::kube::pods::claim_ops(
         &f,
         std::time::SystemTime::now() - Duration::from_secs(3600),
@@ -310,7 +312,7 @@ async fn oneshot_gets_a_pod_per_request_and_release_deletes_it() {
             .unwrap();
     }
     // A pool pod is not Skipper-assigned: refused.
-    let pool_pod = sim.free_pods("once")[0].clone();
+    let pool_pod = sim.free_pods("once").await[0].clone();
     let err = ctl
         .grpc
         .release_instance(api::ReleaseInstanceRequest {
@@ -344,7 +346,7 @@ async fn no_ready_instance_at_max_plus_one_waits_instead_of_spinning() {
     let mut ctl = Ctl::single(&sim).await;
     let f = function("full", "jammed", 1);
     // Two claimed, never-ready instances (max 1 → max + 1 = 2 exist).
-    for pod in sim.free_pods("full").into_iter().take(2) {
+    for pod in sim.free_pods("full").await.into_iter().take(2) {
         let ops = skipper::controller::kube::pods::claim_ops(&f, std::time::SystemTime::now());
         let patch: Patch<()> = Patch::Json(serde_json::from_value(ops).unwrap());
         Api::<Pod>::namespaced(sim.client.clone(), NS)
@@ -388,7 +390,7 @@ async fn discovery_deletes_tenant_pods_without_a_valid_function() {
     sim.deploy_pool("junk", 2, &[]).await;
     sim.wait_pool("junk", 2, Duration::from_secs(20)).await;
     let ctl = Ctl::single(&sim).await;
-    let victim = sim.free_pods("junk")[0].clone();
+    let victim = sim.free_pods("junk").await[0].clone();
     Api::<Pod>::namespaced(sim.client.clone(), NS)
         .patch(
             &victim,

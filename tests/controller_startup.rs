@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "common/backend.rs"]
+mod backend;
 #[path = "common/controller.rs"]
 mod harness;
 
@@ -38,8 +40,14 @@ async fn health_of(addr: std::net::SocketAddr) -> Option<i32> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forbidden_namespace_fails_start_up_unless_skipped() {
-    let sim = Sim::start().await;
-    sim.cluster.forbid_namespace(NS);
+    let Some(sim) = Sim::simulator_only(
+        "it forbids a namespace by the simulator's fault injection (the controller runs as the administrator)",
+    )
+    .await
+    else {
+        return;
+    };
+    sim.cluster().forbid_namespace(NS);
 
     // Without the flag: start-up fails, naming the namespace.
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -80,7 +88,13 @@ async fn a_forbidden_namespace_fails_start_up_unless_skipped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_is_serving_once_caches_sync_before_the_ring_forms() {
-    let sim = Sim::start().await;
+    let Some(sim) = Sim::simulator_only(
+        "in-process controllers listen on their controller pod's IP, which on the real control plane belongs to the pod's network namespace",
+    )
+    .await
+    else {
+        return;
+    };
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let mut config = sim.config("127.0.0.1");

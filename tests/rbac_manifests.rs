@@ -1,6 +1,8 @@
 //! Skipper's controller runs as its ServiceAccount under exactly the Roles
 //! of `manifests/` (`rbac.yaml` and `example-pool.yaml`), and removing a
-//! verb those Roles grant makes the named start-up test fail with 403.
+//! verb those Roles grant makes a named test fail with 403: the start-up
+//! test for the verbs start-up needs, the claim-path test (claim, usage,
+//! release, ring changes; it needs pods) for every verb.
 //!
 //! Each runs against the simulator and the real control plane.
 
@@ -92,9 +94,14 @@ async fn apply_rbac(b: &Backend) {
 /// A controller pod in `skipper`, Ready on `ip`, written as a kubelet
 /// would report it (the ring's one member).
 async fn ready_controller_pod(b: &Backend, ip: &str) {
+    ready_controller_pod_named(b, "controller-0", ip).await;
+}
+
+/// [`ready_controller_pod`] named `name`.
+async fn ready_controller_pod_named(b: &Backend, name: &str, ip: &str) {
     let pods: Api<Pod> = Api::namespaced(b.client().await, CTL_NS);
     let pod: Pod = serde_json::from_value(json!({
-        "metadata": {"name": "controller-0", "labels": {
+        "metadata": {"name": name, "labels": {
             "app.kubernetes.io/name": "skipper", "app.kubernetes.io/component": "controller"}},
         "spec": {"nodeName": "node-a", "serviceAccountName": SA,
                  "containers": [{"name": "controller", "image": "skipper", "command": ["sleep", "3600"]}]},
@@ -103,7 +110,7 @@ async fn ready_controller_pod(b: &Backend, ip: &str) {
     pods.create(&PostParams::default(), &pod).await.unwrap();
     let now = jiff::Timestamp::now().to_string();
     pods.patch_status(
-        "controller-0",
+        name,
         &PatchParams::default(),
         &Patch::Merge(json!({"status": {
             "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
@@ -113,6 +120,34 @@ async fn ready_controller_pod(b: &Backend, ip: &str) {
     )
     .await
     .unwrap();
+}
+
+/// A second Ready controller pod, `controller-joiner` on `ip`.
+async fn joining_controller_pod(b: &Backend, ip: &str) {
+    ready_controller_pod_named(b, "controller-joiner", ip).await;
+}
+
+/// Removes `controller-joiner` at once (no node runs it), if it exists.
+async fn leaving_controller_pod(b: &Backend) {
+    let pods: Api<Pod> = Api::namespaced(b.client().await, CTL_NS);
+    let _ = pods
+        .delete(
+            "controller-joiner",
+            &kube::api::DeleteParams::default().grace_period(0),
+        )
+        .await;
+    backend::eventually(
+        "controller-joiner to be gone",
+        Duration::from_secs(30),
+        || async {
+            pods.get_opt("controller-joiner")
+                .await
+                .unwrap()
+                .is_none()
+                .then_some(())
+        },
+    )
+    .await;
 }
 
 /// The named test: the controller, as ServiceAccount `skipper/skipper-controller`,
@@ -200,8 +235,9 @@ differential!(
 /// For each verb of the controller's Roles: without it, the named test
 /// `the_controller_serves_under_the_manifest_roles` fails and says 403
 /// (forbidden); verbs only the claim path uses (`patch`, `delete`, `get`
-/// of a pod, `metrics.k8s.io`) are reported, not asserted, as start-up
-/// does not exercise them.
+/// of a pod, `metrics.k8s.io`, the watches) are reported, not asserted, as
+/// start-up does not exercise them (see
+/// `removing_a_claim_path_verb_from_the_controller_roles_fails_with_403`).
 async fn verb_removal(b: &Backend) {
     apply_rbac(b).await;
     ready_controller_pod(b, "127.0.0.1").await;
@@ -509,4 +545,279 @@ async fn router_verbs(b: &Backend) {
             }
         }
     }
+}
+
+// === The claim path ===
+
+/// A pool Deployment `name` of one fixture pod in the function namespace,
+/// created by the administrator; returns once its pod is Ready.
+async fn ready_pool(b: &Backend, name: &str, public_pem: &str) {
+    let admin = b.client().await;
+    let d: k8s_openapi::api::apps::v1::Deployment = serde_json::from_value(
+        skipper::devcluster::pool_deployment_json(FN_NS, name, 1, public_pem),
+    )
+    .unwrap();
+    Api::<k8s_openapi::api::apps::v1::Deployment>::namespaced(admin.clone(), FN_NS)
+        .create(&PostParams::default(), &d)
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(admin, FN_NS);
+    let selector = format!("skipper/deployment={name},!skipper/tenant");
+    backend::eventually("the pool's pod to be Ready", Duration::from_secs(60), || async {
+        let list = pods
+            .list(&kube::api::ListParams::default().labels(&selector))
+            .await
+            .unwrap();
+        list.items
+            .iter()
+            .any(|p| {
+                p.metadata.deletion_timestamp.is_none()
+                    && p.status
+                        .as_ref()
+                        .and_then(|s| s.conditions.as_ref())
+                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+            })
+            .then_some(())
+    })
+    .await;
+}
+
+/// Starts the controller as ServiceAccount `skipper/skipper-controller`:
+/// its gRPC address and state, or why it did not serve within `limit`.
+async fn start_as_service_account(
+    b: &Backend,
+    key: &SigningKey,
+    limit: Duration,
+) -> (
+    Result<
+        (
+            std::net::SocketAddr,
+            std::sync::Arc<skipper::controller::core::Core>,
+        ),
+        String,
+    >,
+    Shutdown,
+    tokio::task::JoinHandle<Result<(), skipper::controller::RunError>>,
+) {
+    let client = b.service_account_client(CTL_NS, SA).await;
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut config = skipper::controller::Config::new(CTL_NS, "127.0.0.1", &[FN_NS], key.clone());
+    config.port = addr.port();
+    config.hash_ring_wait_time = limit;
+    config.scale_interval = Duration::from_millis(200);
+    // The calls below carry no token: this test is about the API server's
+    // authorisation of the controller, not the controller's of its callers.
+    config.auth.allow_unauthenticated = true;
+    let shutdown = Shutdown::new();
+    let (tx, ready) = tokio::sync::oneshot::channel();
+    let task = tokio::spawn(skipper::controller::run(
+        config,
+        client,
+        listener,
+        shutdown.clone(),
+        move |r| {
+            let _ = tx.send(r);
+        },
+    ));
+    let started = tokio::select! {
+        r = ready => r.map(|r| (addr, r.core)).map_err(|_| "the controller stopped before it served".to_owned()),
+        () = tokio::time::sleep(limit) => Err(format!("not started after {limit:?}")),
+    };
+    (started, shutdown, task)
+}
+
+/// The named test of the claim path: the controller, as ServiceAccount
+/// `skipper/skipper-controller`, starts and reports SERVING (every watch
+/// accepted); claims a pod of a pool created after it started (its
+/// ReplicaSet and pod watches see it) and assigns it; reads the pod's usage
+/// from `metrics.k8s.io`; releases an instance it does not know (reading
+/// the pod from the API server); and releases the claimed instance (deleting
+/// the pod); and sees a controller that joins the ring and leaves it. The
+/// error names the step and the refusals the controller logged.
+async fn claim_path_as_its_service_account(
+    b: &Backend,
+    key: &SigningKey,
+    pool: &str,
+    limit: Duration,
+) -> Result<(), String> {
+    use tonic_health::pb::health_check_response::ServingStatus;
+    let log_start = logs().0.lock().unwrap().len();
+    let (started, shutdown, task) = start_as_service_account(b, key, limit).await;
+    let outcome = async {
+        let (addr, core) = started?;
+        let mut statuses = health_statuses(addr.port()).await;
+        await_health(&mut statuses, ServingStatus::Serving, limit)
+            .await
+            .map_err(|e| format!("health: {e}"))?;
+        ready_pool(b, pool, &key.verifying_key().to_pem()).await;
+        tokio::time::timeout(limit, async {
+            while !core
+                .namespace(FN_NS)
+                .is_ok_and(|ns| ns.replica_sets.knows_deployment(pool) && !ns.pods.pool(pool).is_empty())
+            {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .map_err(|_| format!("the controller's caches never saw pool {pool} within {limit:?}"))?;
+        let mut grpc = skipper::api::controller_service_client::ControllerServiceClient::connect(format!(
+            "http://{addr}"
+        ))
+        .await
+        .unwrap();
+        let f = skipper::domain::Function {
+            namespace: FN_NS.into(),
+            deployment: pool.into(),
+            tenant: "claimant".into(),
+            metadata: None,
+            scale: Some(skipper::domain::Scale {
+                min_instances: Some(0),
+                max_instances: Some(1),
+                ..skipper::domain::Scale::default()
+            }),
+            oneshot: None,
+        };
+        let mut req = tonic::Request::new(skipper::api::GetInstanceRequest {
+            function: Some((&f).into()),
+            exclude_instance_names: vec![],
+        });
+        req.set_timeout(limit);
+        let instance = grpc
+            .get_instance(req)
+            .await
+            .map_err(|e| format!("GetInstance: {e:?}"))?
+            .into_inner()
+            .instance
+            .ok_or("GetInstance answered no instance")?;
+        let name = instance.name.clone().unwrap_or_default();
+        tokio::time::timeout(limit, async {
+            while core.state.usage.get(FN_NS, &name) == (0, 0) {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .map_err(|_| format!("no usage of {name} from metrics.k8s.io within {limit:?}"))?;
+        let unknown = skipper::api::Instance {
+            name: Some(format!("{pool}-not-a-pod")),
+            ..instance.clone()
+        };
+        grpc.release_instance(skipper::api::ReleaseInstanceRequest {
+            instance: Some(unknown),
+        })
+        .await
+        .map_err(|e| format!("ReleaseInstance of an unknown pod: {e:?}"))?;
+        grpc.release_instance(skipper::api::ReleaseInstanceRequest {
+            instance: Some(instance),
+        })
+        .await
+        .map_err(|e| format!("ReleaseInstance: {e:?}"))?;
+        let pods: Api<Pod> = Api::namespaced(b.client().await, FN_NS);
+        tokio::time::timeout(limit, async {
+            while pods
+                .get_opt(&name)
+                .await
+                .unwrap()
+                .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
+            {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await
+        .map_err(|_| format!("the released pod {name} was not deleted within {limit:?}"))?;
+        // A controller that joins later enters the ring (the watch of the
+        // controller pods), and leaves it when its pod goes.
+        let members = || core.ring.current().sorted_members().len();
+        joining_controller_pod(b, "127.0.0.2").await;
+        tokio::time::timeout(limit, async {
+            while members() != 2 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .map_err(|_| format!("a joining controller did not enter the ring within {limit:?}"))?;
+        leaving_controller_pod(b).await;
+        tokio::time::timeout(limit, async {
+            while members() != 1 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .map_err(|_| format!("a leaving controller stayed in the ring for {limit:?}"))?;
+        Ok::<(), String>(())
+    }
+    .await;
+    leaving_controller_pod(b).await;
+    shutdown.trigger();
+    let ended = tokio::time::timeout(Duration::from_secs(15), task).await;
+    let refusals = forbidden_lines(log_start)
+        .into_iter()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join("\n");
+    match (outcome, ended) {
+        (Ok(()), _) => Ok(()),
+        (Err(_), Ok(Ok(Err(e)))) => Err(format!("{e}\n{refusals}")),
+        (Err(why), _) => Err(format!("{why}\n{refusals}")),
+    }
+}
+
+differential!(
+    removing_a_claim_path_verb_from_the_controller_roles_fails_with_403,
+    claim_path_verb_removal,
+    namespaces = [],
+    pods
+);
+
+/// With the manifests' Roles the named claim-path test passes; without any
+/// one verb of the controller's Roles it fails, and the controller's log
+/// shows the 403.
+async fn claim_path_verb_removal(b: &Backend) {
+    if !b.runs_pods() {
+        eprintln!("skipped: no node agent runs pods on the {} backend", b.name());
+        return;
+    }
+    apply_rbac(b).await;
+    ready_controller_pod(b, "127.0.0.1").await;
+    let key = SigningKey::generate();
+    let limit = Duration::from_secs(8);
+    claim_path_as_its_service_account(b, &key, "pool-all", Duration::from_secs(30))
+        .await
+        .unwrap_or_else(|e| panic!("with every verb of the manifests: {e}"));
+    let mut passed_without = Vec::new();
+    for (round, (ns, rule, verb)) in controller_grants(b).await.into_iter().enumerate() {
+        let roles = Api::<Role>::namespaced(b.client().await, &ns);
+        let original = serde_json::to_value(roles.get(SA).await.unwrap().rules.unwrap()).unwrap();
+        let mut reduced = original.clone();
+        let verbs = reduced[rule]["verbs"].as_array_mut().unwrap();
+        verbs.retain(|v| v != verb.as_str());
+        if verbs.is_empty() {
+            reduced.as_array_mut().unwrap().remove(rule);
+        }
+        set_rules(b, &ns, &reduced).await;
+        let result = claim_path_as_its_service_account(b, &key, &format!("pool-{round}"), limit).await;
+        set_rules(b, &ns, &original).await;
+        let resource = format!(
+            "{}/{}",
+            original[rule]["apiGroups"][0].as_str().unwrap_or(""),
+            original[rule]["resources"][0].as_str().unwrap_or("")
+        );
+        match result {
+            Ok(()) => passed_without.push(format!("{verb} {resource} in {ns}")),
+            Err(e) => {
+                assert!(
+                    e.contains("403") || e.to_lowercase().contains("forbidden"),
+                    "without {verb} on {resource} in {ns} the claim path fails, but its log shows no 403: {e}"
+                );
+                println!(
+                    "without {verb} on {resource} in {ns}: {}",
+                    e.replace('\n', "\n    ")
+                );
+            }
+        }
+    }
+    assert!(
+        passed_without.is_empty(),
+        "the claim path needs no {passed_without:?}: the manifests grant more than Skipper uses"
+    );
 }

@@ -2,10 +2,15 @@
 //! run through a real router while their instances change — scale up,
 //! scale down (with draining), a pod killed, a controller replaced. No
 //! request fails that a retry could have saved, none reaches a pod of the
-//! other tenant, and most are routed without asking a controller.
+//! other tenant, and most are routed without asking a controller. And a
+//! rolling update of the pool (`maxSurge: 1, maxUnavailable: 0`) on either
+//! backend: stale instances are replaced one for one while the old
+//! ReplicaSet is still there, and no request fails.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "common/backend.rs"]
+mod backend;
 #[path = "common/controller.rs"]
 mod harness;
 #[path = "common/router.rs"]
@@ -14,8 +19,12 @@ mod router_harness;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use harness::{CTL_NS, Ctl, NS, Sim, eventually, function};
+use backend::Backend;
+use harness::{CTL_NS, Ctl, NAMESPACES, NS, Sim, eventually, function};
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::Pod;
 use skipper::api;
+use skipper::api::EventType;
 use skipper::domain::{Function, HEADER_FUNCTION};
 use tokio::net::TcpListener;
 use tokio_util::sync::CancellationToken;
@@ -106,7 +115,7 @@ fn scale(f: &Function, desired: u32) -> tonic::Request<api::ScaleRequest> {
     r
 }
 
-fn ring_config(sim: &Sim, pod_ip: &str) -> skipper::controller::Config {
+fn ring_config(sim: &Sim<'_>, pod_ip: &str) -> skipper::controller::Config {
     let mut c = sim.config(pod_ip);
     c.single_controller_mode = false;
     c.drain_timeout = Duration::from_secs(10);
@@ -145,7 +154,13 @@ async fn router_metric(addr: std::net::SocketAddr, prefix: &str) -> f64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn instances_change_under_load_and_no_request_fails_or_crosses_tenants() {
-    let sim = Sim::start().await;
+    let Some(sim) = Sim::simulator_only(
+        "in-process controllers listen on their controller pod's IP, which on the real control plane belongs to the pod's network namespace",
+    )
+    .await
+    else {
+        return;
+    };
     sim.deploy_pool("pool", 6, &[]).await;
     sim.wait_pool("pool", 6, LIMIT).await;
     let ip_a = sim.controller_pod(CTL_NS, "controller-a").await;
@@ -192,7 +207,9 @@ async fn instances_change_under_load_and_no_request_fails_or_crosses_tenants() {
 
     // A blue pod's process is killed.
     let victim = sim.tenant_pods("blue").await[0].metadata.name.clone().unwrap();
-    sim.cluster.kill_pod_process(NS, &victim).unwrap();
+    sim.backend
+        .kill_pod_process(NS, &victim)
+        .expect("the pod's process runs");
     more_requests(&seen, 100, "requests after the pod was killed").await;
 
     // Controller A is replaced by C: A's pod goes (it leaves the ring), the
@@ -263,3 +280,175 @@ async fn instances_change_under_load_and_no_request_fails_or_crosses_tenants() {
     b.stop().await;
     c.stop().await;
 }
+
+/// The ReplicaSet a tenant pod was claimed from.
+fn replica_set_of(pod: &Pod) -> String {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("skipper/replica-set"))
+        .cloned()
+        .unwrap_or_default()
+}
+
+/// A rolling update of the pool under load: the new ReplicaSet surges one
+/// pod at a time while the old one keeps its pods (both have replicas at
+/// once); Skipper replaces each tenant's instance claimed from the old
+/// ReplicaSet by one from the new, while the old ReplicaSet is still
+/// present, never with more than `max + 1` pods of a tenant, and no request
+/// fails or reaches another tenant's pod.
+async fn a_rolling_update_replaces_stale_instances(backend: &Backend) {
+    if !backend.runs_pods() {
+        eprintln!(
+            "skipped: no node agent runs pods on the {} backend",
+            backend.name()
+        );
+        return;
+    }
+    let sim = Sim::lent(backend).await;
+    sim.deploy_pool("roll", 4, &[]).await;
+    sim.patch_pool(
+        "roll",
+        serde_json::json!({"spec": {"strategy": {"type": "RollingUpdate",
+            "rollingUpdate": {"maxSurge": 1, "maxUnavailable": 0}}}}),
+    )
+    .await;
+    sim.wait_pool("roll", 4, LIMIT).await;
+    let ctl = Ctl::single(&sim).await;
+    let mut config = router_harness::test_config(vec![ctl.addr]);
+    config.heartbeat_interval = Duration::from_millis(500);
+    config.retry_min = Duration::from_millis(20);
+    config.retry_max = Duration::from_millis(200);
+    config.max_round_trip_attempts = 8;
+    config.get_instance_timeout = Duration::from_secs(10);
+    let router = router_harness::start_router(config).await;
+    let tenants = [function("roll", "red", 1), function("roll", "blue", 1)];
+    let stop = CancellationToken::new();
+    let (seen, loaders) = start_load(router.addr, tenants.to_vec(), stop.clone());
+    more_requests(&seen, 50, "requests to flow").await;
+
+    let old_rs = eventually(LIMIT, "an instance of each tenant", || async {
+        let mut sets = Vec::new();
+        for f in &tenants {
+            let pods = sim.tenant_pods(&f.tenant).await;
+            sets.push(replica_set_of(pods.first()?));
+        }
+        sets.dedup();
+        (sets.len() == 1).then(|| sets.remove(0))
+    })
+    .await;
+
+    let sets = kube::Api::<ReplicaSet>::namespaced(sim.client.clone(), NS);
+    sim.patch_pool(
+        "roll",
+        serde_json::json!({"spec": {"template": {"metadata": {"annotations": {"rollout": "2"}}}}}),
+    )
+    .await;
+    // Until every tenant's instance comes from the new ReplicaSet: the
+    // replicas of both sets, the tenants' pods, and the old set at the
+    // first stale replacement.
+    let mut coexisted = false;
+    let mut old_present_at_replacement = None;
+    let mut most_pods = 0;
+    tokio::time::timeout(Duration::from_secs(90), async {
+        loop {
+            let listed = sets
+                .list(&kube::api::ListParams::default().labels("skipper/deployment=roll"))
+                .await
+                .unwrap();
+            let with_replicas = listed
+                .items
+                .iter()
+                .filter(|rs| rs.status.as_ref().is_some_and(|s| s.replicas > 0))
+                .count();
+            coexisted |= with_replicas >= 2;
+            if old_present_at_replacement.is_none()
+                && ctl
+                    .core
+                    .events
+                    .snapshot()
+                    .iter()
+                    .any(|e| e.kind == EventType::StaleReplacement)
+            {
+                old_present_at_replacement = Some(sets.get_opt(&old_rs).await.unwrap().is_some());
+            }
+            let mut done = true;
+            for f in &tenants {
+                let pods = sim.tenant_pods(&f.tenant).await;
+                most_pods = most_pods.max(pods.len());
+                done &= !pods.is_empty() && pods.iter().all(|p| replica_set_of(p) != old_rs);
+            }
+            if done {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("every tenant's instance comes from the new ReplicaSet within 90 s");
+    more_requests(&seen, 100, "requests after the rollout").await;
+    stop.cancel();
+    for t in loaders {
+        t.await.unwrap();
+    }
+
+    assert!(coexisted, "the old and the new ReplicaSet never had pods at once");
+    let replacements: Vec<String> = ctl
+        .core
+        .events
+        .snapshot()
+        .iter()
+        .filter(|e| e.kind == EventType::StaleReplacement)
+        .map(|e| e.message.clone())
+        .collect();
+    assert!(
+        replacements.len() >= tenants.len(),
+        "every tenant's stale instance was replaced: {replacements:?}"
+    );
+    assert_eq!(
+        old_present_at_replacement,
+        Some(true),
+        "the old ReplicaSet {old_rs} is present when its stale instances are replaced"
+    );
+    assert!(
+        sets.get_opt(&old_rs).await.unwrap().is_some(),
+        "the old ReplicaSet {old_rs} stays (revision history)"
+    );
+    assert!(
+        most_pods <= 2,
+        "at most max + 1 pods of a tenant, saw {most_pods}"
+    );
+    let seen = std::mem::take(&mut *seen.lock().unwrap());
+    assert!(
+        seen.crossed.is_empty(),
+        "answered by another tenant's pod: {:?}",
+        seen.crossed
+    );
+    assert!(
+        seen.failed.is_empty(),
+        "{} of {} requests failed: {:?}",
+        seen.failed.len(),
+        seen.ok + seen.failed.len(),
+        seen.failed
+    );
+    eprintln!(
+        "{} requests through a rolling update on the {} backend; replacements: {replacements:?}",
+        seen.ok,
+        backend.name()
+    );
+    router.stop().await;
+    ctl.stop().await;
+}
+
+differential!(
+    rolling_update_replaces_stale_instances,
+    a_rolling_update_replaces_stale_instances,
+    namespaces = [
+        NAMESPACES[0],
+        NAMESPACES[1],
+        NAMESPACES[2],
+        NAMESPACES[3],
+        NAMESPACES[4]
+    ],
+    pods
+);

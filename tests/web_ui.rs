@@ -6,6 +6,8 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+#[path = "common/backend.rs"]
+mod backend;
 #[path = "common/controller.rs"]
 mod harness;
 

@@ -86,6 +86,9 @@ pub enum Backend {
     Sim(skipper::devcluster::Cluster),
     /// etcd, kube-apiserver, kube-controller-manager and kube-scheduler.
     Real(Box<control_plane::ControlPlane>),
+    /// The real control plane with our node agent running its pods on a
+    /// pod network (pod IPs reachable from this process).
+    Cluster(Box<skipper::devcluster::real_cluster::RealCluster>),
 }
 
 /// What kubectl answered.
@@ -128,6 +131,29 @@ impl Backend {
         Some(me)
     }
 
+    /// The real control plane with our node agent (one node, pod metrics
+    /// through `metrics.k8s.io`) and `namespaces` created, or `None` when it
+    /// is not built (see [`control_plane_config`]).
+    pub async fn real_with_pods(namespaces: &[&str]) -> Option<Self> {
+        use skipper::devcluster::real_cluster;
+        let control_plane = control_plane_config()?;
+        let cluster = real_cluster::RealCluster::start(real_cluster::Config {
+            control_plane,
+            skipper_exe: env!("CARGO_BIN_EXE_skipper").into(),
+            metrics_interval: Duration::from_millis(200),
+            restart_backoff: skipper::devcluster::kubelet::BackoffPolicy {
+                initial: Duration::from_millis(500),
+                max: Duration::from_secs(4),
+            },
+            namespaces: namespaces.iter().map(|s| (*s).to_owned()).collect(),
+            metrics_api: true,
+            ..real_cluster::Config::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("start the real cluster: {e}"));
+        Some(Self::Cluster(Box::new(cluster)))
+    }
+
     /// The backend `SKIPPER_TEST_CONTROL_PLANE` names (`real`, or the simulator).
     pub async fn from_env(namespaces: &[&str]) -> Option<Self> {
         if real_requested() {
@@ -137,16 +163,26 @@ impl Backend {
         }
     }
 
+    /// [`Self::from_env`] for a scenario that needs pods: the real control
+    /// plane comes with our node agent.
+    pub async fn from_env_with_pods(namespaces: &[&str]) -> Option<Self> {
+        if real_requested() {
+            Self::real_with_pods(namespaces).await
+        } else {
+            Some(Self::sim(namespaces).await)
+        }
+    }
+
     /// `simulator` or `real`.
     pub fn name(&self) -> &'static str {
         match self {
             Self::Sim(_) => "simulator",
-            Self::Real(_) => "real",
+            Self::Real(_) | Self::Cluster(_) => "real",
         }
     }
 
     pub fn is_real(&self) -> bool {
-        matches!(self, Self::Real(_))
+        matches!(self, Self::Real(_) | Self::Cluster(_))
     }
 
     /// The administrator's kubeconfig.
@@ -154,6 +190,7 @@ impl Backend {
         match self {
             Self::Sim(c) => c.kubeconfig_path().to_path_buf(),
             Self::Real(p) => p.admin_kubeconfig().to_path_buf(),
+            Self::Cluster(c) => c.admin_kubeconfig().to_path_buf(),
         }
     }
 
@@ -282,6 +319,37 @@ impl Backend {
             Self::Real(p) => {
                 p.compact().await.unwrap_or_else(|e| panic!("{e}"));
             }
+            Self::Cluster(c) => {
+                c.control_plane()
+                    .compact()
+                    .await
+                    .unwrap_or_else(|e| panic!("{e}"));
+            }
+        }
+    }
+
+    /// Whether pods run on this backend (a node agent serves it).
+    pub fn runs_pods(&self) -> bool {
+        matches!(self, Self::Sim(_) | Self::Cluster(_))
+    }
+
+    /// The directory of pod `ns/name` on its node (its volumes under
+    /// `volumes/<name>/`), when this backend runs pods and has it.
+    pub fn pod_dir(&self, ns: &str, name: &str) -> Option<PathBuf> {
+        match self {
+            Self::Sim(c) => c.pod_dir(ns, name),
+            Self::Real(_) => None,
+            Self::Cluster(c) => Some(c.kubelet().pod_dir(ns, name)).filter(|d| d.is_dir()),
+        }
+    }
+
+    /// Kills the main process of pod `ns/name` as a crash would (SIGKILL);
+    /// its pid, or `None` when no such process runs here.
+    pub fn kill_pod_process(&self, ns: &str, name: &str) -> Option<u32> {
+        match self {
+            Self::Sim(c) => c.kill_pod_process(ns, name).ok(),
+            Self::Real(_) => None,
+            Self::Cluster(c) => c.kubelet().kill_process(ns, name),
         }
     }
 
@@ -290,15 +358,37 @@ impl Backend {
         match self {
             Self::Sim(c) => c.shutdown().await,
             Self::Real(p) => p.shutdown().await,
+            Self::Cluster(c) => c.shutdown().await,
         }
     }
 }
 
 /// Declares a scenario `async fn(&Backend)` as two tests, `<name>::simulator`
 /// and `<name>::real`; `sim_deviation = "why"` marks the simulator's run as
-/// ignored, naming a known difference (listed in the simulator's deviations).
+/// ignored, naming a known difference (listed in the simulator's deviations);
+/// `pods` gives the real run our node agent ([`Backend::real_with_pods`]).
 #[macro_export]
 macro_rules! differential {
+    ($name:ident, $scenario:ident, namespaces = [$($ns:expr),*], pods) => {
+        mod $name {
+            #[allow(unused_imports)]
+            use super::*;
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn simulator() {
+                let backend = $crate::backend::Backend::sim(&[$($ns),*]).await;
+                super::$scenario(&backend).await;
+                backend.shutdown().await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn real() {
+                let Some(backend) = $crate::backend::Backend::real_with_pods(&[$($ns),*]).await else { return };
+                super::$scenario(&backend).await;
+                backend.shutdown().await;
+            }
+        }
+    };
     ($name:ident, $scenario:ident, namespaces = [$($ns:expr),*] $(, sim_deviation = $why:literal)?) => {
         mod $name {
             #[allow(unused_imports)]

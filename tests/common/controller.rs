@@ -1,8 +1,13 @@
-//! Test harness for the controller: a simulated cluster with a fixture pool
-//! (real `skipper fixture` processes), in-process controllers bound to
-//! loopback addresses, and helpers that await conditions with a deadline.
+//! Test harness for the controller: a cluster (the simulator, or the real
+//! control plane with our node agent when `SKIPPER_TEST_CONTROL_PLANE=real`)
+//! with a fixture pool (real `skipper fixture` processes), in-process
+//! controllers, and helpers that await conditions with a deadline. Pod state
+//! is read through the Kubernetes API only; what only a node can see (a
+//! pod's files, its process) goes through [`Backend`].
 //!
-//! Include it with `#[path = "common/controller.rs"] mod harness;`.
+//! Include it after the backend:
+//! `#[path = "common/backend.rs"] mod backend;`
+//! `#[path = "common/controller.rs"] mod harness;`.
 
 #![allow(dead_code, clippy::unwrap_used, clippy::expect_used)]
 
@@ -26,14 +31,35 @@ use skipper::token::{SigningKey, VerifyingKey};
 use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
+use crate::backend::Backend;
+
 /// Function namespace of the tests.
 pub const NS: &str = "fns";
 /// Namespace of the controller pods.
 pub const CTL_NS: &str = "skipper";
+/// Every namespace the tests use.
+pub const NAMESPACES: [&str; 5] = [NS, CTL_NS, "ring-a", "ring-b", "other"];
 
-/// A simulated cluster and the signing key its pool trusts.
-pub struct Sim {
-    pub cluster: Cluster,
+/// The backend of a [`Sim`]: its own, or one a `differential!` scenario
+/// lends it.
+pub enum Held<'a> {
+    Owned(Backend),
+    Lent(&'a Backend),
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Backend;
+    fn deref(&self) -> &Backend {
+        match self {
+            Self::Owned(b) => b,
+            Self::Lent(b) => b,
+        }
+    }
+}
+
+/// A cluster, an administrator's client and the signing key its pool trusts.
+pub struct Sim<'a> {
+    pub backend: Held<'a>,
     pub client: kube::Client,
     pub key: SigningKey,
     pub public_pem: String,
@@ -61,31 +87,81 @@ where
     }
 }
 
-impl Sim {
-    /// Starts a cluster with the function and controller namespaces.
+/// Whether a pod is Ready (its `Ready` condition is `True`) and not being
+/// deleted.
+pub fn pod_ready(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// A pod's name.
+pub fn name_of(pod: &Pod) -> String {
+    pod.metadata.name.clone().unwrap_or_default()
+}
+
+impl Sim<'static> {
+    /// Starts the backend `SKIPPER_TEST_CONTROL_PLANE` names with the
+    /// function and controller namespaces.
     pub async fn start() -> Self {
-        let cluster = Cluster::start(skipper::devcluster::Config {
-            skipper_exe: env!("CARGO_BIN_EXE_skipper").into(),
-            namespaces: vec![
-                NS.into(),
-                CTL_NS.into(),
-                "ring-a".into(),
-                "ring-b".into(),
-                "other".into(),
-            ],
-            resync_interval: Duration::from_millis(200),
-            ..skipper::devcluster::Config::default()
-        })
-        .await
-        .unwrap();
-        let client = cluster.client().unwrap();
+        let backend = Backend::from_env_with_pods(&NAMESPACES)
+            .await
+            .expect("a backend (the real control plane is demanded, so a missing build fails)");
+        Self::with(Held::Owned(backend)).await
+    }
+
+    /// [`Sim::start`] on the simulator only, for a scenario that needs its
+    /// fault injection: `None`, with a message naming `why`, when the real
+    /// control plane was asked for.
+    pub async fn simulator_only(why: &str) -> Option<Self> {
+        if crate::backend::real_requested() {
+            eprintln!("skipped on the real control plane: {why}");
+            return None;
+        }
+        Some(Self::start().await)
+    }
+}
+
+impl<'a> Sim<'a> {
+    /// A harness over `backend` (of a `differential!` scenario), which must
+    /// have the namespaces of [`NAMESPACES`].
+    pub async fn lent(backend: &'a Backend) -> Self {
+        Self::with(Held::Lent(backend)).await
+    }
+
+    async fn with(backend: Held<'a>) -> Self {
+        let client = backend.client().await;
         let key = SigningKey::generate();
         let public_pem = key.verifying_key().to_pem();
         Self {
-            cluster,
+            backend,
             client,
             key,
             public_pem,
+        }
+    }
+
+    /// The simulator (for a scenario that needs its fault injection).
+    ///
+    /// # Panics
+    /// On the real control plane: start such a test with
+    /// [`Sim::simulator_only`].
+    pub fn cluster(&self) -> &Cluster {
+        match &*self.backend {
+            Backend::Sim(c) => c,
+            Backend::Real(_) | Backend::Cluster(_) => {
+                panic!("a simulator-only scenario runs on the real control plane")
+            }
+        }
+    }
+
+    /// Stops the backend when it is this harness's own.
+    pub async fn shutdown(self) {
+        if let Held::Owned(b) = self.backend {
+            b.shutdown().await;
         }
     }
 
@@ -105,6 +181,14 @@ impl Sim {
             .unwrap();
     }
 
+    /// Merge-patches Deployment `name` of [`NS`].
+    pub async fn patch_pool(&self, name: &str, patch: serde_json::Value) {
+        Api::<Deployment>::namespaced(self.client.clone(), NS)
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .unwrap();
+    }
+
     /// Sets a Deployment's replica count.
     pub async fn scale_pool(&self, name: &str, replicas: i32) {
         Api::<Deployment>::namespaced(self.client.clone(), NS)
@@ -117,19 +201,31 @@ impl Sim {
             .unwrap();
     }
 
+    /// Ready pods of `ns` matching `selector` (through the API).
+    pub async fn ready_pods(&self, ns: &str, selector: &str) -> Vec<Pod> {
+        Api::<Pod>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default().labels(selector))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(pod_ready)
+            .collect()
+    }
+
     /// Names of Ready, unassigned pool pods of a deployment.
-    pub fn free_pods(&self, deployment: &str) -> Vec<String> {
-        self.cluster
-            .ready_pods(NS, &format!("skipper/deployment={deployment},!skipper/tenant"))
+    pub async fn free_pods(&self, deployment: &str) -> Vec<String> {
+        self.ready_pods(NS, &format!("skipper/deployment={deployment},!skipper/tenant"))
+            .await
             .iter()
-            .map(|p| p["metadata"]["name"].as_str().unwrap().to_owned())
+            .map(name_of)
             .collect()
     }
 
     /// Waits until `n` pool pods are Ready.
     pub async fn wait_pool(&self, deployment: &str, n: usize, limit: Duration) {
         eventually(limit, "pool pods to be Ready", || async {
-            (self.free_pods(deployment).len() >= n).then_some(())
+            (self.free_pods(deployment).await.len() >= n).then_some(())
         })
         .await;
     }
@@ -165,7 +261,7 @@ impl Sim {
     /// The token a fixture pod accepted, if any.
     pub fn token_of(&self, pod: &str) -> Option<String> {
         // The pool keeps /tmp (where the fixture writes it) in an emptyDir.
-        let dir = self.cluster.pod_dir(NS, pod)?;
+        let dir = self.backend.pod_dir(NS, pod)?;
         std::fs::read_to_string(dir.join("volumes/tmp/token")).ok()
     }
 
@@ -187,14 +283,10 @@ impl Sim {
         .unwrap();
         let api = Api::<Pod>::namespaced(self.client.clone(), ns);
         api.create(&PostParams::default(), &pod).await.unwrap();
-        eventually(Duration::from_secs(10), "controller pod to be Ready", || async {
-            let ready = self
-                .cluster
-                .ready_pods(ns, "app.kubernetes.io/component=controller");
-            ready
-                .iter()
-                .find(|p| p["metadata"]["name"] == name)
-                .and_then(|p| p["status"]["podIP"].as_str().map(str::to_owned))
+        eventually(Duration::from_secs(30), "controller pod to be Ready", || async {
+            let pod = api.get(name).await.unwrap();
+            pod_ready(&pod).then_some(())?;
+            pod.status?.pod_ip
         })
         .await
     }
@@ -264,7 +356,7 @@ impl Ctl {
     /// Starts a controller on `listener` and waits until it serves and its
     /// caches know every Deployment of its function namespaces at this
     /// moment (a call for one before that would be NOT_FOUND).
-    pub async fn start(sim: &Sim, mut config: Config, listener: TcpListener) -> Self {
+    pub async fn start(sim: &Sim<'_>, mut config: Config, listener: TcpListener) -> Self {
         let addr = listener.local_addr().unwrap();
         config.port = addr.port();
         let function_namespaces = config.function_namespaces.clone();
@@ -326,7 +418,7 @@ impl Ctl {
     }
 
     /// Starts a single-controller-mode controller on 127.0.0.1:0.
-    pub async fn single(sim: &Sim) -> Self {
+    pub async fn single(sim: &Sim<'_>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         Self::start(sim, sim.config("127.0.0.1"), listener).await
     }
