@@ -2,7 +2,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: build test e2e e2e-real chaos fuzz fuzz-smoke lint fmt bench bench-router bench-sim bench-controller clean control-plane
+.PHONY: build test test-real e2e e2e-real chaos fuzz fuzz-smoke lint fmt bench bench-router bench-sim bench-controller clean control-plane
 
 ## build: the release binary at target/release/skipper
 build:
@@ -32,6 +32,15 @@ test:
 		$(CARGO) install cargo-nextest --locked; }
 	$(CARGO) nextest run --no-fail-fast -E 'not binary(e2e) and not binary(chaos)'
 	$(CARGO) test --doc
+
+## test-real: the controller suites against the real control plane with our node agent
+## (SKIPPER_TEST_CONTROL_PLANE=real; run `make control-plane` first; the pod network needs root),
+## two at a time (each test starts its own control plane)
+REAL_SUITES := controller_assign controller_auth controller_ring controller_scaling controller_startup \
+	controller_watch warm_path web_ui
+test-real:
+	SKIPPER_TEST_CONTROL_PLANE=real $(CARGO) nextest run --no-fail-fast --test-threads 2 \
+		$(foreach t,$(REAL_SUITES),--test $(t))
 
 ## e2e: the end-to-end scenarios against the real binary (`skipper dev`), two at a time
 e2e:

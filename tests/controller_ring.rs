@@ -46,13 +46,7 @@ fn tenant_owned_by(members: &[&str], owner: &str) -> String {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_controllers_share_a_ring_forward_heartbeats_and_take_over() {
-    let Some(sim) = Sim::simulator_only(
-        "in-process controllers listen on their controller pod's IP, which on the real control plane belongs to the pod's network namespace",
-    )
-    .await
-    else {
-        return;
-    };
+    let sim = Sim::start().await;
     sim.deploy_pool("pool", 1, &[]).await;
     let ip1 = sim.controller_pod(CTL_NS, "controller-a").await;
     let ip2 = sim.controller_pod(CTL_NS, "controller-b").await;
@@ -159,13 +153,7 @@ async fn two_controllers_share_a_ring_forward_heartbeats_and_take_over() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn forwarded_scale_between_disagreeing_rings_does_not_deadlock() {
-    let Some(sim) = Sim::simulator_only(
-        "in-process controllers listen on their controller pod's IP, which on the real control plane belongs to the pod's network namespace",
-    )
-    .await
-    else {
-        return;
-    };
+    let sim = Sim::start().await;
     sim.deploy_pool("pool", 2, &[]).await;
     sim.wait_pool("pool", 2, Duration::from_secs(20)).await;
     // A's ring holds only B and B's ring holds only A: each thinks the other
@@ -231,13 +219,7 @@ async fn an_empty_ring_fails_lookups_not_start_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn ring_inspect_reads_live_membership() {
-    let Some(sim) = Sim::simulator_only(
-        "in-process controllers listen on their controller pod's IP, which on the real control plane belongs to the pod's network namespace",
-    )
-    .await
-    else {
-        return;
-    };
+    let sim = Sim::start().await;
     let ip1 = sim.controller_pod(CTL_NS, "controller-a").await;
     let ip2 = sim.controller_pod(CTL_NS, "controller-b").await;
     let (la, _lb) = listeners(&ip1, &ip2).await;
@@ -294,13 +276,7 @@ async fn ring_inspect_reads_live_membership() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn wrong_pod_ip_forwards_to_itself_once_and_does_not_deadlock() {
-    let Some(sim) = Sim::simulator_only(
-        "in-process controllers listen on their controller pod's IP, which on the real control plane belongs to the pod's network namespace",
-    )
-    .await
-    else {
-        return;
-    };
+    let sim = Sim::start().await;
     sim.deploy_pool("pool", 1, &[]).await;
     sim.wait_pool("pool", 1, Duration::from_secs(20)).await;
     let real_ip = sim.controller_pod(CTL_NS, "controller-a").await;

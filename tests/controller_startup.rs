@@ -88,13 +88,7 @@ async fn a_forbidden_namespace_fails_start_up_unless_skipped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn health_is_serving_once_caches_sync_before_the_ring_forms() {
-    let Some(sim) = Sim::simulator_only(
-        "in-process controllers listen on their controller pod's IP, which on the real control plane belongs to the pod's network namespace",
-    )
-    .await
-    else {
-        return;
-    };
+    let sim = Sim::start().await;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let mut config = sim.config("127.0.0.1");

@@ -284,13 +284,7 @@ fn ring_config(sim: &Sim<'_>, pod_ip: &str) -> skipper::controller::Config {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_non_owner_forwards_the_stream_and_a_ring_change_aborts_it() {
-    let Some(sim) = Sim::simulator_only(
-        "in-process controllers listen on their controller pod's IP, which on the real control plane belongs to the pod's network namespace",
-    )
-    .await
-    else {
-        return;
-    };
+    let sim = Sim::start().await;
     sim.deploy_pool("pool", 2, &[]).await;
     sim.wait_pool("pool", 2, LIMIT).await;
     let ip1 = sim.controller_pod(CTL_NS, "controller-a").await;

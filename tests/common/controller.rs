@@ -273,6 +273,47 @@ impl<'a> Sim<'a> {
     /// A pod that stands in for a controller replica: Ready at once, no
     /// ports, labelled as a controller. Returns its IP.
     pub async fn controller_pod(&self, ns: &str, name: &str) -> String {
+        if matches!(&*self.backend, Backend::Sim(_)) {
+            return self.agent_controller_pod(ns, name).await;
+        }
+        // On the real control plane a pod's IP belongs to its network
+        // namespace, where this process cannot listen. The stand-in is bound
+        // to a node no agent serves, and its status — Ready on a loopback
+        // address this process listens on — is written as a kubelet would
+        // report it.
+        static NEXT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(1);
+        let ip = format!(
+            "127.0.64.{}",
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": {
+                "app.kubernetes.io/name": "skipper", "app.kubernetes.io/component": "controller"}},
+            "spec": {"terminationGracePeriodSeconds": 0, "nodeName": "controller-stand-ins",
+                     "containers": [{"name": "c", "image": "x", "command": ["sleep", "3600"]}]},
+        }))
+        .unwrap();
+        let api = Api::<Pod>::namespaced(self.client.clone(), ns);
+        api.create(&PostParams::default(), &pod).await.unwrap();
+        let now = jiff::Timestamp::now().to_string();
+        api.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now},
+                               {"type": "ContainersReady", "status": "True", "lastTransitionTime": now}],
+            }})),
+        )
+        .await
+        .unwrap();
+        ip
+    }
+
+    /// A controller stand-in run by the simulator's agent (it has a
+    /// loopback IP of its own).
+    async fn agent_controller_pod(&self, ns: &str, name: &str) -> String {
         let pod: Pod = serde_json::from_value(json!({
             "apiVersion": "v1", "kind": "Pod",
             "metadata": {"name": name, "namespace": ns, "labels": {
