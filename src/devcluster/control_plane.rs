@@ -329,6 +329,41 @@ fn spawn(
     })
 }
 
+/// How many times a component is started on freshly chosen ports when it
+/// exits because one was taken: a port is free when chosen, but another
+/// process (parallel tests start many control planes) can bind it before the
+/// component does.
+const PORT_ATTEMPTS: u32 = 3;
+
+/// Whether `name` starts again on new ports after `started`: when it lost a
+/// port race and has attempts left (counted in `attempt`).
+fn start_again(name: &str, attempt: &mut u32, started: &Result<(), ControlPlaneError>) -> bool {
+    match started {
+        Err(e) if *attempt < PORT_ATTEMPTS && lost_port_race(e) => {
+            tracing::warn!(
+                component = name,
+                attempt = *attempt,
+                "a port was taken by another process before the component bound it; starting it on new ports"
+            );
+            *attempt += 1;
+            true
+        }
+        _ => false,
+    }
+}
+
+/// Whether a start failed because a port the component was given was taken
+/// by the time it bound it.
+fn lost_port_race(err: &ControlPlaneError) -> bool {
+    match err {
+        ControlPlaneError::Exited { log, tail, .. } => {
+            let in_use = |text: &str| text.contains("address already in use");
+            in_use(tail) || std::fs::read_to_string(log).is_ok_and(|text| in_use(&text))
+        }
+        _ => false,
+    }
+}
+
 /// Polls `healthy` every 50 ms until it answers true, failing when the
 /// process exits or `timeout` passes.
 async fn await_healthy<F, Fut>(
@@ -546,27 +581,44 @@ impl ControlPlane {
         Ok(())
     }
 
+    /// Starts etcd on fresh loopback ports; returns its client URL.
+    async fn start_etcd(&mut self, config: &Config) -> Result<String, ControlPlaneError> {
+        let mut attempt = 1;
+        loop {
+            let etcd_client = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
+            let etcd_peer = format!("http://127.0.0.1:{}", free_port()?);
+            let etcd_url = format!("http://{etcd_client}");
+            self.etcd = etcd_client;
+            let etcd_args = vec![
+                flag("name", "default"),
+                path_flag("data-dir", &self.work_dir.join("etcd")),
+                flag("listen-client-urls", &etcd_url),
+                flag("advertise-client-urls", &etcd_url),
+                flag("listen-peer-urls", &etcd_peer),
+                flag("initial-advertise-peer-urls", &etcd_peer),
+                flag("initial-cluster", format!("default={etcd_peer}")),
+                flag("unsafe-no-fsync", true),
+                flag("log-level", "warn"),
+            ];
+            let started = self
+                .start_component("etcd", config, &etcd_args, || {
+                    http_ok(etcd_client, "/health", "\"true\"")
+                })
+                .await;
+            if !start_again("etcd", &mut attempt, &started) {
+                return started.map(|()| etcd_url);
+            }
+            // A fresh member: the data of the failed one names its old peer URL.
+            let data = self.work_dir.join("etcd");
+            let _ = std::fs::remove_dir_all(&data);
+            std::fs::create_dir_all(&data)
+                .map_err(|source| ControlPlaneError::WorkDir { path: data, source })?;
+        }
+    }
+
     async fn start_etcd_and_apiserver(&mut self, config: &Config) -> Result<(), ControlPlaneError> {
         let pki_dir = self.work_dir.join("pki");
-        let etcd_client = SocketAddr::from((Ipv4Addr::LOCALHOST, free_port()?));
-        let etcd_peer = format!("http://127.0.0.1:{}", free_port()?);
-        let etcd_url = format!("http://{etcd_client}");
-        self.etcd = etcd_client;
-        let etcd_args = vec![
-            flag("name", "default"),
-            path_flag("data-dir", &self.work_dir.join("etcd")),
-            flag("listen-client-urls", &etcd_url),
-            flag("advertise-client-urls", &etcd_url),
-            flag("listen-peer-urls", &etcd_peer),
-            flag("initial-advertise-peer-urls", &etcd_peer),
-            flag("initial-cluster", format!("default={etcd_peer}")),
-            flag("unsafe-no-fsync", true),
-            flag("log-level", "warn"),
-        ];
-        self.start_component("etcd", config, &etcd_args, || {
-            http_ok(etcd_client, "/health", "\"true\"")
-        })
-        .await?;
+        let etcd_url = self.start_etcd(config).await?;
 
         // The aggregation layer's front proxy: its own CA, as kubeadm does.
         let front_proxy_ca = Ca::generate("front-proxy-ca")?;
@@ -579,100 +631,121 @@ impl ControlPlane {
         write(&proxy_key, &front_proxy_client.key_pem, true)?;
 
         let bind = config.bind_address;
-        let port = free_port_on(bind)?;
-        self.addr = SocketAddr::from((bind, port));
-        self.server = format!("https://{}", self.addr);
-        let mut args = vec![
-            flag("etcd-servers", &etcd_url),
-            flag("bind-address", bind),
-            flag("advertise-address", bind),
-            flag("secure-port", port),
-            path_flag("cert-dir", &pki_dir),
-            path_flag("tls-cert-file", &self.files.serving_cert),
-            path_flag("tls-private-key-file", &self.files.serving_key),
-            path_flag("client-ca-file", &self.files.ca_cert),
-            flag("service-account-issuer", SERVICE_ACCOUNT_ISSUER),
-            path_flag("service-account-key-file", &self.files.service_account_pub),
-            path_flag(
-                "service-account-signing-key-file",
-                &self.files.service_account_key,
-            ),
-            flag("authorization-mode", "Node,RBAC"),
-            flag("enable-admission-plugins", "NodeRestriction"),
-            flag("service-cluster-ip-range", SERVICE_CLUSTER_IP_RANGE),
-            flag("allow-privileged", true),
-            flag("profiling", false),
-            path_flag("requestheader-client-ca-file", &self.front_proxy_ca),
-            flag("requestheader-allowed-names", FRONT_PROXY_CLIENT),
-            flag("requestheader-username-headers", "X-Remote-User"),
-            flag("requestheader-group-headers", "X-Remote-Group"),
-            flag("requestheader-extra-headers-prefix", "X-Remote-Extra-"),
-            path_flag("proxy-client-cert-file", &proxy_cert),
-            path_flag("proxy-client-key-file", &proxy_key),
-        ];
-        if bind.is_loopback() {
-            // Loopback cannot be an Endpoints address: the `kubernetes`
-            // Service keeps no endpoints (pods get the API server's
-            // address from the node agent).
-            args.push(flag("endpoint-reconciler-type", "none"));
+        let mut attempt = 1;
+        loop {
+            let port = free_port_on(bind)?;
+            self.addr = SocketAddr::from((bind, port));
+            self.server = format!("https://{}", self.addr);
+            let mut args = vec![
+                flag("etcd-servers", &etcd_url),
+                flag("bind-address", bind),
+                flag("advertise-address", bind),
+                flag("secure-port", port),
+                path_flag("cert-dir", &pki_dir),
+                path_flag("tls-cert-file", &self.files.serving_cert),
+                path_flag("tls-private-key-file", &self.files.serving_key),
+                path_flag("client-ca-file", &self.files.ca_cert),
+                flag("service-account-issuer", SERVICE_ACCOUNT_ISSUER),
+                path_flag("service-account-key-file", &self.files.service_account_pub),
+                path_flag(
+                    "service-account-signing-key-file",
+                    &self.files.service_account_key,
+                ),
+                flag("authorization-mode", "Node,RBAC"),
+                flag("enable-admission-plugins", "NodeRestriction"),
+                flag("service-cluster-ip-range", SERVICE_CLUSTER_IP_RANGE),
+                flag("allow-privileged", true),
+                flag("profiling", false),
+                path_flag("requestheader-client-ca-file", &self.front_proxy_ca),
+                flag("requestheader-allowed-names", FRONT_PROXY_CLIENT),
+                flag("requestheader-username-headers", "X-Remote-User"),
+                flag("requestheader-group-headers", "X-Remote-Group"),
+                flag("requestheader-extra-headers-prefix", "X-Remote-Extra-"),
+                path_flag("proxy-client-cert-file", &proxy_cert),
+                path_flag("proxy-client-key-file", &proxy_key),
+            ];
+            if bind.is_loopback() {
+                // Loopback cannot be an Endpoints address: the `kubernetes`
+                // Service keeps no endpoints (pods get the API server's
+                // address from the node agent).
+                args.push(flag("endpoint-reconciler-type", "none"));
+            }
+            args.extend(config.apiserver_args.iter().cloned());
+            let admin = kubeconfig_text(
+                "admin",
+                &self.server,
+                self.pki.ca.cert_pem(),
+                &Credential::Certificate(&self.pki.admin),
+            );
+            write(&self.admin_kubeconfig, &admin, true)?;
+            let client = client_from_kubeconfig("the administrator", &admin).await?;
+            let started = self
+                .start_component("kube-apiserver", config, &args, || k8s_ok(&client, "/readyz"))
+                .await;
+            if !start_again("kube-apiserver", &mut attempt, &started) {
+                return started;
+            }
         }
-        args.extend(config.apiserver_args.iter().cloned());
-        let admin = kubeconfig_text(
-            "admin",
-            &self.server,
-            self.pki.ca.cert_pem(),
-            &Credential::Certificate(&self.pki.admin),
-        );
-        write(&self.admin_kubeconfig, &admin, true)?;
-        let client = client_from_kubeconfig("the administrator", &admin).await?;
-        self.start_component("kube-apiserver", config, &args, || k8s_ok(&client, "/readyz"))
-            .await
     }
 
     async fn start_controllers(&self, config: &Config) -> Result<(), ControlPlaneError> {
         let kcm_kubeconfig =
             self.kubeconfig_for("kube-controller-manager", "system:kube-controller-manager", &[])?;
-        let kcm_port = free_port()?;
-        let kcm_args = vec![
-            path_flag("kubeconfig", &kcm_kubeconfig),
-            path_flag("authentication-kubeconfig", &kcm_kubeconfig),
-            path_flag("authorization-kubeconfig", &kcm_kubeconfig),
-            flag("bind-address", "127.0.0.1"),
-            flag("secure-port", kcm_port),
-            path_flag("cert-dir", &self.work_dir.join("pki/kube-controller-manager")),
-            flag("leader-elect", false),
-            flag("use-service-account-credentials", true),
-            path_flag(
-                "service-account-private-key-file",
-                &self.files.service_account_key,
-            ),
-            path_flag("root-ca-file", &self.files.ca_cert),
-            flag("controllers", CONTROLLERS.join(",")),
-            flag("profiling", false),
-        ];
-        let kcm = insecure_client(kcm_port)?;
-        self.start_component("kube-controller-manager", config, &kcm_args, || {
-            k8s_ok(&kcm, "/healthz")
-        })
-        .await?;
+        let mut attempt = 1;
+        loop {
+            let kcm_port = free_port()?;
+            let kcm_args = vec![
+                path_flag("kubeconfig", &kcm_kubeconfig),
+                path_flag("authentication-kubeconfig", &kcm_kubeconfig),
+                path_flag("authorization-kubeconfig", &kcm_kubeconfig),
+                flag("bind-address", "127.0.0.1"),
+                flag("secure-port", kcm_port),
+                path_flag("cert-dir", &self.work_dir.join("pki/kube-controller-manager")),
+                flag("leader-elect", false),
+                flag("use-service-account-credentials", true),
+                path_flag(
+                    "service-account-private-key-file",
+                    &self.files.service_account_key,
+                ),
+                path_flag("root-ca-file", &self.files.ca_cert),
+                flag("controllers", CONTROLLERS.join(",")),
+                flag("profiling", false),
+            ];
+            let kcm = insecure_client(kcm_port)?;
+            let started = self
+                .start_component("kube-controller-manager", config, &kcm_args, || {
+                    k8s_ok(&kcm, "/healthz")
+                })
+                .await;
+            if !start_again("kube-controller-manager", &mut attempt, &started) {
+                break started;
+            }
+        }?;
 
         let scheduler_kubeconfig = self.kubeconfig_for("kube-scheduler", "system:kube-scheduler", &[])?;
-        let scheduler_port = free_port()?;
-        let scheduler_args = vec![
-            path_flag("kubeconfig", &scheduler_kubeconfig),
-            path_flag("authentication-kubeconfig", &scheduler_kubeconfig),
-            path_flag("authorization-kubeconfig", &scheduler_kubeconfig),
-            flag("bind-address", "127.0.0.1"),
-            flag("secure-port", scheduler_port),
-            path_flag("cert-dir", &self.work_dir.join("pki/kube-scheduler")),
-            flag("leader-elect", false),
-            flag("profiling", false),
-        ];
-        let scheduler = insecure_client(scheduler_port)?;
-        self.start_component("kube-scheduler", config, &scheduler_args, || {
-            k8s_ok(&scheduler, "/healthz")
-        })
-        .await
+        let mut attempt = 1;
+        loop {
+            let scheduler_port = free_port()?;
+            let scheduler_args = vec![
+                path_flag("kubeconfig", &scheduler_kubeconfig),
+                path_flag("authentication-kubeconfig", &scheduler_kubeconfig),
+                path_flag("authorization-kubeconfig", &scheduler_kubeconfig),
+                flag("bind-address", "127.0.0.1"),
+                flag("secure-port", scheduler_port),
+                path_flag("cert-dir", &self.work_dir.join("pki/kube-scheduler")),
+                flag("leader-elect", false),
+                flag("profiling", false),
+            ];
+            let scheduler = insecure_client(scheduler_port)?;
+            let started = self
+                .start_component("kube-scheduler", config, &scheduler_args, || {
+                    k8s_ok(&scheduler, "/healthz")
+                })
+                .await;
+            if !start_again("kube-scheduler", &mut attempt, &started) {
+                break started;
+            }
+        }
     }
 
     /// The API server's URL (`https://<bind address>:PORT`).
@@ -893,5 +966,57 @@ impl Drop for ControlPlane {
         if self.owns_work_dir {
             let _ = std::fs::remove_dir_all(&self.work_dir);
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn exited(log: PathBuf, tail: &str) -> ControlPlaneError {
+        use std::os::unix::process::ExitStatusExt;
+        ControlPlaneError::Exited {
+            name: "kube-scheduler",
+            status: std::process::ExitStatus::from_raw(1 << 8),
+            log,
+            tail: tail.to_owned(),
+        }
+    }
+
+    #[test]
+    fn only_a_taken_port_starts_a_component_again_and_only_while_attempts_last() {
+        let dir = std::env::temp_dir().join(format!("skipper-cp-race-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log = dir.join("kube-scheduler.log");
+        std::fs::write(
+            &log,
+            "E1201 failed to listen on 127.0.0.1:40123: listen tcp 127.0.0.1:40123: bind: address already in use\n\
+             more lines after it\n",
+        )
+        .unwrap();
+        // In the log but past the tail: still a lost race.
+        assert!(lost_port_race(&exited(log.clone(), "more lines after it")));
+        assert!(!lost_port_race(&exited(
+            dir.join("missing.log"),
+            "panic: bad flag"
+        )));
+        let timeout = ControlPlaneError::NotReady {
+            name: "kube-scheduler",
+            waited: Duration::from_secs(60),
+            log: log.clone(),
+            tail: String::new(),
+        };
+        assert!(!lost_port_race(&timeout));
+
+        let mut attempt = 1;
+        let lost = Err(exited(log.clone(), ""));
+        assert!(start_again("kube-scheduler", &mut attempt, &lost));
+        assert!(start_again("kube-scheduler", &mut attempt, &lost));
+        assert!(
+            !start_again("kube-scheduler", &mut attempt, &lost),
+            "{PORT_ATTEMPTS} attempts at most"
+        );
+        assert!(!start_again("kube-scheduler", &mut 1, &Ok(())));
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }
