@@ -322,6 +322,19 @@ async fn a_non_owner_forwards_the_stream_and_a_ring_change_aborts_it() {
         "B forwards; it keeps no feed"
     );
     assert!(a.core.cluster.feeds.get(f.id()).is_some());
+    // A new owner's snapshot comes from its own cache: B must have seen A's
+    // ready-at annotation of the instance (A has it in memory at once; B
+    // sees it once the patch comes back through its watch).
+    eventually(LIMIT, "B's cache has the instance ready", || async {
+        let ns = b.core.namespace(&f.namespace).ok()?;
+        let pod = ns.pods.get(&name)?;
+        pod.metadata
+            .annotations
+            .as_ref()?
+            .contains_key(skipper::domain::ANNOTATION_READY_AT)
+            .then_some(())
+    })
+    .await;
 
     // A leaves the ring: both streams end with ABORTED, and B serves the
     // function from then on.
