@@ -111,11 +111,12 @@ async fn without_namespaces_dev_fails_with_one_line() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn custom_pod_command() {
     let _t = Timer::start("playground --command");
+    let program = NodeProgram::link(env!("CARGO_BIN_EXE_skipper"));
     let dev = Dev::start(Opts {
         pool: 2,
         extra: vec![
             "--command".into(),
-            format!("exec {} fixture --log-format text", env!("CARGO_BIN_EXE_skipper")),
+            format!("exec {} fixture --log-format text", program.path.display()),
         ],
         ..Opts::default()
     })
@@ -158,4 +159,32 @@ async fn real_control_plane_without_its_build_fails_with_one_line() {
         "stderr: {stderr}"
     );
     assert!(out.stdout.is_empty());
+}
+
+/// A program on the node's filesystem where a pod can see it. A pod's `/tmp`
+/// is its own, as a container's is, so a binary under the host's `/tmp` (a
+/// checkout there) is out of its sight: the program is linked (or copied)
+/// into `/var/tmp`, and removed on drop.
+struct NodeProgram {
+    dir: std::path::PathBuf,
+    path: std::path::PathBuf,
+}
+
+impl NodeProgram {
+    fn link(source: &str) -> Self {
+        let dir = std::path::PathBuf::from(format!("/var/tmp/skipper-e2e-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("skipper");
+        let _ = std::fs::remove_file(&path);
+        if std::fs::hard_link(source, &path).is_err() {
+            std::fs::copy(source, &path).unwrap();
+        }
+        Self { dir, path }
+    }
+}
+
+impl Drop for NodeProgram {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
 }
