@@ -41,10 +41,10 @@ helm:
 	cd tools/helm && CGO_ENABLED=0 nice -n 10 go build -buildvcs=false -mod=readonly \
 		-ldflags '$(HELM_LDFLAGS)' -o ../../target/helm/helm helm.sh/helm/v3/cmd/helm
 
-## helm-lint: `helm lint --strict` of charts/skipper with its defaults and every file in charts/skipper/ci/
+## helm-lint: `helm lint --strict` of charts/skipper with its defaults and every value file in charts/skipper/ci/
 helm-lint: helm
 	target/helm/helm lint --strict charts/skipper
-	for f in charts/skipper/ci/*.yaml; do target/helm/helm lint --strict charts/skipper -f $$f || exit 1; done
+	for f in charts/skipper/ci/*-values.yaml; do target/helm/helm lint --strict charts/skipper -f $$f || exit 1; done
 
 ## test: every unit, integration and doc test (the e2e suite runs in `make e2e`)
 test:
