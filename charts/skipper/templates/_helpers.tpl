@@ -103,7 +103,8 @@ component's pods.
 {{- end -}}
 
 {{/*
-The grace period: preStop + shutdown timeout + 15 s unless set.
+The grace period: preStop sleep (or the router's shutdown delay) +
+shutdown timeout + 15 s, unless set.
 */}}
 {{- define "skipper.gracePeriod" -}}
 {{- if .terminationGracePeriodSeconds -}}
