@@ -9,6 +9,9 @@
 //! kept-alive connections stay with their router until it answers
 //! `Connection: close`.
 //!
+//! [`lifecycle`] takes the backend and the image, so the same scenario runs
+//! on kubelet nodes with two tags of the image imported there.
+//!
 //! Skipped with a message when helm (`make helm`) or the control plane
 //! (`make control-plane`) is not built; a failure under `CI=true`.
 
@@ -71,11 +74,9 @@ async fn run_helm(helm: &PathBuf, b: &Backend, args: &[&str]) {
     );
 }
 
-/// The chart's values for this test: the image by a tag of the test's
-/// choosing, short shutdown timings so the rollout is quick.
-const VALUES: [&str; 8] = [
-    "--set",
-    "image.repository=skipper",
+/// The chart's values for this test besides the image: short shutdown
+/// timings so the rollout is quick.
+const VALUES: [&str; 6] = [
     "--set",
     "controller.preStopSleepSeconds=2",
     "--set",
@@ -216,7 +217,21 @@ async fn helm_install_upgrade_under_load_and_uninstall_on_the_real_control_plane
     let Some(b) = Backend::real_with_pods(&[]).await else {
         return;
     };
+    // The node agent runs the test's own binary whatever the image says.
+    lifecycle(&helm, &b, "skipper", ("v1", "v2")).await;
+    b.shutdown().await;
+}
+
+/// Install, upgrade from tag `tags.0` to `tags.1` of `repository` under
+/// load, uninstall (see the module's documentation).
+async fn lifecycle(helm: &PathBuf, b: &Backend, repository: &str, tags: (&str, &str)) {
     let client = b.client().await;
+    let repository_value = format!("image.repository={repository}");
+    let (old_tag, new_tag) = (format!("image.tag={}", tags.0), format!("image.tag={}", tags.1));
+    let (old_image, new_image) = (
+        format!("{repository}:{}", tags.0),
+        format!("{repository}:{}", tags.1),
+    );
     let key = SigningKey::generate();
     // The namespace and its Secret, then the pool (any order works).
     b.create_namespace("skipper").await;
@@ -248,10 +263,12 @@ async fn helm_install_upgrade_under_load_and_uninstall_on_the_real_control_plane
         "--namespace",
         "skipper",
         "--set",
-        "image.tag=v1",
+        &old_tag,
+        "--set",
+        &repository_value,
     ];
     install.extend_from_slice(&VALUES);
-    run_helm(&helm, &b, &install).await;
+    run_helm(helm, b, &install).await;
     steps::serve(&client, 2, "first").await;
     let installed = begin.elapsed();
 
@@ -322,19 +339,21 @@ async fn helm_install_upgrade_under_load_and_uninstall_on_the_real_control_plane
         "--namespace",
         "skipper",
         "--set",
-        "image.tag=v2",
+        &new_tag,
+        "--set",
+        &repository_value,
     ];
     up.extend_from_slice(&VALUES);
-    run_helm(&helm, &b, &up).await;
+    run_helm(helm, b, &up).await;
     eventually(
         "every controller and router on the new tag, the old ones gone",
         WAIT,
         || async {
-            let old = with_image(&client, CONTROLLERS, "skipper:v1").await
-                + with_image(&client, ROUTERS, "skipper:v1").await;
+            let old = with_image(&client, CONTROLLERS, &old_image).await
+                + with_image(&client, ROUTERS, &old_image).await;
             let new = steps::ready_ips(&client, "skipper", CONTROLLERS).await.len() == 2
-                && with_image(&client, CONTROLLERS, "skipper:v2").await == 2
-                && with_image(&client, ROUTERS, "skipper:v2").await == 2
+                && with_image(&client, CONTROLLERS, &new_image).await == 2
+                && with_image(&client, ROUTERS, &new_image).await == 2
                 && router_endpoints(&client).await.len() == 2;
             (old == 0 && new).then_some(())
         },
@@ -368,8 +387,8 @@ async fn helm_install_upgrade_under_load_and_uninstall_on_the_real_control_plane
     // Uninstall: the release, then the pool (its namespace kept).
     let uninstall = Instant::now();
     run_helm(
-        &helm,
-        &b,
+        helm,
+        b,
         &["uninstall", "skipper", "--namespace", "skipper", "--wait"],
     )
     .await;
@@ -384,7 +403,7 @@ async fn helm_install_upgrade_under_load_and_uninstall_on_the_real_control_plane
         let skipper = steps::pods(&client, "skipper", "app.kubernetes.io/name=skipper")
             .await
             .len();
-        let left = helm_objects(&b).await;
+        let left = helm_objects(b).await;
         (tenants == 0
             && skipper == 0
             && left.is_empty()
@@ -393,7 +412,7 @@ async fn helm_install_upgrade_under_load_and_uninstall_on_the_real_control_plane
     })
     .await;
     println!(
-        "helm on the real control plane: install to serving {installed:?}; upgrade v1 → v2 rolled in {rolled:?} \
+        "helm on the real control plane: install to serving {installed:?}; upgrade {old_image} → {new_image} rolled in {rolled:?} \
          under load: {warm} warm and {cold} cold requests, {sessions} WebSocket sessions, {failed} failed, \
          {cross} cross-tenant, {restarts} restarts; uninstall to 0 objects and 0 tenant pods in {:?}",
         uninstall.elapsed()
@@ -404,7 +423,6 @@ async fn helm_install_upgrade_under_load_and_uninstall_on_the_real_control_plane
         "failed and cross-tenant answers during the upgrade"
     );
     assert!(cold >= 3 && sessions >= 4, "cold {cold}, sessions {sessions}");
-    b.shutdown().await;
 }
 
 /// Objects that carry the release's label, of every kind the chart renders.
