@@ -49,6 +49,9 @@ pub struct Opts {
     pub controller_env: Vec<&'static str>,
     /// More `skipper dev` arguments.
     pub extra: Vec<String>,
+    /// A program (and its arguments) that runs `skipper dev`, e.g.
+    /// `setpriv --reuid=65534 ...`; `skipper dev` runs directly when empty.
+    pub wrapper: Vec<String>,
 }
 
 impl Default for Opts {
@@ -64,6 +67,7 @@ impl Default for Opts {
                 "SKIPPER_FUNCTION_ASSIGN_TIMEOUT=5s",
             ],
             extra: Vec::new(),
+            wrapper: Vec::new(),
         }
     }
 }
@@ -135,11 +139,24 @@ impl Dev {
             rand::random::<u64>()
         ));
         std::fs::create_dir_all(&dir).unwrap();
+        if !opts.wrapper.is_empty() {
+            // The wrapped `skipper dev` may run as another user; it writes
+            // its kubeconfig here.
+            use std::os::unix::fs::PermissionsExt as _;
+            std::fs::set_permissions(&dir, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        }
         let kubeconfig = dir.join("kubeconfig");
         let listen = format!("127.0.0.1:{}", free_port());
         let metrics = format!("127.0.0.1:{}", free_port());
         let started = std::time::Instant::now();
-        let mut cmd = tokio::process::Command::new(env!("CARGO_BIN_EXE_skipper"));
+        let mut cmd = match opts.wrapper.split_first() {
+            Some((program, args)) => {
+                let mut c = tokio::process::Command::new(program);
+                c.args(args).arg(env!("CARGO_BIN_EXE_skipper"));
+                c
+            }
+            None => tokio::process::Command::new(env!("CARGO_BIN_EXE_skipper")),
+        };
         cmd.arg("dev")
             .args(control_plane_args())
             .args(["--listen", &listen, "--metrics-listen", &metrics])
@@ -242,6 +259,11 @@ impl Dev {
     /// The output of `skipper dev` so far.
     pub fn output(&self) -> String {
         self.stdout.lock().unwrap().join("\n")
+    }
+
+    /// What `skipper dev` wrote to stderr so far.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(self.dir.join("dev.stderr")).unwrap_or_default()
     }
 
     /// Sends one request for `function` through the router.

@@ -184,7 +184,8 @@ impl Report {
                 json: raw.clone(),
                 reason: e.to_string(),
             })?;
-            f.validate().map_err(|e| Error::InvalidFunction {
+            // A lookup needs the function's identity, not its scale.
+            f.validate_identity().map_err(|e| Error::InvalidFunction {
                 json: raw.clone(),
                 reason: e.to_string(),
             })?;

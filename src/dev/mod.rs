@@ -7,6 +7,7 @@
 //! `skipper dev apiserver`. The product build (`make dist`) leaves it out.
 
 pub mod playground;
+pub mod startup;
 
 use std::net::SocketAddr;
 use std::path::PathBuf;

@@ -29,13 +29,15 @@ use kube::api::{Api, DynamicObject, ListParams, PostParams};
 use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-use tokio::net::TcpListener;
 
+use super::startup;
 use crate::config::parse_positive_duration;
 use crate::domain::{Function, Scale};
 use crate::shutdown::Shutdown;
 use crate::telemetry::{self, Format, Level};
 use crate::token::SigningKey;
+use skipper_devcluster::kubelet::PodNetwork;
+use skipper_devcluster::kubelet::network::Bridge;
 use skipper_devcluster::real_cluster::{self, RealCluster, RealClusterError};
 use skipper_devcluster::{Cluster, ClusterError, Config};
 
@@ -186,6 +188,11 @@ pub struct PlaygroundArgs {
     /// Bound on bringing everything up
     #[arg(long, env = "SKIPPER_READY_TIMEOUT", default_value = "120s", value_parser = parse_positive_duration)]
     pub ready_timeout: Duration,
+
+    /// How long a pool pod may take to turn Ready during start-up before skipper dev stops, naming
+    /// it (a pod that exits stops it at once)
+    #[arg(long, env = "SKIPPER_POD_READY_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration)]
+    pub pod_ready_timeout: Duration,
 
     /// Export the traces of the router, the controllers and the pool pods over OTLP/HTTP to this
     /// collector (e.g. http://127.0.0.1:4318): sets their OTEL_EXPORTER_OTLP_ENDPOINT and --telemetry
@@ -343,9 +350,10 @@ pub fn parse_env(s: &str) -> Result<(String, String), String> {
 #[derive(Debug, thiserror::Error)]
 pub enum PlaygroundError {
     #[error(
-        "--listen {addr}: cannot listen there ({source}); is another `skipper dev` running? choose another address with --listen"
+        "{flag} {addr}: cannot listen there ({source}); is another `skipper dev` running? choose another address with {flag}"
     )]
     ListenBusy {
+        flag: &'static str,
         addr: SocketAddr,
         source: std::io::Error,
     },
@@ -375,14 +383,60 @@ pub enum PlaygroundError {
     },
     #[error("not ready within --ready-timeout {timeout:?}: {waiting_for}")]
     NotReady { timeout: Duration, waiting_for: String },
+    #[error("{problem}{}", log_lines(tail))]
+    PodFailed {
+        problem: Box<startup::PodProblem>,
+        /// The last lines of the failed container's log.
+        tail: Vec<String>,
+    },
+    #[error("the router does not serve {what} on {flag} {addr}; see router.log")]
+    RouterListener {
+        flag: &'static str,
+        what: &'static str,
+        addr: SocketAddr,
+    },
+    #[error(
+        "{error}\nthe logs of this start are kept in {} (router.log; pods/<namespace>_<pod>/logs/<container>/<restart>.log)",
+        kept.display()
+    )]
+    StartFailed {
+        error: Box<PlaygroundError>,
+        kept: PathBuf,
+    },
     #[error("starting the router {exe}: {source}")]
     RouterStart { exe: PathBuf, source: std::io::Error },
-    #[error("the router exited ({status}); see {log}")]
-    RouterExited { status: ExitStatus, log: PathBuf },
+    #[error("the router exited ({status}); see router.log")]
+    RouterExited { status: ExitStatus },
     #[error("installing signal handlers: {0}")]
     Signals(std::io::Error),
     #[error("the router's token: {0}")]
     RouterToken(String),
+}
+
+/// The tail of a log, indented under the error line; a note when it is empty.
+fn log_lines(tail: &[String]) -> String {
+    if tail.is_empty() {
+        return "; its log is empty".to_owned();
+    }
+    let mut out = String::from("; the last lines of its log:");
+    for line in tail {
+        out.push_str("\n    ");
+        out.push_str(line);
+    }
+    out
+}
+
+impl PlaygroundError {
+    /// Whether the logs of the start explain this failure (they are kept).
+    fn logs_explain(&self) -> bool {
+        matches!(
+            self,
+            Self::NotReady { .. }
+                | Self::PodFailed { .. }
+                | Self::RouterListener { .. }
+                | Self::RouterExited { .. }
+        )
+    }
 }
 
 /// Splits a multi-document YAML manifest into JSON objects (empty documents skipped).
@@ -601,54 +655,6 @@ async fn controller_serving(ip: &str) -> bool {
         .unwrap_or(false)
 }
 
-/// Polls `check` every 100ms until it yields `Some`, or fails naming `what`
-/// once `deadline` has passed.
-async fn wait_for<T, F, Fut>(
-    deadline: tokio::time::Instant,
-    timeout: Duration,
-    what: &str,
-    mut check: F,
-) -> Result<T, PlaygroundError>
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    loop {
-        if let Some(v) = check().await {
-            return Ok(v);
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(PlaygroundError::NotReady {
-                timeout,
-                waiting_for: what.to_owned(),
-            });
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// The IPs of the pods of `ns` matching `selector` that are Ready and not
-/// being deleted, sorted; `None` when the API does not answer (the caller
-/// asks again until its deadline).
-async fn ready_pod_ips(client: &kube::Client, ns: &str, selector: &str) -> Option<Vec<String>> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let pods = match api.list(&ListParams::default().labels(selector)).await {
-        Ok(list) => list.items,
-        Err(e) => {
-            tracing::debug!(error = %e, namespace = ns, selector, "listing pods");
-            return None;
-        }
-    };
-    let mut ips: Vec<String> = pods
-        .into_iter()
-        .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p))
-        .filter_map(|p| p.status?.pod_ip)
-        .filter(|ip| !ip.is_empty())
-        .collect();
-    ips.sort();
-    Some(ips)
-}
-
 /// Whether a pod's `Ready` condition is `True`.
 fn pod_ready(pod: &Pod) -> bool {
     pod.status
@@ -660,7 +666,6 @@ fn pod_ready(pod: &Pod) -> bool {
 /// The router child process; stopped with SIGTERM (then SIGKILL) on drop.
 struct RouterProcess {
     child: tokio::process::Child,
-    log: PathBuf,
 }
 
 impl RouterProcess {
@@ -743,12 +748,64 @@ async fn keep_router_token(
     Ok(())
 }
 
+/// The addresses the router serves on, held by the playground until the
+/// router starts: a busy one fails the start at once, naming its flag.
+struct RouterAddrs {
+    /// `--listen`.
+    listen: std::net::TcpListener,
+    /// `--metrics-listen`.
+    metrics: std::net::TcpListener,
+    /// CPU profiles: a free port beside `--listen`.
+    pprof: std::net::TcpListener,
+}
+
+/// The router's three addresses as bound.
+#[derive(Debug, Clone, Copy)]
+struct RouterPorts {
+    listen: SocketAddr,
+    metrics: SocketAddr,
+    pprof: SocketAddr,
+}
+
+impl RouterAddrs {
+    /// Binds `--listen` and `--metrics-listen` (a port 0 picks a free one)
+    /// and a free port for profiles on `--listen`'s host.
+    fn bind(args: &PlaygroundArgs) -> Result<Self, PlaygroundError> {
+        let bind = |flag: &'static str, addr: SocketAddr| {
+            std::net::TcpListener::bind(addr).map_err(|source| PlaygroundError::ListenBusy {
+                flag,
+                addr,
+                source,
+            })
+        };
+        Ok(Self {
+            listen: bind("--listen", args.listen)?,
+            metrics: bind("--metrics-listen", args.metrics_listen)?,
+            pprof: bind("--listen", SocketAddr::new(args.listen.ip(), 0))?,
+        })
+    }
+
+    fn ports(&self) -> RouterPorts {
+        let addr = |l: &std::net::TcpListener, fallback: SocketAddr| l.local_addr().unwrap_or(fallback);
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        RouterPorts {
+            listen: addr(&self.listen, any),
+            metrics: addr(&self.metrics, any),
+            pprof: addr(&self.pprof, any),
+        }
+    }
+}
+
+/// Starts the router on the addresses `held` kept free for it (released
+/// just before).
 fn spawn_router(
     args: &PlaygroundArgs,
     exe: &Path,
     kubeconfig: &Path,
     work_dir: &Path,
-) -> Result<RouterProcess, PlaygroundError> {
+    held: RouterAddrs,
+) -> Result<(RouterProcess, RouterPorts), PlaygroundError> {
+    let ports = held.ports();
     let log = work_dir.join("router.log");
     let open = || std::fs::OpenOptions::new().create(true).append(true).open(&log);
     let start_err = |source| PlaygroundError::RouterStart {
@@ -759,10 +816,11 @@ fn spawn_router(
     // Heartbeats well inside the heartbeat timeout.
     let heartbeat = (args.heartbeat_timeout / 3).clamp(Duration::from_millis(200), Duration::from_secs(5));
     let mut cmd = tokio::process::Command::new(exe);
+    let (listen, metrics, pprof) = (ports.listen, ports.metrics, ports.pprof);
     cmd.arg("router")
-        .args(["--host", &args.listen.ip().to_string()])
-        .args(["--port", &args.listen.port().to_string()])
-        .args(["--pod-ip", &args.listen.ip().to_string()])
+        .args(["--host", &listen.ip().to_string()])
+        .args(["--port", &listen.port().to_string()])
+        .args(["--pod-ip", &listen.ip().to_string()])
         .args(["--controller-service-host", "skipper-controller.skipper.svc"])
         .args(["--controller-namespace", CONTROLLER_NAMESPACE])
         .args(["--controller-headless-service-name", CONTROLLER_HEADLESS_SERVICE])
@@ -774,16 +832,11 @@ fn spawn_router(
         ])
         .args(["--heartbeat-interval", &crate::config::format_duration(heartbeat)])
         .args(["--log-format", "text"])
-        .args(["--pprof-host", &args.listen.ip().to_string()])
+        .args(["--pprof-host", &pprof.ip().to_string()])
+        .args(["--pprof-port", &pprof.port().to_string()])
         .args(["--telemetry", "true"])
-        .args([
-            "--telemetry-prometheus-host",
-            &args.metrics_listen.ip().to_string(),
-        ])
-        .args([
-            "--telemetry-prometheus-port",
-            &args.metrics_listen.port().to_string(),
-        ])
+        .args(["--telemetry-prometheus-host", &metrics.ip().to_string()])
+        .args(["--telemetry-prometheus-port", &metrics.port().to_string()])
         .env_clear()
         .env("KUBECONFIG", kubeconfig)
         .stdin(Stdio::null())
@@ -801,52 +854,96 @@ fn spawn_router(
     if let Some(url) = &args.otlp_endpoint {
         cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", url);
     }
+    drop(held);
     let child = cmd.spawn().map_err(start_err)?;
-    Ok(RouterProcess { child, log })
+    Ok((RouterProcess { child }, ports))
 }
 
 /// What the playground brought up.
 struct Up {
     controller_ips: Vec<String>,
+    router: RouterPorts,
 }
 
+/// The pods of `ns` matching `selector`; `None` when the API does not
+/// answer (the caller asks again until its deadline).
+async fn list_pods(client: &kube::Client, ns: &str, selector: &str) -> Option<Vec<Pod>> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    match api.list(&ListParams::default().labels(selector)).await {
+        Ok(list) => Some(list.items),
+        Err(e) => {
+            tracing::debug!(error = %e, namespace = ns, selector, "listing pods");
+            None
+        }
+    }
+}
+
+/// The IPs of `pods` that are Ready and not being deleted, sorted.
+fn ready_ips(pods: &[Pod]) -> Vec<String> {
+    let mut ips: Vec<String> = pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p))
+        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+        .filter(|ip| !ip.is_empty())
+        .collect();
+    ips.sort();
+    ips
+}
+
+/// The first pod of the playground that failed its start, with the tail
+/// of its log.
+fn failed_pod(
+    work_dir: &Path,
+    pods: &[(startup::Role, &[Pod])],
+    pod_ready_timeout: Duration,
+) -> Option<PlaygroundError> {
+    let now = jiff::Timestamp::now();
+    let problem = pods.iter().find_map(|(role, pods)| {
+        pods.iter()
+            .find_map(|p| startup::pod_problem(p, *role, now, pod_ready_timeout))
+    })?;
+    let tail = startup::log_tail(&startup::log_file(work_dir, &problem), startup::LOG_TAIL_LINES);
+    Some(PlaygroundError::PodFailed {
+        problem: Box::new(problem),
+        tail,
+    })
+}
+
+/// Waits until every controller is Ready and `SERVING`, every pool has its
+/// Ready pods and the router is healthy and serves metrics and profiles;
+/// stops at once when a pod of the playground fails its start or the router
+/// exits.
 async fn bring_up(
     args: &PlaygroundArgs,
     cluster: &PlaygroundCluster,
     router: &mut RouterProcess,
+    ports: RouterPorts,
 ) -> Result<Up, PlaygroundError> {
     let deadline = tokio::time::Instant::now() + args.ready_timeout;
-    let timeout = args.ready_timeout;
     let client = &cluster.client;
-    let controller_ips = wait_for(deadline, timeout, "the controller pods to be Ready", || async {
-        let ips = ready_pod_ips(client, CONTROLLER_NAMESPACE, CONTROLLER_SELECTOR).await?;
-        (ips.len() == usize::from(args.controllers)).then_some(ips)
-    })
-    .await?;
-    for ip in &controller_ips {
-        wait_for(
-            deadline,
-            timeout,
-            &format!("controller {ip} to report SERVING"),
-            || async { controller_serving(ip).await.then_some(()) },
-        )
-        .await?;
-    }
-    for pool in &args.pools {
-        let selector = format!("skipper/deployment={}", pool.name);
-        wait_for(
-            deadline,
-            timeout,
-            &format!("{} Ready pods of pool {}", pool.replicas, pool.name),
-            || async {
-                let ips = ready_pod_ips(client, POOL_NAMESPACE, &selector).await?;
-                (ips.len() >= usize::from(pool.replicas)).then_some(())
-            },
-        )
-        .await?;
-    }
-    let listen = args.listen;
+    let pool_selector = format!(
+        "skipper/deployment in ({})",
+        args.pools
+            .iter()
+            .map(|p| p.name.as_str())
+            .collect::<Vec<_>>()
+            .join(",")
+    );
+    let mut serving: std::collections::BTreeSet<String> = std::collections::BTreeSet::new();
     loop {
+        let controllers = list_pods(client, CONTROLLER_NAMESPACE, CONTROLLER_SELECTOR).await;
+        let pools = list_pods(client, POOL_NAMESPACE, &pool_selector).await;
+        let (controllers, pools) = (controllers.unwrap_or_default(), pools.unwrap_or_default());
+        if let Some(failed) = failed_pod(
+            &cluster.work_dir,
+            &[
+                (startup::Role::Controller, &controllers),
+                (startup::Role::Pool, &pools),
+            ],
+            args.pod_ready_timeout,
+        ) {
+            return Err(failed);
+        }
         if let Some(status) = router
             .child
             .try_wait()
@@ -855,30 +952,84 @@ async fn bring_up(
                 source,
             })?
         {
-            return Err(PlaygroundError::RouterExited {
-                status,
-                log: router.log.clone(),
+            return Err(PlaygroundError::RouterExited { status });
+        }
+        let controller_ips = ready_ips(&controllers);
+        for ip in &controller_ips {
+            if !serving.contains(ip) && controller_serving(ip).await {
+                serving.insert(ip.clone());
+            }
+        }
+        let waiting_for = if controller_ips.len() != usize::from(args.controllers) {
+            Some(format!(
+                "{} Ready controller pods ({} are)",
+                args.controllers,
+                controller_ips.len()
+            ))
+        } else if let Some(ip) = controller_ips.iter().find(|ip| !serving.contains(*ip)) {
+            Some(format!("controller {ip} to report SERVING"))
+        } else if let Some(pool) = args.pools.iter().find(|pool| {
+            let of_pool: Vec<Pod> = pools
+                .iter()
+                .filter(|p| {
+                    p.metadata
+                        .labels
+                        .as_ref()
+                        .and_then(|l| l.get("skipper/deployment"))
+                        == Some(&pool.name)
+                })
+                .cloned()
+                .collect();
+            ready_ips(&of_pool).len() < usize::from(pool.replicas)
+        }) {
+            Some(format!("{} Ready pods of pool {}", pool.replicas, pool.name))
+        } else if http_status(ports.listen, "/healthz").await != Some(200) {
+            Some(format!("the router's /healthz on {}", ports.listen))
+        } else {
+            None
+        };
+        let Some(waiting_for) = waiting_for else {
+            router_listeners(ports).await?;
+            return Ok(Up {
+                controller_ips,
+                router: ports,
             });
-        }
-        if http_status(listen, "/healthz").await == Some(200) {
-            break;
-        }
+        };
         if tokio::time::Instant::now() >= deadline {
             return Err(PlaygroundError::NotReady {
-                timeout,
-                waiting_for: format!("the router's /healthz on {listen}"),
+                timeout: args.ready_timeout,
+                waiting_for,
             });
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    Ok(Up { controller_ips })
+}
+
+/// Checks that the router, once healthy, serves what the ready block
+/// advertises: its metrics on `--metrics-listen` and profiles.
+async fn router_listeners(ports: RouterPorts) -> Result<(), PlaygroundError> {
+    if http_status(ports.metrics, "/metrics").await != Some(200) {
+        return Err(PlaygroundError::RouterListener {
+            flag: "--metrics-listen",
+            what: "metrics",
+            addr: ports.metrics,
+        });
+    }
+    if http_status(ports.pprof, "/debug/pprof/").await != Some(200) {
+        return Err(PlaygroundError::RouterListener {
+            flag: "--listen",
+            what: "profiles (a free port on the host of)",
+            addr: ports.pprof,
+        });
+    }
+    Ok(())
 }
 
 fn print_ready(args: &PlaygroundArgs, cluster: &PlaygroundCluster, up: &Up, took: Duration, describe: &str) {
     let work_dir = &cluster.work_dir;
     let pool = args.pools.first().map_or("fixture", |p| p.name.as_str());
     let function = example_function(pool, "t1");
-    let listen = args.listen;
+    let listen = up.router.listen;
     let kubeconfig = args.kubeconfig_out.as_deref().unwrap_or(&cluster.kubeconfig);
     let members = up.controller_ips.join(",");
     let first = up.controller_ips.first().map_or("", String::as_str);
@@ -898,12 +1049,17 @@ fn print_ready(args: &PlaygroundArgs, cluster: &PlaygroundCluster, up: &Up, took
         }
     }
     println!("  controllers:   {members} (gRPC :{CONTROLLER_PORT}, metrics :{CONTROLLER_METRICS_PORT})");
-    println!("  metrics:       curl -s http://{}/metrics", args.metrics_listen);
+    println!("  metrics:       curl -s http://{}/metrics", up.router.metrics);
     println!("                 curl -s http://{first}:{CONTROLLER_METRICS_PORT}/metrics");
+    println!(
+        "  profiles:      http://{}/debug/pprof/ (router), http://{first}:6060/debug/pprof/ (controller)",
+        up.router.pprof
+    );
     println!(
         "  ring-inspect:  skipper ring-inspect --controller {first}:{CONTROLLER_PORT} --token-file {} --function '{function}'",
         work_dir.join(ROUTER_TOKEN_FILE).display()
     );
+    println!("  pod network:   {}", cluster.pod_network);
     println!(
         "  logs:          {} (router.log; pods/<namespace>_<pod>/logs/<container>/<restart>.log)",
         work_dir.display()
@@ -924,9 +1080,78 @@ struct PlaygroundCluster {
     /// Holds the router's log and token, and the pods' directories.
     work_dir: PathBuf,
     /// The host's address as pods reach it, when pods have a network of
-    /// their own (the real control plane's bridge gateway); `None` when
-    /// they share the host's.
+    /// their own (the bridge's gateway); `None` when they share the host's.
     host_on_pod_network: Option<std::net::Ipv4Addr>,
+    /// How pods are networked.
+    pod_network: PodNetworkKind,
+}
+
+/// How the playground's pods are networked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum PodNetworkKind {
+    /// A network namespace per pod on this bridge.
+    Bridge {
+        name: String,
+        subnet: (std::net::Ipv4Addr, u8),
+    },
+    /// A loopback address per pod in the host's network namespace, and why
+    /// there is no bridge.
+    Loopback { why: String },
+}
+
+impl PodNetworkKind {
+    fn of(bridge: &Bridge) -> Self {
+        Self::Bridge {
+            name: bridge.name().to_owned(),
+            subnet: bridge.subnet(),
+        }
+    }
+
+    /// The one line `skipper dev` prints when pods share the host's network.
+    #[must_use]
+    pub fn announcement(&self) -> Option<String> {
+        match self {
+            Self::Bridge { .. } => None,
+            Self::Loopback { why } => Some(format!(
+                "skipper dev: pods share the host's network, each on a loopback address of its own, so a pod must bind $POD_IP, not 0.0.0.0 (no network namespace per pod: {why})"
+            )),
+        }
+    }
+}
+
+impl std::fmt::Display for PodNetworkKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Bridge {
+                name,
+                subnet: (ip, prefix),
+            } => write!(
+                f,
+                "a network namespace per pod on bridge {name} ({ip}/{prefix}, the host at .1)"
+            ),
+            Self::Loopback { .. } => write!(f, "the host's, a loopback address per pod (pods bind $POD_IP)"),
+        }
+    }
+}
+
+/// The simulator's pod network: a bridge when this process can make one
+/// and `pods` fit on it, else loopback addresses (and why).
+async fn simulator_pod_network(pods: usize) -> (PodNetwork, PodNetworkKind) {
+    let loopback = |why: String| (PodNetwork::Loopback, PodNetworkKind::Loopback { why });
+    let capacity = skipper_devcluster::kubelet::network::IpPool::capacity();
+    if pods > capacity {
+        return loopback(format!(
+            "--pool and --controllers ask for {pods} pods, more than the {capacity} addresses of a pod bridge"
+        ));
+    }
+    match tokio::task::spawn_blocking(Bridge::create).await {
+        Ok(Ok(bridge)) => {
+            let kind = PodNetworkKind::of(&bridge);
+            (PodNetwork::Bridge(std::sync::Arc::new(bridge)), kind)
+        }
+        Ok(Err(e)) => loopback(e.to_string()),
+        Err(e) => loopback(e.to_string()),
+    }
 }
 
 /// What runs the Kubernetes API and the pods.
@@ -973,12 +1198,17 @@ impl PlaygroundCluster {
         };
         match target {
             Target::Simulator => {
+                let pods = args.pools.iter().map(|p| usize::from(p.replicas)).sum::<usize>()
+                    + usize::from(args.controllers);
+                let (pod_network, kind) = simulator_pod_network(pods).await;
                 let cluster = Cluster::start(Config {
                     skipper_exe: exe.to_path_buf(),
                     restart_backoff,
+                    pod_network,
                     ..Config::default()
                 })
                 .await?;
+                let host_on_pod_network = cluster.bridge().map(Bridge::gateway);
                 let client = cluster.client()?;
                 let kubeconfig = cluster.kubeconfig_path().to_path_buf();
                 let work_dir = kubeconfig
@@ -990,7 +1220,8 @@ impl PlaygroundCluster {
                     client,
                     kubeconfig,
                     work_dir,
-                    host_on_pod_network: None,
+                    host_on_pod_network,
+                    pod_network: kind,
                 })
             }
             Target::Real { bin_dir } => {
@@ -1023,12 +1254,14 @@ impl PlaygroundCluster {
                 let kubeconfig = cluster.admin_kubeconfig().to_path_buf();
                 let work_dir = cluster.work_dir().to_path_buf();
                 let host_on_pod_network = Some(cluster.bridge().gateway());
+                let pod_network = PodNetworkKind::of(cluster.bridge());
                 Ok(Self {
                     backend: Backend::Real(Box::new(cluster)),
                     client,
                     kubeconfig,
                     work_dir,
                     host_on_pod_network,
+                    pod_network,
                 })
             }
         }
@@ -1075,32 +1308,75 @@ pub async fn run(args: PlaygroundArgs) -> Result<ExitCode, PlaygroundError> {
     let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("skipper"));
     let target = Target::from_args(&args, &exe)?;
     let describe = target.describe();
-    // Fail at once on a busy port, before anything starts.
-    drop(
-        TcpListener::bind(args.listen)
-            .await
-            .map_err(|source| PlaygroundError::ListenBusy {
-                addr: args.listen,
-                source,
-            })?,
-    );
+    // Fail at once on a busy port, before anything starts; the ports stay
+    // held until the router takes them.
+    let held = RouterAddrs::bind(&args)?;
+    if let Some(url) = &args.otlp_endpoint
+        && let Some(warning) = otlp_unreachable(url).await
+    {
+        eprintln!("{warning}");
+    }
     let shutdown = Shutdown::new();
     shutdown.trigger_on_signals().map_err(PlaygroundError::Signals)?;
     let cluster = PlaygroundCluster::start(&args, &exe, target).await?;
+    if let Some(line) = cluster.pod_network.announcement() {
+        eprintln!("{line}");
+    }
     let result = match &args.kubeconfig_out {
         Some(path) => cluster.write_kubeconfig(path),
         None => Ok(()),
     };
     let result = match result {
         Ok(()) => tokio::select! {
-            r = serve(&args, &cluster, &exe, &shutdown, (started, describe)) => r,
+            r = serve(&args, &cluster, &exe, &shutdown, held, (started, describe)) => r,
             () = shutdown.cancelled() => Ok(()),
         },
         Err(e) => Err(e),
     };
+    // The work directory goes with the cluster: keep what explains a failure.
+    let result = match result {
+        Err(error) if error.logs_explain() => {
+            match startup::keep_logs(&cluster.work_dir, &std::env::temp_dir()) {
+                Ok(kept) => Err(PlaygroundError::StartFailed {
+                    error: Box::new(error),
+                    kept,
+                }),
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not keep the logs");
+                    Err(error)
+                }
+            }
+        }
+        other => other,
+    };
     shutdown.trigger();
     cluster.shutdown().await;
     result.map(|()| ExitCode::SUCCESS)
+}
+
+/// A warning line when nothing accepts connections at the OTLP collector's
+/// address (traces would be dropped without a word).
+async fn otlp_unreachable(url: &str) -> Option<String> {
+    let uri: http::Uri = url.parse().ok()?;
+    let host = uri
+        .host()?
+        .trim_start_matches('[')
+        .trim_end_matches(']')
+        .to_owned();
+    let port = uri.port_u16().unwrap_or(if uri.scheme_str() == Some("https") {
+        443
+    } else {
+        80
+    });
+    let connect = tokio::net::TcpStream::connect((host.as_str(), port));
+    let why = match tokio::time::timeout(Duration::from_secs(2), connect).await {
+        Ok(Ok(_)) => return None,
+        Ok(Err(e)) => e.to_string(),
+        Err(_) => "no answer within 2s".to_owned(),
+    };
+    Some(format!(
+        "skipper dev: warning: --otlp-endpoint {url}: nothing accepts connections there ({why}); traces are dropped until a collector listens"
+    ))
 }
 
 async fn serve(
@@ -1108,13 +1384,14 @@ async fn serve(
     cluster: &PlaygroundCluster,
     exe: &Path,
     shutdown: &Shutdown,
+    held: RouterAddrs,
     (started, describe): (std::time::Instant, &str),
 ) -> Result<(), PlaygroundError> {
     apply_manifests(args, cluster).await?;
     let work_dir = &cluster.work_dir;
     keep_router_token(cluster.client.clone(), work_dir.join(ROUTER_TOKEN_FILE), shutdown).await?;
-    let mut router = spawn_router(args, exe, &cluster.kubeconfig, work_dir)?;
-    let up = match bring_up(args, cluster, &mut router).await {
+    let (mut router, ports) = spawn_router(args, exe, &cluster.kubeconfig, work_dir, held)?;
+    let up = match bring_up(args, cluster, &mut router, ports).await {
         Ok(up) => up,
         Err(e) => {
             router.stop(Duration::from_secs(2)).await;
@@ -1138,7 +1415,6 @@ async fn serve(
                 exe: exe.to_path_buf(),
                 source,
             })?,
-            log: router.log,
         }),
     }
 }

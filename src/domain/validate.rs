@@ -42,15 +42,7 @@ impl Function {
     /// # Errors
     /// See [`ValidationError`] for the rules, in the order they are checked.
     pub fn validate(&self) -> Result<(), ValidationError> {
-        if self.namespace.is_empty() {
-            return Err(ValidationError::MissingNamespace);
-        }
-        if self.deployment.is_empty() {
-            return Err(ValidationError::MissingDeployment);
-        }
-        if self.tenant.is_empty() {
-            return Err(ValidationError::MissingTenant);
-        }
+        self.check_present()?;
         let Some(scale) = &self.scale else {
             return Err(ValidationError::MissingScale);
         };
@@ -61,6 +53,34 @@ impl Function {
         if min > max {
             return Err(ValidationError::MinAboveMax { min, max });
         }
+        self.check_names()
+    }
+
+    /// Checks what names the function — namespace, deployment and tenant,
+    /// in [`Function::validate`]'s order — and not its `scale`: enough to
+    /// find its owner on the ring.
+    ///
+    /// # Errors
+    /// The first rule of [`ValidationError`] about names that it breaks.
+    pub fn validate_identity(&self) -> Result<(), ValidationError> {
+        self.check_present()?;
+        self.check_names()
+    }
+
+    fn check_present(&self) -> Result<(), ValidationError> {
+        if self.namespace.is_empty() {
+            return Err(ValidationError::MissingNamespace);
+        }
+        if self.deployment.is_empty() {
+            return Err(ValidationError::MissingDeployment);
+        }
+        if self.tenant.is_empty() {
+            return Err(ValidationError::MissingTenant);
+        }
+        Ok(())
+    }
+
+    fn check_names(&self) -> Result<(), ValidationError> {
         if !is_dns1123_label(&self.namespace) {
             return Err(ValidationError::InvalidNamespace(self.namespace.clone()));
         }
@@ -174,6 +194,22 @@ mod tests {
     }
 
     #[test]
+    fn identity_needs_names_but_no_scale() {
+        let mut f = valid();
+        f.scale = None;
+        assert_eq!(f.validate_identity(), Ok(()));
+        f.scale = Some(Scale::default());
+        assert_eq!(f.validate_identity(), Ok(()), "scale rules do not apply");
+        f.tenant.clear();
+        assert_eq!(f.validate_identity(), Err(ValidationError::MissingTenant));
+        f.tenant = "bad tenant".into();
+        assert!(matches!(
+            f.validate_identity(),
+            Err(ValidationError::InvalidTenant(_))
+        ));
+    }
+
+    #[test]
     fn names_must_be_storable_by_kubernetes() {
         let mut f = valid();
         f.tenant = "x".repeat(64);
@@ -203,6 +239,12 @@ mod tests {
         let mut f = valid();
         f.deployment = "my.app".into();
         assert_eq!(f.validate(), Ok(()));
+        f.deployment = "my_app".into();
+        assert!(matches!(
+            f.validate_identity(),
+            Err(ValidationError::InvalidDeployment(_))
+        ));
+        f.deployment = "my.app".into();
         f.deployment = "my_app".into();
         assert!(
             f.validate()

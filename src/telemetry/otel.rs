@@ -132,6 +132,7 @@ impl opentelemetry_http::HttpClient for Client {
     ) -> Result<http::Response<Bytes>, opentelemetry_http::HttpError> {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let http = self.http.clone();
+        let uri = request.uri().clone();
         self.runtime.spawn(async move {
             let exchange = async {
                 let resp = http
@@ -153,11 +154,37 @@ impl opentelemetry_http::HttpClient for Client {
                 Ok(r) => r,
                 Err(_) => Err(SendError::Timeout(REQUEST_TIMEOUT)),
             };
+            note_delivery(&uri, &result);
             let _ = tx.send(result);
         });
         match rx.await {
             Ok(r) => r.map_err(Into::into),
             Err(_) => Err(SendError::Stopped.into()),
+        }
+    }
+}
+
+/// Whether the last export failed (so a failure is said once, not per batch).
+static FAILING: AtomicBool = AtomicBool::new(false);
+
+/// Says once when the collector stops taking traces (they are dropped), and
+/// once when it takes them again.
+fn note_delivery(uri: &http::Uri, result: &Result<http::Response<Bytes>, SendError>) {
+    match result {
+        Err(e) => {
+            if !FAILING.swap(true, Ordering::Relaxed) {
+                tracing::warn!(collector = %uri, error = %e, "the OTLP collector does not take traces; they are dropped until it does");
+            }
+        }
+        Ok(resp) if !resp.status().is_success() => {
+            if !FAILING.swap(true, Ordering::Relaxed) {
+                tracing::warn!(collector = %uri, status = %resp.status(), "the OTLP collector refuses traces; they are dropped until it takes them");
+            }
+        }
+        Ok(_) => {
+            if FAILING.swap(false, Ordering::Relaxed) {
+                tracing::info!(collector = %uri, "the OTLP collector takes traces again");
+            }
         }
     }
 }
@@ -384,5 +411,72 @@ mod tests {
             let (t, _) = server.in_scope(|| current_ids().unwrap());
             assert_ne!(t, trace_id);
         });
+    }
+
+    /// Log lines written while it is alive (on this thread).
+    struct Captured(Arc<std::sync::Mutex<Vec<u8>>>);
+
+    impl std::io::Write for Captured {
+        fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+            self.0
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .extend_from_slice(buf);
+            Ok(buf.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+
+    #[tokio::test]
+    async fn a_collector_that_refuses_is_said_once_and_so_is_its_return() {
+        use opentelemetry_http::HttpClient as _;
+        let logs = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let writer = logs.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || Captured(writer.clone()))
+            .with_ansi(false)
+            .finish();
+        let _guard = tracing::subscriber::set_default(subscriber);
+        let count = |needle: &str| {
+            String::from_utf8_lossy(&logs.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+                .matches(needle)
+                .count()
+        };
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let nobody = closed.local_addr().unwrap();
+        drop(closed);
+        let collector = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let up = collector.local_addr().unwrap();
+        tokio::spawn(async move {
+            use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+            while let Ok((mut s, _)) = collector.accept().await {
+                let mut buf = [0u8; 4096];
+                let _ = s.read(&mut buf).await;
+                let _ = s.write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n").await;
+            }
+        });
+        let client = Client::new(tokio::runtime::Handle::current()).unwrap();
+        let post = |addr: std::net::SocketAddr| {
+            http::Request::post(format!("http://{addr}/v1/traces"))
+                .body(Bytes::from_static(b"spans"))
+                .unwrap()
+        };
+        for _ in 0..3 {
+            assert!(client.send_bytes(post(nobody)).await.is_err());
+        }
+        assert_eq!(count("the OTLP collector does not take traces"), 1);
+        assert!(count(&nobody.to_string()) >= 1, "names the collector");
+        for _ in 0..2 {
+            assert!(client.send_bytes(post(up)).await.is_ok());
+        }
+        assert_eq!(count("the OTLP collector takes traces again"), 1);
+        assert!(client.send_bytes(post(nobody)).await.is_err());
+        assert_eq!(
+            count("the OTLP collector does not take traces"),
+            2,
+            "said again after it answered"
+        );
     }
 }

@@ -1866,3 +1866,243 @@ async fn loopback_endpoints(b: &Backend) {
     .await
     .unwrap();
 }
+
+// === kubectl tables ===
+
+differential!(
+    tables_of_services_nodes_and_events,
+    tables,
+    namespaces = [NS],
+    pods
+);
+
+/// The `meta.k8s.io/v1` Table `kubectl get` asks for, with whole objects
+/// in its rows (`includeObject=Object`; the simulator always sends them).
+async fn table(client: &kube::Client, path: &str) -> Value {
+    let req = http::Request::get(format!("{path}?includeObject=Object"))
+        .header(
+            http::header::ACCEPT,
+            "application/json;as=Table;v=v1;g=meta.k8s.io,application/json",
+        )
+        .body(Vec::new())
+        .unwrap();
+    client.request::<Value>(req).await.unwrap()
+}
+
+/// Name, type, format and priority of each column (the descriptions are
+/// the API's documentation, which the simulator does not copy).
+fn columns(t: &Value) -> Vec<(String, String, String, i64)> {
+    t["columnDefinitions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|c| {
+            (
+                c["name"].as_str().unwrap().to_owned(),
+                c["type"].as_str().unwrap().to_owned(),
+                c["format"].as_str().unwrap_or("").to_owned(),
+                c["priority"].as_i64().unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
+fn column_set(spec: &[(&str, &str, &str, i64)]) -> Vec<(String, String, String, i64)> {
+    spec.iter()
+        .map(|(n, t, f, p)| ((*n).to_owned(), (*t).to_owned(), (*f).to_owned(), *p))
+        .collect()
+}
+
+/// The cells of the row of object `name` (by `object.metadata.name`).
+fn row(t: &Value, name: &str) -> Vec<Value> {
+    t["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["object"]["metadata"]["name"] == name)
+        .unwrap_or_else(|| panic!("no row {name}: {t}"))["cells"]
+        .as_array()
+        .unwrap()
+        .clone()
+}
+
+/// `kubectl get svc,nodes,events` print the columns kube-apiserver's
+/// printers define (`pkg/printers/internalversion`), with the same cells.
+async fn tables(b: &Backend) {
+    let client = b.client().await;
+    let services: Api<k8s_openapi::api::core::v1::Service> = Api::namespaced(client.clone(), NS);
+    services
+        .create(
+            &PostParams::default(),
+            &from(json!({
+                "metadata": {"name": "web"},
+                "spec": {"selector": {"app": "web", "tier": "front"},
+                         "ports": [{"name": "http", "port": 80, "targetPort": 8888},
+                                   {"name": "dns", "port": 53, "protocol": "UDP"}]},
+            })),
+        )
+        .await
+        .unwrap();
+    services
+        .create(
+            &PostParams::default(),
+            &from(json!({
+                "metadata": {"name": "headless"},
+                "spec": {"clusterIP": "None", "selector": {"app": "web"},
+                         "ports": [{"port": 50051}]},
+            })),
+        )
+        .await
+        .unwrap();
+    let svc = table(&client, &format!("/api/v1/namespaces/{NS}/services")).await;
+    assert_eq!(
+        columns(&svc),
+        column_set(&[
+            ("Name", "string", "name", 0),
+            ("Type", "string", "", 0),
+            ("Cluster-IP", "string", "", 0),
+            ("External-IP", "string", "", 0),
+            ("Port(s)", "string", "", 0),
+            ("Age", "string", "", 0),
+            ("Selector", "string", "", 1),
+        ])
+    );
+    let web = row(&svc, "web");
+    assert_eq!(
+        (&web[0], &web[1], &web[3], &web[4], &web[6]),
+        (
+            &json!("web"),
+            &json!("ClusterIP"),
+            &json!("<none>"),
+            &json!("80/TCP,53/UDP"),
+            &json!("app=web,tier=front")
+        )
+    );
+    let headless = row(&svc, "headless");
+    assert_eq!(
+        (&headless[2], &headless[4]),
+        (&json!("None"), &json!("50051/TCP"))
+    );
+
+    let nodes = backend::eventually("a node", WAIT, || async {
+        let t = table(&client, "/api/v1/nodes").await;
+        (!t["rows"].as_array().unwrap().is_empty()).then_some(t)
+    })
+    .await;
+    assert_eq!(
+        columns(&nodes),
+        column_set(&[
+            ("Name", "string", "name", 0),
+            ("Status", "string", "", 0),
+            ("Roles", "string", "", 0),
+            ("Age", "string", "", 0),
+            ("Version", "string", "", 0),
+            ("Internal-IP", "string", "", 1),
+            ("External-IP", "string", "", 1),
+            ("OS-Image", "string", "", 1),
+            ("Kernel-Version", "string", "", 1),
+            ("Container-Runtime", "string", "", 1),
+        ])
+    );
+    let first = &nodes["rows"][0];
+    let node: k8s_openapi::api::core::v1::Node = from(first["object"].clone());
+    let cells = first["cells"].as_array().unwrap();
+    let info = node.status.as_ref().unwrap().node_info.clone().unwrap();
+    let internal = node
+        .status
+        .as_ref()
+        .unwrap()
+        .addresses
+        .iter()
+        .flatten()
+        .find(|a| a.type_ == "InternalIP")
+        .unwrap()
+        .address
+        .clone();
+    assert_eq!(
+        cells[1..],
+        [
+            json!("Ready"),
+            json!("<none>"),
+            cells[3].clone(),
+            json!(info.kubelet_version),
+            json!(internal),
+            json!("<none>"),
+            json!(info.os_image),
+            json!(format!("{} ({})", info.kernel_version, info.architecture)),
+            json!(info.container_runtime_version),
+        ]
+    );
+
+    let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
+    deployments
+        .create(&PostParams::default(), &deployment("tabled", 1, &json!({})))
+        .await
+        .unwrap();
+    let events = backend::eventually("a ScalingReplicaSet event", WAIT, || async {
+        let t = table(&client, &format!("/api/v1/namespaces/{NS}/events")).await;
+        t["rows"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|r| r["object"]["reason"] == "ScalingReplicaSet")
+            .then_some(t)
+    })
+    .await;
+    assert_eq!(
+        columns(&events),
+        column_set(&[
+            ("Last Seen", "string", "", 0),
+            ("Type", "string", "", 0),
+            ("Reason", "string", "", 0),
+            ("Object", "string", "", 0),
+            ("Subobject", "string", "", 1),
+            ("Source", "string", "", 1),
+            ("Message", "string", "", 0),
+            ("First Seen", "string", "", 1),
+            ("Count", "string", "", 1),
+            ("Name", "string", "name", 1),
+        ])
+    );
+    let scaled = events["rows"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["object"]["reason"] == "ScalingReplicaSet")
+        .unwrap();
+    let cells = scaled["cells"].as_array().unwrap();
+    let rs = scaled["object"]["message"].as_str().unwrap().to_owned();
+    assert_eq!(
+        (
+            &cells[1], &cells[2], &cells[3], &cells[4], &cells[5], &cells[6], &cells[8], &cells[9]
+        ),
+        (
+            &json!("Normal"),
+            &json!("ScalingReplicaSet"),
+            &json!("deployment/tabled"),
+            &json!(""),
+            &json!("deployment-controller"),
+            &json!(rs),
+            &json!(1),
+            &scaled["object"]["metadata"]["name"],
+        )
+    );
+    assert!(rs.starts_with("Scaled up replica set tabled-"), "{rs}");
+    // kubectl prints the headers (and leaves the wide columns out).
+    if backend::kubectl_available() {
+        for (what, header) in [
+            ("svc", "NAME TYPE CLUSTER-IP EXTERNAL-IP PORT(S) AGE"),
+            ("nodes", "NAME STATUS ROLES AGE VERSION"),
+            ("events", "LAST SEEN TYPE REASON OBJECT MESSAGE"),
+        ] {
+            let out = b.kubectl(&["-n", NS, "get", what]).await;
+            assert!(out.ok, "{out:?}");
+            let first = out.stdout.lines().next().unwrap_or_default();
+            assert_eq!(
+                first.split_whitespace().collect::<Vec<_>>().join(" "),
+                header,
+                "{out:?}"
+            );
+        }
+    }
+}

@@ -50,6 +50,31 @@ fn owner_of_a_function_matches_the_go_vector() {
 }
 
 #[test]
+fn a_lookup_needs_no_scale_block() {
+    let with_scale = json(&[
+        "--members",
+        "10.0.0.1,10.0.0.2,10.0.0.3",
+        "--function",
+        FN,
+        "--output",
+        "json",
+    ]);
+    let without = json(&[
+        "--members",
+        "10.0.0.1,10.0.0.2,10.0.0.3",
+        "--function",
+        r#"{"namespace":"ns","deployment":"dep","tenant":"tenant"}"#,
+        "--output",
+        "json",
+    ]);
+    assert_eq!(
+        without["functions"], with_scale["functions"],
+        "the same function, the same owner"
+    );
+    assert_eq!(without["functions"][0]["owner"], "10.0.0.2");
+}
+
+#[test]
 fn raw_hash_lookup_and_removal() {
     let v = json(&[
         "--members",

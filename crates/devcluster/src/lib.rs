@@ -13,7 +13,8 @@
 //! matching), finalizers hold deleted objects, the garbage collector follows
 //! ownerReferences of every kind (`Background`, `Foreground`, `Orphan`), a
 //! deleted namespace terminates (content first), and every pod is a real
-//! process on its own loopback IP (see [`kubelet`]).
+//! process on its own loopback IP, or in its own network namespace on a
+//! bridge ([`Config::pod_network`]; see [`kubelet`]).
 //!
 //! # Identity
 //!
@@ -94,7 +95,7 @@
 //! | Server-side apply | yes | no (`415`) |
 //! | Rollouts | kube-controller-manager's deployment controller | the same decisions ([`deployment`], [`replicaset`]); ReplicaSet names hash the template's canonical JSON (FNV-1a), so they differ from a real cluster's for the same template |
 //! | Events | `events.k8s.io/v1` and core `v1` | core `v1` only |
-//! | EndpointSlice and Endpoints addresses | loopback (`127.0.0.0/8`, `::1`) refused with `422` | accepted: every pod runs on its own loopback IP (on the real control plane the agent's bridge mode gives pods routable IPs instead, see [`real_cluster`]) |
+//! | EndpointSlice and Endpoints addresses | loopback (`127.0.0.0/8`, `::1`) refused with `422` | accepted: with [`PodNetwork::Loopback`] every pod runs on its own loopback IP (with [`PodNetwork::Bridge`], and on the real control plane, pods have routable IPs on a bridge instead, see [`real_cluster`]) |
 //! | Cluster DNS, Service virtual IPs | yes | none (reach pods by IP or through EndpointSlices) |
 //!
 //! The pod runtime's own differences (images are ignored, pods share the
@@ -166,7 +167,8 @@ use base64::Engine as _;
 
 use auth::Authenticator;
 use error::ApiError;
-use kubelet::{BackoffPolicy, Capacity, Kubelet, KubeletError, NodeSpec};
+use kubelet::network::Bridge;
+use kubelet::{BackoffPolicy, Capacity, Kubelet, KubeletError, NodeSpec, PodNetwork};
 use pki::ClusterPki;
 use resources::by_kind;
 use server::{Faults, Shared};
@@ -210,6 +212,13 @@ pub struct Config {
     pub event_history: usize,
     /// Period of the control loops besides reacting to every change.
     pub resync_interval: Duration,
+    /// Where pod IPs come from: a loopback address each in the host's
+    /// network namespace ([`PodNetwork::Loopback`], the default; no
+    /// privileges needed), or a network namespace per pod on a bridge
+    /// ([`PodNetwork::Bridge`], root). On a bridge the API server listens on
+    /// the bridge's gateway (at `listen`'s port), where both pods and the
+    /// host reach it, and the bridge is removed when the cluster stops.
+    pub pod_network: PodNetwork,
 }
 
 impl Default for Config {
@@ -229,6 +238,7 @@ impl Default for Config {
             max_watch_timeout: Duration::from_secs(1800),
             event_history: 4096,
             resync_interval: Duration::from_secs(1),
+            pod_network: PodNetwork::Loopback,
         }
     }
 }
@@ -315,10 +325,15 @@ pub struct Cluster {
     addr: SocketAddr,
     tracker: TaskTracker,
     root: CancellationToken,
+    /// The node agent's tasks, stopped before the API server so that none
+    /// of its requests meets a closed server.
+    agent: (TaskTracker, CancellationToken),
     work_dir: PathBuf,
     owns_work_dir: bool,
     kubeconfig: PathBuf,
     pki: Arc<ClusterPki>,
+    /// The pod network's bridge, when pods have one.
+    bridge: Option<Arc<Bridge>>,
     stopped: Mutex<bool>,
 }
 
@@ -361,16 +376,20 @@ impl Cluster {
                 )
             }
         };
-        let listener = tokio::net::TcpListener::bind(config.listen)
+        let bridge = match &config.pod_network {
+            PodNetwork::Loopback => None,
+            PodNetwork::Bridge(b) => Some(b.clone()),
+        };
+        // Pods on a bridge reach the host at its gateway only.
+        let listen = bridge.as_ref().map_or(config.listen, |b| {
+            SocketAddr::from((b.gateway(), config.listen.port()))
+        });
+        let listener = tokio::net::TcpListener::bind(listen)
             .await
-            .map_err(|source| ClusterError::Bind {
-                addr: config.listen,
-                source,
-            })?;
-        let addr = listener.local_addr().map_err(|source| ClusterError::Bind {
-            addr: config.listen,
-            source,
-        })?;
+            .map_err(|source| ClusterError::Bind { addr: listen, source })?;
+        let addr = listener
+            .local_addr()
+            .map_err(|source| ClusterError::Bind { addr: listen, source })?;
         let mut serving_names = vec![addr.ip().to_string()];
         if addr.ip().is_unspecified() {
             serving_names.clear();
@@ -448,7 +467,7 @@ impl Cluster {
             lease_duration: config.node_lease_duration,
             node_status_interval: Duration::from_secs(60),
             volume_resync: config.volume_resync,
-            network: kubelet::PodNetwork::Loopback,
+            network: config.pod_network.clone(),
         }));
         let root = CancellationToken::new();
         let shared = Arc::new(Shared {
@@ -508,10 +527,12 @@ impl Cluster {
             addr,
             tracker,
             root,
+            agent: (TaskTracker::new(), CancellationToken::new()),
             work_dir,
             owns_work_dir,
             kubeconfig,
             pki,
+            bridge,
             stopped: Mutex::new(false),
         };
         // The agent authenticates per node, as kubelets do.
@@ -520,7 +541,9 @@ impl Cluster {
                 .client_for(&Credential::Node(node.to_owned()))
                 .map_err(|e| e.to_string())
         };
-        kubelet.start(client_for, &cluster.tracker, &cluster.root).await?;
+        kubelet
+            .start(client_for, &cluster.agent.0, &cluster.agent.1)
+            .await?;
         tracing::info!(address = %addr, "simulated Kubernetes API server listening");
         Ok(cluster)
     }
@@ -809,14 +832,27 @@ impl Cluster {
             return;
         }
         *stopped = true;
+        self.stop_agent();
         self.root.cancel();
-        self.shared.kubelet.kill_all();
         self.tracker.close();
     }
 
-    /// Stops the server, the control loops and every pod process, waiting
-    /// (at most 10 seconds) for them to end.
+    fn stop_agent(&self) {
+        self.shared.kubelet.kill_all();
+        self.agent.1.cancel();
+        self.agent.0.close();
+    }
+
+    /// Stops every pod process and the node agent, then the server and the
+    /// control loops, waiting (at most 10 seconds) for them to end.
     pub async fn shutdown(self) {
+        self.stop_agent();
+        if tokio::time::timeout(Duration::from_secs(5), self.agent.0.wait())
+            .await
+            .is_err()
+        {
+            tracing::warn!("node agent tasks did not stop within 5s");
+        }
         self.stop_now();
         if tokio::time::timeout(Duration::from_secs(10), self.tracker.wait())
             .await
@@ -824,12 +860,24 @@ impl Cluster {
         {
             tracing::warn!("simulator tasks did not stop within 10s");
         }
+        if let Some(bridge) = &self.bridge {
+            bridge.remove();
+        }
+    }
+
+    /// The pod network's bridge, when pods have one.
+    #[must_use]
+    pub fn bridge(&self) -> Option<&Bridge> {
+        self.bridge.as_deref()
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
         self.stop_now();
+        if let Some(bridge) = &self.bridge {
+            bridge.remove();
+        }
         if self.owns_work_dir {
             // A pod task that has not seen the cancellation yet may still add a
             // file while the tree is removed; a few passes get everything.

@@ -242,7 +242,6 @@ pub struct Ctx {
     pub tracker: TaskTracker,
     pub registry: Arc<Registry>,
     ips: Mutex<IpAllocator>,
-    security_warned: std::sync::atomic::AtomicBool,
 }
 
 impl Ctx {
@@ -254,28 +253,6 @@ impl Ctx {
     pub fn client(&self, node: &str) -> kube::Client {
         #[allow(clippy::expect_used)] // `context` gets a client for every node of the settings
         self.clients.get(node).cloned().expect("a client for every node")
-    }
-
-    /// Warns (once per agent) that `securityContext` is not applied.
-    pub fn warn_security_context(&self, pod: &Pod) {
-        let spec = pod.spec.as_ref();
-        let used = spec.is_some_and(|s| {
-            s.security_context.is_some()
-                || s.containers
-                    .iter()
-                    .chain(s.init_containers.iter().flatten())
-                    .any(|c| c.security_context.is_some())
-        });
-        if used
-            && !self
-                .security_warned
-                .swap(true, std::sync::atomic::Ordering::Relaxed)
-        {
-            tracing::warn!(
-                pod = pod.metadata.name.as_deref().unwrap_or(""),
-                "securityContext is not applied by this node agent: containers run as its own user"
-            );
-        }
     }
 
     /// `<pod root>/<namespace>_<name>`.
@@ -694,7 +671,6 @@ pub fn context(
         tracker,
         registry,
         ips: Mutex::new(IpAllocator::new()),
-        security_warned: std::sync::atomic::AtomicBool::new(false),
     })
 }
 

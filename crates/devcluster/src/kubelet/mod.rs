@@ -10,7 +10,7 @@
 //!
 //! - **Network** ([`network`], [`Settings::network`]): with
 //!   [`PodNetwork::Bridge`] (root; the real cluster of
-//!   [`super::real_cluster`]) each pod gets its own network namespace with
+//!   [`super::real_cluster`], and `skipper dev` when it can) each pod gets its own network namespace with
 //!   `eth0` on the agent's bridge, a routable IP of the bridge's /24 and its
 //!   own `lo`; every container, exec probe and exec hook joins it. With
 //!   [`PodNetwork::Loopback`] (the simulator's default, also without
@@ -53,10 +53,10 @@
 //! | Feature | Real kubelet | This agent |
 //! |---|---|---|
 //! | Images | Pulled and unpacked per container | Ignored: a container sees the host's filesystem (except its private `/tmp` and `/root` and its volumes); `skipper` in a command (and a container without `command`, whose entrypoint is `skipper`, with `fixture` when there are no `args`) runs the agent's own binary |
-//! | Network | A network namespace per pod, wired by a CNI plugin; Services reached through kube-proxy | Bridge mode (root): a network namespace per pod on one bridge per agent (a private /24, gateway on the host), as the CNI `bridge` plugin does; `hostNetwork` pods stay in the host's namespace with the node's address (the gateway); no kube-proxy, so cluster IPs do not route; no NAT, so pods reach the host's addresses but nothing beyond it, and pods of different agents cannot reach each other. Loopback mode (the simulator): pods share the host's network namespace with a loopback IP each; a program must bind that IP (`fieldRef: status.podIP`), two pods binding the wildcard address on one port collide |
+//! | Network | A network namespace per pod, wired by a CNI plugin; Services reached through kube-proxy | Bridge mode (root): a network namespace per pod on one bridge per agent (a private /24, gateway on the host), as the CNI `bridge` plugin does; `hostNetwork` pods stay in the host's namespace with the node's address (the gateway); no kube-proxy, so cluster IPs do not route; no NAT, so pods reach the host's addresses but nothing beyond it, and pods of different agents cannot reach each other. Loopback mode (the simulator's default, also without privileges): pods share the host's network namespace with a loopback IP each; a program must bind that IP (`fieldRef: status.podIP`), two pods binding the wildcard address on one port collide |
 //! | Service variables | Docker-link variables for every Service with a cluster IP | Only the `kubernetes` ones, pointing at the API server the agent talks to (Services here have no cluster IP) |
 //! | Cluster DNS | `resolv.conf` pointing at cluster DNS | The host's `resolv.conf` |
-//! | `securityContext` | User, groups, capabilities, read-only root, seccomp applied | Not applied: containers run as the agent's user (a warning is logged) |
+//! | `securityContext` | User, groups, capabilities, read-only root, seccomp applied | Not applied: containers run as the agent's user (said once, at start, in the agent's log) |
 //! | Resource limits | cgroups enforce CPU and memory limits; OOM kills | Not enforced; requests count for scheduling only |
 //! | `emptyDir.medium: Memory`, `sizeLimit` | tmpfs, eviction over the limit | A directory on disk, no limit |
 //! | Volumes | Also PVCs, CSI, NFS, image volumes, ... | `emptyDir`, `hostPath`, `configMap`, `secret`, `downwardAPI`, `projected`; others keep the pod in `ContainerCreating` with a `MountVolume.SetUp failed` message |
@@ -281,6 +281,11 @@ impl Kubelet {
                 source: Box::new(e),
             })?;
         agent.spawn(tracker, stop);
+        // Once, at start: this is how every pod runs here, not something a
+        // pod did (the module docs list the other differences).
+        tracing::info!(
+            "securityContext and resource limits are not applied by this node agent: containers run as its own user"
+        );
         Ok(())
     }
 

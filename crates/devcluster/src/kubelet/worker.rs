@@ -308,7 +308,6 @@ impl Worker {
             &self.uid,
             self.pod.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
         );
-        self.ctx.warn_security_context(&self.pod);
         let removed = self.main_loop(&mut updates, &kill).await;
         if kill.is_cancelled() {
             self.kill_all();
