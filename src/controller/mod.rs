@@ -3,18 +3,28 @@
 //!
 //! Layout:
 //! - [`config`]: flags and the validated [`Config`].
-//! - [`error`]: the error type and its one mapping to gRPC status codes.
 //! - [`kube`]: watches and caches (reads) and [`kube::pods`] (all writes).
 //! - [`assign`]: claiming a pool pod and the assign request.
+//! - [`auth`]: who may call (token reviews, the callers' roles).
 //! - [`supervisor`]: one actor per function over a narrow
 //!   [`supervisor::Context`]; [`supervisor::converge`] is the pure scaling
-//!   core; [`context`] is the controller's implementation of the context.
+//!   core with its settings; [`context`] is the controller's implementation
+//!   of the context.
 //! - [`heartbeat`], [`events`], [`metrics`], [`peers`]: router activity, the
 //!   event log, Prometheus metrics, and clients of the other controllers.
-//! - [`core`]: the operations behind the RPCs; [`grpc`]: the service;
-//!   [`watch`]: the `WatchInstances` streams that feed routers' tables, and
+//! - [`feeds`]: the instance views routers' tables are made of, and
 //!   draining before a scale-down.
+//! - [`core`]: the operations behind the RPCs; [`grpc`]: the service and
+//!   its authentication layer; [`watch`]: the `WatchInstances` streams.
+//! - [`error`]: the operations' error, wrapping the leaves' own errors, and
+//!   the one mapping of all of them to gRPC status codes.
 //! - [`web`]: the operator's web UI (`--web-port`).
+//!
+//! The modules import each other without a circle (the `imports` contract
+//! test reads them): leaves (`assign`, `auth`, `heartbeat`, `kube`,
+//! `supervisor::converge`) own their settings and errors and know nothing of
+//! the RPCs; `error` wraps them; `context`, `feeds` and `supervisor` build
+//! on the leaves; `core`, `watch`, `grpc` and `web` on all of them.
 
 pub mod assign;
 pub mod auth;
@@ -23,6 +33,7 @@ pub mod context;
 pub mod core;
 pub mod error;
 pub mod events;
+pub mod feeds;
 pub mod grpc;
 pub mod heartbeat;
 pub mod kube;
@@ -168,11 +179,11 @@ pub async fn run(
         ring: ring.clone(),
         pod_ip: config.pod_ip.clone(),
         assigner,
-        events: events.clone(),
+        events,
         metrics: metrics.clone(),
         stale_permits: Arc::new(Semaphore::new(config.max_concurrent_stale_replacements)),
         started_at,
-        feeds: Arc::new(watch::Feeds::default()),
+        feeds: Arc::new(feeds::Feeds::default()),
         drain_timeout: config.drain_timeout,
     });
     let supervisors = supervisor::Registry::new(
@@ -182,12 +193,7 @@ pub async fn run(
     );
     let core = Arc::new(Core {
         config: config.clone(),
-        state: state.clone(),
-        ring: ring.clone(),
         cluster,
-        events,
-        metrics,
-        started_at,
         shutdown: shutdown.clone(),
         peers: peers::Peers::new(config.port, credentials),
         supervisors,
@@ -216,9 +222,9 @@ pub async fn run(
     let authenticator = Arc::new(auth::Authenticator::new(
         config.auth.clone(),
         auth::KubeReviewer(client.clone()),
-        core.metrics.clone(),
+        metrics,
     ));
-    let service = tower::Layer::layer(&auth::Layer::new(authenticator), api_server(core.clone()));
+    let service = tower::Layer::layer(&grpc::AuthLayer::new(authenticator), api_server(core.clone()));
     let token = shutdown.token().clone();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     // HTTP/2 pings keep long-lived instance streams honest: a router that
@@ -271,7 +277,7 @@ fn start_discovery(core: &Arc<Core>) {
                 () = token.cancelled() => return,
                 _ = ticker.tick() => {}
             }
-            for ns in core.state.namespaces.values() {
+            for ns in core.cluster.state.namespaces.values() {
                 let mut seen = HashSet::new();
                 for (pod, function) in ns.pods.assigned() {
                     if !is_running(&pod) {
@@ -302,7 +308,7 @@ fn start_discovery(core: &Arc<Core>) {
 /// `NOT_SERVING` (logged with the refused watches) while the API server
 /// refuses one, as the caches it feeds no longer follow the cluster.
 fn start_health(core: &Arc<Core>, reporter: tonic_health::server::HealthReporter) {
-    let mut refused = core.state.refusals.subscribe();
+    let mut refused = core.cluster.state.refusals.subscribe();
     let token = core.shutdown.token().clone();
     let pod_ip = core.config.pod_ip.clone();
     core.shutdown.spawn("health", async move {
@@ -332,7 +338,7 @@ fn start_peer_pruning(core: &Arc<Core>) {
     let core2 = core.clone();
     let token = core.shutdown.token().clone();
     core.shutdown.spawn("prune-peers", async move {
-        let mut rx = core2.ring.subscribe();
+        let mut rx = core2.cluster.ring.subscribe();
         loop {
             tokio::select! {
                 () = token.cancelled() => return,

@@ -158,7 +158,7 @@ async fn failed_assign_deletes_the_pod_and_reports_the_error() {
             sim.live_pod(&victim).await.is_none().then_some(())
         })
         .await;
-        let events = ctl.core.events.snapshot();
+        let events = ctl.core.cluster.events.snapshot();
         assert!(
             events
                 .iter()
@@ -176,7 +176,7 @@ async fn failed_assign_deletes_the_pod_and_reports_the_error() {
     }
     // The direct error text names the cause.
     sim.wait_pool("broken", 1, Duration::from_secs(20)).await;
-    let ns = ctl.core.namespace(NS).unwrap();
+    let ns = ctl.core.cluster.namespace(NS).unwrap();
     let f = function("broken", "t2", 1);
     let err = ctl
         .core
@@ -205,6 +205,7 @@ async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
         sim.deploy_pool(&deployment, 0, &[]).await;
         let gauge = || {
             ctl.core
+                .cluster
                 .metrics
                 .waiting_for_unassigned_pods
                 .get_or_create(&skipper::controller::metrics::Metrics::function(&deployment))
@@ -213,7 +214,7 @@ async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
         let f = function(&deployment, "waiter", 1);
         let core = ctl.core.clone();
         let waiting = tokio::spawn(async move {
-            let ns = core.namespace(NS).unwrap();
+            let ns = core.cluster.namespace(NS).unwrap();
             let r = core
                 .cluster
                 .assigner
@@ -397,7 +398,7 @@ async fn release_deletes_the_pod_whatever_this_controller_has_seen() {
     sim.deploy_pool("pool", 3, &[]).await;
     sim.wait_pool("pool", 3, Duration::from_secs(20)).await;
     let mut ctl = Ctl::single(&sim).await;
-    let ns = ctl.core.namespace(NS).unwrap().clone();
+    let ns = ctl.core.cluster.namespace(NS).unwrap().clone();
     let release = |name: &str, f: &skipper::domain::Function| api::ReleaseInstanceRequest {
         instance: Some(api::Instance {
             name: Some(name.to_owned()),
@@ -470,6 +471,7 @@ async fn a_pool_that_refuses_every_assignment_backs_off() {
     }
     let failures = ctl
         .core
+        .cluster
         .metrics
         .assignment_failures_total
         .get_or_create(&AssignFailureLabels {
@@ -483,7 +485,7 @@ async fn a_pool_that_refuses_every_assignment_backs_off() {
         u64::from(FAILURES_BEFORE_BACKOFF),
         "only the pods before the back-off are lost: {codes:?}"
     );
-    let events = ctl.core.events.snapshot();
+    let events = ctl.core.cluster.events.snapshot();
     assert_eq!(
         events
             .iter()
@@ -538,6 +540,7 @@ async fn a_router_keeps_at_most_its_limit_of_functions_active() {
     };
     let refused = || {
         ctl.core
+            .cluster
             .metrics
             .heartbeats_refused_total
             .get_or_create(&skipper::controller::metrics::HeartbeatRefusedLabels {
