@@ -43,6 +43,8 @@ pub enum Error {
     MissingInstance,
     #[error("namespace {0} is not managed by this controller (not in --function-namespaces or skipped)")]
     UnmanagedNamespace(String),
+    #[error("namespace {namespace} is not served yet: {why}")]
+    NamespaceNotReady { namespace: String, why: String },
     #[error("pod {namespace}/{name} is not a Skipper-assigned pod of this function")]
     NotAssigned { namespace: String, name: String },
     #[error(
@@ -154,9 +156,11 @@ impl Error {
             Self::Write(w) => write(w),
             // Routers subscribe again at once.
             Self::Moved { .. } => Code::Aborted,
-            Self::NotSynced | Self::Ring(_) | Self::SupervisorStopped | Self::ShuttingDown => {
-                Code::Unavailable
-            }
+            Self::NotSynced
+            | Self::NamespaceNotReady { .. }
+            | Self::Ring(_)
+            | Self::SupervisorStopped
+            | Self::ShuttingDown => Code::Unavailable,
             Self::NoReadyInstance => Code::DeadlineExceeded,
             // Missing, malformed or refused tokens are unauthenticated, a
             // valid token of another identity is denied, a review that
@@ -217,6 +221,13 @@ mod tests {
         let table: Vec<(Error, Code)> = vec![
             (Error::UnmanagedNamespace("x".into()), Code::InvalidArgument),
             (Error::NotSynced, Code::Unavailable),
+            (
+                Error::NamespaceNotReady {
+                    namespace: "n".into(),
+                    why: "refused".into(),
+                },
+                Code::Unavailable,
+            ),
             (
                 Error::Ring(crate::ring::RingError::Empty(Duration::ZERO)),
                 Code::Unavailable,

@@ -5,6 +5,7 @@
 
 mod cli_help;
 mod dist;
+mod flags_reference;
 mod go_vectors;
 mod imports;
 mod ring_inspect;
