@@ -33,6 +33,8 @@ control-plane:
 NODES_K8S_VERSION := $(shell sed -n 's/^\tk8s.io\/kubernetes v\([0-9.]*\)$$/\1/p' tools/nodes/kubelet/go.mod)
 CONTAINERD_VERSION := $(shell sed -n 's/^\(require \|\t\)github.com\/containerd\/containerd\/v2 v\([0-9.]*\)$$/\2/p' tools/nodes/containerd/go.mod)
 METRICS_SERVER_VERSION := $(shell sed -n 's/^\tsigs.k8s.io\/metrics-server v\([0-9.]*\)$$/\1/p' tools/nodes/metrics-server/go.mod)
+CONTAINERD_LDFLAGS := -s -w -X github.com/containerd/containerd/v2/version.Version=$(CONTAINERD_VERSION)
+METRICS_SERVER_LDFLAGS := -s -w -X k8s.io/client-go/pkg/version.gitVersion=v$(METRICS_SERVER_VERSION)
 NODES_GO_BUILD := CGO_ENABLED=0 nice -n 10 go build -buildvcs=false -mod=readonly
 NODES_DIR := $(CURDIR)/target/nodes
 # buildah keeps its images and layers under target/ (vfs: plain directories, no mounts) and
@@ -45,13 +47,14 @@ nodes:
 	@test "$(NODES_K8S_VERSION)" = "$(K8S_VERSION)" || { echo "tools/nodes/kubelet pins k8s.io/kubernetes \
 		v$(NODES_K8S_VERSION), the control plane (tools/k8s) v$(K8S_VERSION): they must match" >&2; exit 1; }
 	cd tools/nodes/kubelet && $(NODES_GO_BUILD) -ldflags '$(K8S_LDFLAGS)' -o $(NODES_DIR)/ ./cmd/kubelet
-	cd tools/nodes/containerd && $(NODES_GO_BUILD) -tags 'no_btrfs no_devmapper no_zfs' -ldflags '-s -w \
-		-X github.com/containerd/containerd/v2/version.Version=$(CONTAINERD_VERSION)' -o $(NODES_DIR)/ ./cmd/...
-	cd tools/nodes/metrics-server && $(NODES_GO_BUILD) -ldflags '-s -w \
-		-X k8s.io/client-go/pkg/version.gitVersion=v$(METRICS_SERVER_VERSION)' -o $(NODES_DIR)/ ./cmd/metrics-server
+	cd tools/nodes/containerd && $(NODES_GO_BUILD) -tags 'no_btrfs no_devmapper no_zfs' \
+		-ldflags '$(CONTAINERD_LDFLAGS)' -o $(NODES_DIR)/ ./cmd/...
+	cd tools/nodes/metrics-server && $(NODES_GO_BUILD) -ldflags '$(METRICS_SERVER_LDFLAGS)' \
+		-o $(NODES_DIR)/ ./cmd/metrics-server
 	@command -v buildah >/dev/null || { echo "make nodes: the pause image needs buildah (apt-get install -y buildah)" >&2; exit 1; }
 	rm -rf target/nodes/pause-context && mkdir -p target/nodes/pause-context
-	gcc -static -Os -s -Wall -Werror -o target/nodes/pause-context/pause tools/nodes/pause/pause.c
+	gcc -static -Os -s -Wall -Werror -o target/nodes/pause tools/nodes/pause/pause.c
+	cp target/nodes/pause target/nodes/pause-context/pause
 	$(BUILDAH) bud --quiet --timestamp 0 --isolation chroot -f $(CURDIR)/tools/nodes/pause/Containerfile \
 		-t $(PAUSE_IMAGE) target/nodes/pause-context >/dev/null
 	rm -f target/nodes/pause.oci.tar
