@@ -117,6 +117,8 @@ pub mod error;
 pub mod https;
 /// The node agent: runs pods as containers.
 pub mod kubelet;
+/// Upstream kubelet and containerd nodes for the real control plane.
+pub mod kubelet_nodes;
 /// `metrics.k8s.io` as an aggregated API (an APIService), as metrics-server.
 pub mod metrics_api;
 /// JSON, merge and strategic-merge patches.
