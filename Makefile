@@ -2,12 +2,23 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: build test test-real e2e e2e-real chaos fuzz fuzz-smoke lint fmt bench bench-router bench-sim bench-controller clean control-plane \
+.PHONY: build dist test test-real e2e e2e-real chaos fuzz fuzz-smoke lint fmt bench bench-router bench-sim bench-controller clean control-plane \
 	nodes image image-check
 
 ## build: the release binary at target/release/skipper
 build:
 	$(CARGO) build --release --bin skipper
+
+## dist: the product binary alone, as the container image ships it: without the `dev` feature
+## (no playground, no simulator, no sandbox shim), without debug info, statically linked
+## (glibc's static-pie; runs FROM scratch), at target/dist/skipper
+DIST_TARGET := x86_64-unknown-linux-gnu
+dist:
+	RUSTFLAGS='-C target-feature=+crt-static' $(CARGO) build --profile dist --no-default-features \
+		--bin skipper --target $(DIST_TARGET)
+	@mkdir -p target/dist
+	cp target/$(DIST_TARGET)/dist/skipper target/dist/skipper
+	@echo "target/dist/skipper: $$(stat -c %s target/dist/skipper) bytes"
 
 ## control-plane: kube-apiserver, kube-controller-manager, kube-scheduler and etcd from
 ## tools/k8s (Go modules) into target/control-plane/, reusing Go's module and build caches
@@ -96,35 +107,30 @@ test:
 	@$(CARGO) nextest --version >/dev/null 2>&1 || { \
 		echo "make test: installing cargo-nextest (once; it runs each test in its own process)"; \
 		$(CARGO) install cargo-nextest --locked; }
-	$(CARGO) nextest run --no-fail-fast -E 'not binary(e2e) and not binary(chaos)'
-	$(CARGO) test --doc
+	$(CARGO) nextest run --workspace --no-fail-fast -E 'not binary(e2e) and not binary(chaos)'
+	$(CARGO) test --workspace --doc
 
 ## test-real: the controller suites against the real control plane with our node agent
 ## (SKIPPER_TEST_CONTROL_PLANE=real; run `make control-plane` first; the pod network needs root),
 ## two at a time (each test starts its own control plane)
-REAL_SUITES := controller_assign controller_auth controller_ring controller_scaling controller_startup \
-	controller_watch warm_path web_ui
 test-real:
 	SKIPPER_TEST_CONTROL_PLANE=real $(CARGO) nextest run --no-fail-fast --test-threads 2 \
-		$(foreach t,$(REAL_SUITES),--test $(t))
+		-E 'binary(controller) and not test(/^(bench|supervisor_memory)::/)'
 
 ## e2e: the end-to-end scenarios against the real binary (`skipper dev`), two at a time
 e2e:
-	$(CARGO) build --bin skipper
 	$(CARGO) test --test e2e -- --test-threads 2 --nocapture
 
 ## e2e-real: the same scenarios on the real control plane (`skipper dev --control-plane real`, built by
 ## `make control-plane`; needs root for the pods' network); a scenario that needs the simulator prints why
 ## it is skipped
 e2e-real: control-plane
-	$(CARGO) build --bin skipper
 	SKIPPER_TEST_CONTROL_PLANE=real $(CARGO) test --test e2e -- --test-threads 2 --nocapture
 
 ## chaos: the reliability suite against the real binary (header and heartbeat floods, races
 ## across controllers, pod and controller kills, leaked pods), two scenarios at a time; every
 ## figure is printed as a `chaos:` line
 chaos:
-	$(CARGO) build --bin skipper
 	$(CARGO) test --test chaos -- --test-threads 2 --nocapture
 
 ## fuzz: coverage-guided fuzzing on stable Rust (libFuzzer; `fuzz/run` builds the targets in fuzz/
@@ -142,7 +148,7 @@ fuzz-smoke:
 ## lint: formatting and clippy with warnings as errors
 lint:
 	$(CARGO) fmt --all -- --check
-	$(CARGO) clippy --all-targets -- -D warnings
+	$(CARGO) clippy --workspace --all-targets -- -D warnings
 
 fmt:
 	$(CARGO) fmt --all
@@ -157,11 +163,11 @@ bench-router:
 
 ## bench-sim: simulator figures (pool of 50 Ready, RSS per fixture pod, watch latency p50/p99)
 bench-sim:
-	$(CARGO) test --release --test devcluster_bench -- --ignored --nocapture --test-threads 1
+	$(CARGO) test --release --test cluster -- --ignored --nocapture --test-threads 1 bench::
 
 ## bench-controller: controller figures (cold/warm GetInstance latency; 100,000 idle functions: bytes per supervisor, RSS, converge CPU per tick)
 bench-controller:
-	$(CARGO) test --release --test controller_bench -- --ignored --nocapture --test-threads 1
+	$(CARGO) test --release --test controller -- --ignored --nocapture --test-threads 1 bench::
 
 clean:
 	$(CARGO) clean

@@ -30,8 +30,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
-#[path = "../tests/common/router.rs"]
-mod harness;
+use skipper_test_support::router as harness;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;

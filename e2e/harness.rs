@@ -26,10 +26,9 @@ use skipper::api;
 use skipper::client::{ChannelSettings, Client, Endpoints};
 use tokio::io::{AsyncBufReadExt as _, BufReader};
 
-#[path = "../tests/common/process.rs"]
-mod process;
 #[allow(unused_imports)] // the reliability suite uses part of it
 pub use process::{listener_pid, process_alive};
+use skipper_test_support::process;
 
 /// Namespace of the playground's pools.
 pub const NS: &str = "default";
@@ -218,7 +217,7 @@ impl Dev {
         .unwrap();
         dev.api_server = config.cluster_url.to_string().trim_end_matches('/').to_owned();
         dev.client = kube::Client::try_from(config).unwrap();
-        let token = skipper::devcluster::playground::router_token(&dev.client, 3600)
+        let token = skipper::dev::playground::router_token(&dev.client, 3600)
             .await
             .unwrap();
         std::fs::write(&dev.token_file, token).unwrap();

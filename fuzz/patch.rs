@@ -1,4 +1,4 @@
-//! Fuzz target: the simulated API server's patches (`src/devcluster/patch.rs`).
+//! Fuzz target: the simulated API server's patches (`crates/devcluster/src/patch.rs`).
 //!
 //! Input: byte 0 picks JSON, merge or strategic merge; then the object as
 //! JSON, a NUL byte, and the patch body (without the NUL, the object is a
@@ -17,7 +17,7 @@ use std::sync::LazyLock;
 
 use libfuzzer_sys::fuzz_target;
 use serde_json::{Value, json};
-use skipper::devcluster::patch::{PatchKind, apply};
+use skipper_devcluster::patch::{PatchKind, apply};
 
 static POD: LazyLock<Value> = LazyLock::new(|| {
     json!({

@@ -1,5 +1,5 @@
 //! Fuzz target: label and field selectors of the simulated API server
-//! (`src/devcluster/selector.rs`), as they arrive in `labelSelector` and
+//! (`crates/devcluster/src/selector.rs`), as they arrive in `labelSelector` and
 //! `fieldSelector` query parameters.
 //!
 //! Properties: a selector that parses prints (in canonical query syntax)
@@ -14,7 +14,7 @@
 use std::collections::BTreeMap;
 
 use libfuzzer_sys::fuzz_target;
-use skipper::devcluster::selector::{FieldSelector, LabelSelector, Requirement};
+use skipper_devcluster::selector::{FieldSelector, LabelSelector, Requirement};
 
 fuzz_target!(|data: &[u8]| {
     let Ok(text) = std::str::from_utf8(data) else {

@@ -33,7 +33,8 @@ pub enum Command {
     /// Run the reference pod program (assign endpoint, echo, WebSocket ping/pong)
     Fixture(crate::fixture::Args),
     /// Run the local playground: simulated cluster, controllers, router and a pool
-    Dev(crate::devcluster::DevArgs),
+    #[cfg(feature = "dev")]
+    Dev(crate::dev::DevArgs),
     /// Write an Ed25519 key pair (PKCS#8 / SPKI PEM) for assignment tokens
     Keygen(crate::keygen::Args),
 }

@@ -21,7 +21,10 @@
 //! - [`ring_inspect`]: the operator tool for ring ownership.
 //! - [`fixture`], [`keygen`], [`token`]: the reference pod program, key
 //!   generation and PASETO assignment tokens.
-//! - [`devcluster`]: the Kubernetes API simulator and `skipper dev`.
+//! - `dev` (the `dev` cargo feature, on by default, left out of the product
+//!   build): `skipper dev`, the playground on the `skipper-devcluster` crate
+//!   (the Kubernetes API simulator, the node agent, the real control plane's
+//!   harness).
 //! - [`telemetry`], [`profiling`], [`shutdown`], [`config`]: logging,
 //!   metrics and traces, CPU profiles, cancellation, shared flag parsing;
 //!   [`watch_access`]: watches the API server refuses, reported in the
@@ -35,7 +38,8 @@ pub mod client;
 pub mod config;
 pub mod controller;
 pub mod credentials;
-pub mod devcluster;
+#[cfg(feature = "dev")]
+pub mod dev;
 pub mod domain;
 pub mod fixture;
 pub mod keygen;

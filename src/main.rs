@@ -6,14 +6,16 @@ use clap::Parser;
 use skipper::cli::{Cli, Command};
 
 fn main() -> ExitCode {
-    // The pod sandbox shim works on namespaces, which needs a process with a
-    // single thread: it runs before the async runtime (or anything else) starts.
-    let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
-    if args
-        .get(1)
-        .is_some_and(|a| a == skipper::devcluster::kubelet::sandbox::SUBCOMMAND)
+    // The playground's pod sandbox shim works on namespaces, which needs a
+    // process with a single thread: it runs before the async runtime (or
+    // anything else) starts. The product build has no such subcommand.
+    #[cfg(feature = "dev")]
     {
-        return skipper::devcluster::kubelet::sandbox::main(&args[2..]);
+        use skipper_devcluster::kubelet::sandbox;
+        let args: Vec<std::ffi::OsString> = std::env::args_os().collect();
+        if args.get(1).is_some_and(|a| a == sandbox::SUBCOMMAND) {
+            return sandbox::main(&args[2..]);
+        }
     }
     let cli = Cli::parse();
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
@@ -29,7 +31,8 @@ fn main() -> ExitCode {
             Command::Router(args) => skipper::router::main(args).await.map_err(Into::into),
             Command::RingInspect(args) => skipper::ring_inspect::main(args).await,
             Command::Fixture(args) => skipper::fixture::main(args).await.map_err(Into::into),
-            Command::Dev(args) => skipper::devcluster::main(args).await.map_err(Into::into),
+            #[cfg(feature = "dev")]
+            Command::Dev(args) => skipper::dev::main(args).await.map_err(Into::into),
             Command::Keygen(args) => skipper::keygen::main(&args).map_err(Into::into),
         }
     });

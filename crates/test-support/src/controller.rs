@@ -1,0 +1,534 @@
+//! Test harness for the controller: a cluster (the simulator, or the real
+//! control plane with our node agent when `SKIPPER_TEST_CONTROL_PLANE=real`)
+//! with a fixture pool (real `skipper fixture` processes), in-process
+//! controllers, and helpers that await conditions with a deadline. Pod state
+//! is read through the Kubernetes API only; what only a node can see (a
+//! pod's files, its process) goes through [`Backend`].
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use serde_json::json;
+use skipper::api;
+use skipper::api::controller_service_client::ControllerServiceClient;
+use skipper::controller::core::Core;
+use skipper::controller::{Config, RunError};
+use skipper::domain::{Function, Scale};
+use skipper::shutdown::Shutdown;
+use skipper::token::{SigningKey, VerifyingKey};
+use skipper_devcluster::{Cluster, pool_deployment_json};
+use tokio::net::TcpListener;
+use tonic::transport::Channel;
+
+use crate::backend::Backend;
+
+/// Function namespace of the tests.
+pub const NS: &str = "fns";
+/// Namespace of the controller pods.
+pub const CTL_NS: &str = "skipper";
+/// Every namespace the tests use.
+pub const NAMESPACES: [&str; 5] = [NS, CTL_NS, "ring-a", "ring-b", "other"];
+
+/// The backend of a [`Sim`]: its own, or one a `differential!` scenario
+/// lends it.
+pub enum Held<'a> {
+    Owned(Backend),
+    Lent(&'a Backend),
+}
+
+impl std::ops::Deref for Held<'_> {
+    type Target = Backend;
+    fn deref(&self) -> &Backend {
+        match self {
+            Self::Owned(b) => b,
+            Self::Lent(b) => b,
+        }
+    }
+}
+
+/// A cluster, an administrator's client and the signing key its pool trusts.
+pub struct Sim<'a> {
+    pub backend: Held<'a>,
+    pub client: kube::Client,
+    pub key: SigningKey,
+    pub public_pem: String,
+}
+
+/// Waits for `f` to return `Some`, polling every 10 ms, failing the test
+/// after `limit`.
+pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    let result = tokio::time::timeout(limit, async {
+        loop {
+            if let Some(v) = f().await {
+                return v;
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    match result {
+        Ok(v) => v,
+        Err(_) => panic!("timed out after {limit:?} waiting for {what}"),
+    }
+}
+
+/// Whether a pod is Ready (its `Ready` condition is `True`) and not being
+/// deleted.
+pub fn pod_ready(pod: &Pod) -> bool {
+    pod.metadata.deletion_timestamp.is_none()
+        && pod
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// A pod's name.
+pub fn name_of(pod: &Pod) -> String {
+    pod.metadata.name.clone().unwrap_or_default()
+}
+
+impl Sim<'static> {
+    /// Starts the backend `SKIPPER_TEST_CONTROL_PLANE` names with the
+    /// function and controller namespaces.
+    pub async fn start() -> Self {
+        let backend = Backend::from_env_with_pods(&NAMESPACES)
+            .await
+            .expect("a backend (the real control plane is demanded, so a missing build fails)");
+        Self::with(Held::Owned(backend)).await
+    }
+
+    /// [`Sim::start`] on the simulator only, for a scenario that needs its
+    /// fault injection: `None`, with a message naming `why`, when the real
+    /// control plane was asked for.
+    pub async fn simulator_only(why: &str) -> Option<Self> {
+        if crate::backend::real_requested() {
+            eprintln!("skipped on the real control plane: {why}");
+            return None;
+        }
+        Some(Self::start().await)
+    }
+}
+
+impl<'a> Sim<'a> {
+    /// A harness over `backend` (of a `differential!` scenario), which must
+    /// have the namespaces of [`NAMESPACES`].
+    pub async fn lent(backend: &'a Backend) -> Self {
+        Self::with(Held::Lent(backend)).await
+    }
+
+    async fn with(backend: Held<'a>) -> Self {
+        let client = backend.client().await;
+        let key = SigningKey::generate();
+        let public_pem = key.verifying_key().to_pem();
+        Self {
+            backend,
+            client,
+            key,
+            public_pem,
+        }
+    }
+
+    /// The simulator (for a scenario that needs its fault injection).
+    ///
+    /// # Panics
+    /// On the real control plane: start such a test with
+    /// [`Sim::simulator_only`].
+    pub fn cluster(&self) -> &Cluster {
+        match &*self.backend {
+            Backend::Sim(c) => c,
+            Backend::Real(_) | Backend::Cluster(_) => {
+                panic!("a simulator-only scenario runs on the real control plane")
+            }
+        }
+    }
+
+    /// Stops the backend when it is this harness's own.
+    pub async fn shutdown(self) {
+        if let Held::Owned(b) = self.backend {
+            b.shutdown().await;
+        }
+    }
+
+    /// Creates a pool Deployment with extra fixture environment.
+    pub async fn deploy_pool(&self, name: &str, replicas: i32, env: &[(&str, &str)]) {
+        let mut d = pool_deployment_json(NS, name, replicas, &self.public_pem);
+        let list = d["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array_mut()
+            .unwrap();
+        for (k, v) in env {
+            list.push(json!({"name": k, "value": v}));
+        }
+        let d: Deployment = serde_json::from_value(d).unwrap();
+        Api::<Deployment>::namespaced(self.client.clone(), NS)
+            .create(&PostParams::default(), &d)
+            .await
+            .unwrap();
+    }
+
+    /// Merge-patches Deployment `name` of [`NS`].
+    pub async fn patch_pool(&self, name: &str, patch: serde_json::Value) {
+        Api::<Deployment>::namespaced(self.client.clone(), NS)
+            .patch(name, &PatchParams::default(), &Patch::Merge(patch))
+            .await
+            .unwrap();
+    }
+
+    /// Sets a Deployment's replica count.
+    pub async fn scale_pool(&self, name: &str, replicas: i32) {
+        Api::<Deployment>::namespaced(self.client.clone(), NS)
+            .patch(
+                name,
+                &PatchParams::default(),
+                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
+            )
+            .await
+            .unwrap();
+    }
+
+    /// Ready pods of `ns` matching `selector` (through the API).
+    pub async fn ready_pods(&self, ns: &str, selector: &str) -> Vec<Pod> {
+        Api::<Pod>::namespaced(self.client.clone(), ns)
+            .list(&ListParams::default().labels(selector))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(pod_ready)
+            .collect()
+    }
+
+    /// Names of Ready, unassigned pool pods of a deployment.
+    pub async fn free_pods(&self, deployment: &str) -> Vec<String> {
+        self.ready_pods(NS, &format!("skipper/deployment={deployment},!skipper/tenant"))
+            .await
+            .iter()
+            .map(name_of)
+            .collect()
+    }
+
+    /// Waits until `n` pool pods are Ready.
+    pub async fn wait_pool(&self, deployment: &str, n: usize, limit: Duration) {
+        eventually(limit, "pool pods to be Ready", || async {
+            (self.free_pods(deployment).await.len() >= n).then_some(())
+        })
+        .await;
+    }
+
+    /// A pod, if it exists and is not being deleted.
+    pub async fn live_pod(&self, name: &str) -> Option<Pod> {
+        let pod = Api::<Pod>::namespaced(self.client.clone(), NS)
+            .get_opt(name)
+            .await
+            .unwrap()?;
+        pod.metadata.deletion_timestamp.is_none().then_some(pod)
+    }
+
+    /// Live pods assigned to `tenant`.
+    pub async fn tenant_pods(&self, tenant: &str) -> Vec<Pod> {
+        Api::<Pod>::namespaced(self.client.clone(), NS)
+            .list(&ListParams::default().labels(&format!("skipper/tenant={tenant}")))
+            .await
+            .unwrap()
+            .items
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .collect()
+    }
+
+    /// Deletes a pod.
+    pub async fn delete_pod(&self, ns: &str, name: &str) {
+        let _ = Api::<Pod>::namespaced(self.client.clone(), ns)
+            .delete(name, &DeleteParams::default())
+            .await;
+    }
+
+    /// The token a fixture pod accepted, if any.
+    pub fn token_of(&self, pod: &str) -> Option<String> {
+        // The pool keeps /tmp (where the fixture writes it) in an emptyDir.
+        let dir = self.backend.pod_dir(NS, pod)?;
+        std::fs::read_to_string(dir.join("volumes/tmp/token")).ok()
+    }
+
+    /// The public key pods verify with.
+    pub fn verifying_key(&self) -> VerifyingKey {
+        self.key.verifying_key()
+    }
+
+    /// A pod that stands in for a controller replica: Ready at once, no
+    /// ports, labelled as a controller. Returns its IP.
+    pub async fn controller_pod(&self, ns: &str, name: &str) -> String {
+        if matches!(&*self.backend, Backend::Sim(_)) {
+            return self.agent_controller_pod(ns, name).await;
+        }
+        // On the real control plane a pod's IP belongs to its network
+        // namespace, where this process cannot listen. The stand-in is bound
+        // to a node no agent serves, and its status — Ready on a loopback
+        // address this process listens on — is written as a kubelet would
+        // report it.
+        static NEXT: std::sync::atomic::AtomicU8 = std::sync::atomic::AtomicU8::new(1);
+        let ip = format!(
+            "127.0.64.{}",
+            NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        );
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": {
+                "app.kubernetes.io/name": "skipper", "app.kubernetes.io/component": "controller"}},
+            "spec": {"terminationGracePeriodSeconds": 0, "nodeName": "controller-stand-ins",
+                     "containers": [{"name": "c", "image": "x", "command": ["sleep", "3600"]}]},
+        }))
+        .unwrap();
+        let api = Api::<Pod>::namespaced(self.client.clone(), ns);
+        api.create(&PostParams::default(), &pod).await.unwrap();
+        let now = jiff::Timestamp::now().to_string();
+        api.patch_status(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {
+                "phase": "Running", "podIP": ip, "podIPs": [{"ip": ip}],
+                "conditions": [{"type": "Ready", "status": "True", "lastTransitionTime": now},
+                               {"type": "ContainersReady", "status": "True", "lastTransitionTime": now}],
+            }})),
+        )
+        .await
+        .unwrap();
+        ip
+    }
+
+    /// A controller stand-in run by the simulator's agent (it has a
+    /// loopback IP of its own).
+    async fn agent_controller_pod(&self, ns: &str, name: &str) -> String {
+        let pod: Pod = serde_json::from_value(json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": name, "namespace": ns, "labels": {
+                "app.kubernetes.io/name": "skipper", "app.kubernetes.io/component": "controller"}},
+            "spec": {"terminationGracePeriodSeconds": 0,
+                     "containers": [{"name": "c", "image": "x", "command": ["sleep", "3600"]}]},
+        }))
+        .unwrap();
+        let api = Api::<Pod>::namespaced(self.client.clone(), ns);
+        api.create(&PostParams::default(), &pod).await.unwrap();
+        eventually(Duration::from_secs(30), "controller pod to be Ready", || async {
+            let pod = api.get(name).await.unwrap();
+            pod_ready(&pod).then_some(())?;
+            pod.status?.pod_ip
+        })
+        .await
+    }
+
+    /// A controller configuration with short intervals for tests.
+    pub fn config(&self, pod_ip: &str) -> Config {
+        let mut c = Config::new(CTL_NS, pod_ip, &[NS], self.key.clone());
+        c.single_controller_mode = true;
+        c.scale_interval = Duration::from_millis(200);
+        c.scale.heartbeat_timeout = Duration::from_secs(30);
+        c.scale.downscale_stabilization = Duration::from_secs(1);
+        c.scale.initial_readiness_delay = Duration::from_secs(1);
+        c.scale.assign_timeout = Duration::from_secs(5);
+        c.hash_ring_wait_time = Duration::from_secs(5);
+        // These tests call with plain clients; tests/controller/auth.rs
+        // runs controllers that require tokens.
+        c.auth.allow_unauthenticated = true;
+        c
+    }
+
+    /// Creates ServiceAccount `name` in `ns` (an existing one is fine).
+    pub async fn service_account(&self, ns: &str, name: &str) {
+        let sa: k8s_openapi::api::core::v1::ServiceAccount =
+            serde_json::from_value(json!({"metadata": {"name": name, "namespace": ns}})).unwrap();
+        match Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(self.client.clone(), ns)
+            .create(&PostParams::default(), &sa)
+            .await
+        {
+            Ok(_) => {}
+            Err(kube::Error::Api(s)) if s.code == 409 => {}
+            Err(e) => panic!("failed to create ServiceAccount {ns}/{name}: {e}"),
+        }
+    }
+
+    /// A token of ServiceAccount `ns/name` for `audience` (TokenRequest).
+    pub async fn token(&self, ns: &str, name: &str, audience: &str) -> String {
+        self.service_account(ns, name).await;
+        let req = k8s_openapi::api::authentication::v1::TokenRequest {
+            spec: k8s_openapi::api::authentication::v1::TokenRequestSpec {
+                audiences: vec![audience.to_owned()],
+                expiration_seconds: Some(3600),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let answer: k8s_openapi::api::authentication::v1::TokenRequest =
+            Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(self.client.clone(), ns)
+                .create_subresource("token", name, &PostParams::default(), &req)
+                .await
+                .unwrap();
+        answer.status.unwrap().token
+    }
+}
+
+/// A controller running in this process.
+pub struct Ctl {
+    pub addr: SocketAddr,
+    /// The web UI, when the configuration asked for one.
+    pub web: Option<SocketAddr>,
+    pub core: Arc<Core>,
+    pub shutdown: Shutdown,
+    pub task: tokio::task::JoinHandle<Result<(), RunError>>,
+    pub grpc: ControllerServiceClient<Channel>,
+}
+
+impl Ctl {
+    /// Starts a controller on `listener` and waits until it serves and its
+    /// caches know every Deployment of its function namespaces at this
+    /// moment (a call for one before that would be NOT_FOUND).
+    pub async fn start(sim: &Sim<'_>, mut config: Config, listener: TcpListener) -> Self {
+        let addr = listener.local_addr().unwrap();
+        config.port = addr.port();
+        let function_namespaces = config.function_namespaces.clone();
+        let shutdown = Shutdown::new();
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let task = tokio::spawn(skipper::controller::run(
+            config,
+            sim.client.clone(),
+            listener,
+            shutdown.clone(),
+            move |running| {
+                let _ = tx.send(running);
+            },
+        ));
+        let running = tokio::time::timeout(Duration::from_secs(15), rx)
+            .await
+            .expect("controller did not become ready")
+            .expect("controller stopped before becoming ready");
+        for ns in &function_namespaces {
+            // A namespace the controller skipped (forbidden) has no cache.
+            let Ok(_) = running.core.namespace(ns) else {
+                continue;
+            };
+            let deployments = Api::<Deployment>::namespaced(sim.client.clone(), ns)
+                .list(&ListParams::default())
+                .await
+                .unwrap();
+            for d in deployments.items {
+                let name = d.metadata.name.clone().unwrap_or_default();
+                // Only pools: their pods carry `skipper/deployment=<name>`.
+                let pool = d
+                    .spec
+                    .and_then(|s| s.template.metadata)
+                    .and_then(|m| m.labels)
+                    .is_some_and(|l| l.get(skipper::domain::LABEL_DEPLOYMENT) == Some(&name));
+                if pool {
+                    await_deployment(&running.core, ns, &name).await;
+                }
+            }
+        }
+        let grpc = ControllerServiceClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        Self {
+            addr,
+            web: running.web_addr,
+            core: running.core,
+            shutdown,
+            task,
+            grpc,
+        }
+    }
+
+    /// Waits until this controller's caches know Deployment `deployment`
+    /// of namespace [`NS`] (before that, a call for it is NOT_FOUND by the
+    /// missing-deployment fast path).
+    pub async fn knows(&self, deployment: &str) {
+        await_deployment(&self.core, NS, deployment).await;
+    }
+
+    /// Starts a single-controller-mode controller on 127.0.0.1:0.
+    pub async fn single(sim: &Sim<'_>) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        Self::start(sim, sim.config("127.0.0.1"), listener).await
+    }
+
+    /// `GetInstance` for `f` within `timeout`; panics when it fails.
+    pub async fn instance(&mut self, f: &Function, timeout: Duration) -> api::Instance {
+        self.grpc
+            .get_instance(get_instance(f, timeout))
+            .await
+            .unwrap()
+            .into_inner()
+            .instance
+            .unwrap()
+    }
+
+    /// Stops the controller.
+    pub async fn stop(self) {
+        self.shutdown.trigger();
+        let _ = tokio::time::timeout(Duration::from_secs(5), self.task).await;
+        self.shutdown.drain(Duration::from_secs(5)).await;
+    }
+}
+
+/// Waits until `core`'s caches know Deployment `ns/deployment` (its
+/// ReplicaSet carries `skipper/deployment=<deployment>`), failing the test
+/// after 20 s.
+pub async fn await_deployment(core: &Core, ns: &str, deployment: &str) {
+    let what = format!("the controller's cache to know Deployment {ns}/{deployment}");
+    eventually(Duration::from_secs(20), &what, || async {
+        core.namespace(ns)
+            .ok()?
+            .replica_sets
+            .knows_deployment(deployment)
+            .then_some(())
+    })
+    .await;
+}
+
+/// A regular function of the pool `deployment`.
+pub fn function(deployment: &str, tenant: &str, max: u32) -> Function {
+    Function {
+        namespace: NS.into(),
+        deployment: deployment.into(),
+        tenant: tenant.into(),
+        metadata: Some("m".into()),
+        scale: Some(Scale {
+            min_instances: Some(0),
+            max_instances: Some(max),
+            ..Scale::default()
+        }),
+        oneshot: None,
+    }
+}
+
+/// A GetInstance request with a deadline.
+pub fn get_instance(f: &Function, timeout: Duration) -> tonic::Request<api::GetInstanceRequest> {
+    let mut r = tonic::Request::new(api::GetInstanceRequest {
+        function: Some(f.into()),
+        exclude_instance_names: vec![],
+    });
+    r.set_timeout(timeout);
+    r
+}
+
+/// A heartbeat batch from `router` for `f`, stamped now.
+pub fn heartbeat(router: &str, f: &Function, in_flight: u32) -> api::HeartbeatRequest {
+    api::HeartbeatRequest {
+        router_ip: Some(router.into()),
+        heartbeats: vec![api::Heartbeat {
+            function: Some(f.into()),
+            timestamp: Some(std::time::SystemTime::now().into()),
+            in_flight_requests: Some(in_flight),
+        }],
+        forwarded_for: vec![],
+    }
+}

@@ -1,0 +1,602 @@
+//! Test harness for the controller client and the router: a scriptable fake
+//! `ControllerService` served on 127.0.0.1:0, plus helpers to await
+//! conditions with a deadline.
+//!
+//! Use it as `use skipper_test_support::router as harness;`.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use skipper::api;
+use skipper::api::controller_service_server::{ControllerService, ControllerServiceServer};
+use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
+use tonic::{Request, Response, Status};
+
+/// Everything the fake controller has seen, and what it is told to answer.
+#[derive(Debug, Default)]
+pub struct State {
+    /// Failures to answer, per method name, before behaving normally.
+    pub failures: HashMap<&'static str, VecDeque<Status>>,
+    /// Instances GetInstance picks from: the first whose name is not excluded
+    /// (all excluded → the first).
+    pub instances: Vec<api::Instance>,
+    /// Calls received per method name (failed ones included).
+    pub calls: HashMap<&'static str, usize>,
+    pub get_instance_requests: Vec<api::GetInstanceRequest>,
+    pub heartbeats: Vec<api::HeartbeatRequest>,
+    pub releases: Vec<api::ReleaseInstanceRequest>,
+    pub scales: Vec<api::ScaleRequest>,
+    /// Set (to true) whenever GetInstance is called.
+    pub get_instance_flags: Vec<Arc<std::sync::atomic::AtomicBool>>,
+    /// Whether WatchInstances is served (otherwise it is UNIMPLEMENTED, as
+    /// on a controller without the warm path).
+    pub streams: bool,
+    /// Instances streamed as DRAINING.
+    pub draining: std::collections::HashSet<String>,
+    /// Subscriptions received (the first message of each stream).
+    pub subscriptions: Vec<api::WatchInstancesRequest>,
+    /// Instance names routers reported idle.
+    pub idle_reports: Vec<String>,
+    /// Open streams.
+    pub open_streams: usize,
+    /// Set to end every open stream with this status.
+    pub end_streams: Option<(u64, Status)>,
+}
+
+/// A fake controller. Clones share state.
+#[derive(Debug, Clone)]
+pub struct FakeController {
+    state: Arc<Mutex<State>>,
+    changed: Arc<watch::Sender<u64>>,
+}
+
+impl Default for FakeController {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl FakeController {
+    pub fn new() -> Self {
+        Self {
+            state: Arc::default(),
+            changed: Arc::new(watch::channel(0).0),
+        }
+    }
+
+    /// Runs `f` on the state (and wakes waiters).
+    pub fn with<R>(&self, f: impl FnOnce(&mut State) -> R) -> R {
+        let r = f(&mut self.state.lock().unwrap());
+        self.changed.send_modify(|g| *g += 1);
+        r
+    }
+
+    /// Queues `n` failures with `code` for `method`.
+    pub fn fail(&self, method: &'static str, code: tonic::Code, n: usize) {
+        self.with(|s| {
+            let q = s.failures.entry(method).or_default();
+            for _ in 0..n {
+                q.push_back(Status::new(code, format!("scripted {code:?}")));
+            }
+        });
+    }
+
+    /// Adds an instance GetInstance may return.
+    pub fn add_instance(&self, name: &str, addr: SocketAddr) {
+        self.with(|s| {
+            s.instances.push(api::Instance {
+                name: Some(name.to_owned()),
+                addr: Some(addr.to_string()),
+                ..Default::default()
+            });
+        });
+    }
+
+    pub fn calls(&self, method: &'static str) -> usize {
+        self.with(|s| s.calls.get(method).copied().unwrap_or(0))
+    }
+
+    /// Waits (at most `limit`) until `cond` holds on the state.
+    pub async fn wait_until(&self, limit: Duration, mut cond: impl FnMut(&State) -> bool) {
+        let mut rx = self.changed.subscribe();
+        tokio::time::timeout(limit, async {
+            loop {
+                if cond(&self.state.lock().unwrap()) {
+                    return;
+                }
+                rx.changed().await.unwrap();
+            }
+        })
+        .await
+        .expect("condition on the fake controller not reached in time");
+    }
+
+    /// Serves WatchInstances from now on.
+    pub fn enable_streams(&self) {
+        self.with(|s| s.streams = true);
+    }
+
+    /// Ends every open stream with `code`.
+    pub fn end_streams(&self, code: tonic::Code) {
+        self.with(|s| {
+            let generation = s.end_streams.as_ref().map_or(1, |(g, _)| g + 1);
+            s.end_streams = Some((generation, Status::new(code, "scripted end")));
+        });
+    }
+
+    /// The streamed view (read without waking anyone).
+    fn view(&self) -> Vec<(String, api::InstanceChange)> {
+        let s = self.state.lock().unwrap();
+        {
+            s.instances
+                .iter()
+                .map(|i| {
+                    let name = i.name.clone().unwrap_or_default();
+                    let state = if s.draining.contains(&name) {
+                        api::InstanceState::Draining
+                    } else {
+                        api::InstanceState::Ready
+                    };
+                    (
+                        name,
+                        api::InstanceChange {
+                            instance: Some(i.clone()),
+                            state: Some(state as i32),
+                        },
+                    )
+                })
+                .collect()
+        }
+    }
+
+    fn enter(&self, method: &'static str) -> Result<(), Status> {
+        self.with(|s| {
+            *s.calls.entry(method).or_default() += 1;
+            match s.failures.get_mut(method).and_then(VecDeque::pop_front) {
+                Some(st) => Err(st),
+                None => Ok(()),
+            }
+        })
+    }
+
+    /// Serves the fake on a fresh 127.0.0.1 port until `stop` is cancelled.
+    pub async fn serve(&self, stop: CancellationToken) -> SocketAddr {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        self.serve_on(listener, stop)
+    }
+
+    /// Serves the fake on `listener` until `stop` is cancelled.
+    pub fn serve_on(&self, listener: tokio::net::TcpListener, stop: CancellationToken) -> SocketAddr {
+        let addr = listener.local_addr().unwrap();
+        let svc = ControllerServiceServer::new(self.clone());
+        tokio::spawn(async move {
+            tonic::transport::Server::builder()
+                .add_service(svc)
+                .serve_with_incoming_shutdown(
+                    tokio_stream::wrappers::TcpListenerStream::new(listener),
+                    stop.cancelled_owned(),
+                )
+                .await
+                .unwrap();
+        });
+        addr
+    }
+}
+
+type WatchStream =
+    std::pin::Pin<Box<dyn futures::Stream<Item = Result<api::WatchInstancesResponse, Status>> + Send>>;
+
+/// The changes from `old` to `new` (both by name).
+fn diff(
+    old: &[(String, api::InstanceChange)],
+    new: &[(String, api::InstanceChange)],
+) -> Vec<api::InstanceChange> {
+    let mut out: Vec<api::InstanceChange> = new
+        .iter()
+        .filter(|(n, c)| !old.iter().any(|(o, oc)| o == n && oc == c))
+        .map(|(_, c)| c.clone())
+        .collect();
+    for (n, _) in old {
+        if !new.iter().any(|(x, _)| x == n) {
+            out.push(api::InstanceChange {
+                instance: Some(api::Instance {
+                    name: Some(n.clone()),
+                    ..Default::default()
+                }),
+                state: Some(api::InstanceState::Removed as i32),
+            });
+        }
+    }
+    out
+}
+
+#[tonic::async_trait]
+impl ControllerService for FakeController {
+    type WatchInstancesStream = WatchStream;
+
+    async fn watch_instances(
+        &self,
+        request: Request<tonic::Streaming<api::WatchInstancesRequest>>,
+    ) -> Result<Response<Self::WatchInstancesStream>, Status> {
+        self.enter("WatchInstances")?;
+        if !self.with(|s| s.streams) {
+            return Err(Status::unimplemented("WatchInstances is not served"));
+        }
+        let mut incoming = request.into_inner();
+        let first = incoming
+            .message()
+            .await?
+            .ok_or_else(|| Status::invalid_argument("no subscription"))?;
+        let ended_before = self.with(|s| {
+            s.subscriptions.push(first);
+            s.open_streams += 1;
+            s.end_streams.as_ref().map_or(0, |(g, _)| *g)
+        });
+        let (tx, rx) = tokio::sync::mpsc::channel(16);
+        let fake = self.clone();
+        tokio::spawn(async move {
+            let mut changed = fake.changed.subscribe();
+            let mut sent = fake.view();
+            let mut version = 1u64;
+            let snapshot = api::WatchInstancesResponse {
+                version: Some(version),
+                previous_version: None,
+                snapshot: Some(true),
+                changes: sent.iter().map(|(_, c)| c.clone()).collect(),
+            };
+            let mut reading = true;
+            if tx.send(Ok(snapshot)).await.is_ok() {
+                loop {
+                    tokio::select! {
+                        () = tx.closed() => break,
+                        r = changed.changed() => {
+                            if r.is_err() {
+                                break;
+                            }
+                            let end = fake.state.lock().unwrap().end_streams.clone();
+                            if let Some((g, status)) = end
+                                && g > ended_before
+                            {
+                                let _ = tx.send(Err(status)).await;
+                                break;
+                            }
+                            let next = fake.view();
+                            let changes = diff(&sent, &next);
+                            if !changes.is_empty() {
+                                let msg = api::WatchInstancesResponse {
+                                    version: Some(version + 1),
+                                    previous_version: Some(version),
+                                    snapshot: Some(false),
+                                    changes,
+                                };
+                                if tx.send(Ok(msg)).await.is_err() {
+                                    break;
+                                }
+                                version += 1;
+                                sent = next;
+                            }
+                        }
+                        m = incoming.message(), if reading => match m {
+                            Ok(Some(req)) => fake.with(|s| s.idle_reports.extend(req.idle_instance_names)),
+                            Ok(None) | Err(_) => reading = false,
+                        },
+                    }
+                }
+            }
+            fake.with(|s| s.open_streams -= 1);
+        });
+        Ok(Response::new(Box::pin(
+            tokio_stream::wrappers::ReceiverStream::new(rx),
+        )))
+    }
+
+    async fn get_instance(
+        &self,
+        request: Request<api::GetInstanceRequest>,
+    ) -> Result<Response<api::GetInstanceResponse>, Status> {
+        let req = request.into_inner();
+        self.with(|s| {
+            s.get_instance_requests.push(req.clone());
+            for f in &s.get_instance_flags {
+                f.store(true, std::sync::atomic::Ordering::SeqCst);
+            }
+        });
+        self.enter("GetInstance")?;
+        self.with(|s| {
+            let pick = s
+                .instances
+                .iter()
+                .find(|i| {
+                    !req.exclude_instance_names
+                        .contains(&i.name.clone().unwrap_or_default())
+                })
+                .or(s.instances.first())
+                .cloned();
+            match pick {
+                Some(mut i) => {
+                    i.function = req.function.clone();
+                    Ok(Response::new(api::GetInstanceResponse { instance: Some(i) }))
+                }
+                None => Err(Status::resource_exhausted("no instances")),
+            }
+        })
+    }
+
+    async fn heartbeat(
+        &self,
+        request: Request<api::HeartbeatRequest>,
+    ) -> Result<Response<api::HeartbeatResponse>, Status> {
+        self.enter("Heartbeat")?;
+        self.with(|s| s.heartbeats.push(request.into_inner()));
+        Ok(Response::new(api::HeartbeatResponse {}))
+    }
+
+    async fn scale(
+        &self,
+        request: Request<api::ScaleRequest>,
+    ) -> Result<Response<api::ScaleResponse>, Status> {
+        self.enter("Scale")?;
+        self.with(|s| s.scales.push(request.into_inner()));
+        Ok(Response::new(api::ScaleResponse { instances: vec![] }))
+    }
+
+    async fn release_instance(
+        &self,
+        request: Request<api::ReleaseInstanceRequest>,
+    ) -> Result<Response<api::ReleaseInstanceResponse>, Status> {
+        self.enter("ReleaseInstance")?;
+        self.with(|s| s.releases.push(request.into_inner()));
+        Ok(Response::new(api::ReleaseInstanceResponse {}))
+    }
+
+    async fn get_cluster_state(
+        &self,
+        _request: Request<api::GetClusterStateRequest>,
+    ) -> Result<Response<api::GetClusterStateResponse>, Status> {
+        self.enter("GetClusterState")?;
+        Ok(Response::new(api::GetClusterStateResponse::default()))
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Router and upstream helpers.
+
+use axum::body::Body;
+use axum::extract::ws::{Message, WebSocketUpgrade};
+use axum::response::IntoResponse;
+use skipper::router::{self, Config};
+use skipper::shutdown::Shutdown;
+
+/// A valid function header for `deployment` / `tenant`.
+pub fn function_header(deployment: &str, tenant: &str, oneshot: bool) -> String {
+    format!(
+        r#"{{"namespace":"ns","deployment":"{deployment}","tenant":"{tenant}","scale":{{"max_instances":3}},"oneshot":{oneshot}}}"#
+    )
+}
+
+/// A router running on 127.0.0.1:0.
+pub struct RouterHandle {
+    pub addr: SocketAddr,
+    pub metrics_addr: SocketAddr,
+    pub shutdown: Shutdown,
+    pub done: tokio::task::JoinHandle<Result<(), router::Error>>,
+}
+
+impl RouterHandle {
+    pub fn url(&self, path: &str) -> String {
+        format!("http://{}{path}", self.addr)
+    }
+
+    /// Triggers shutdown and waits (bounded) for the router to return.
+    pub async fn stop(self) {
+        self.shutdown.trigger();
+        tokio::time::timeout(Duration::from_secs(10), self.done)
+            .await
+            .expect("router did not stop in time")
+            .unwrap()
+            .unwrap();
+        assert!(self.shutdown.drain(Duration::from_secs(10)).await);
+    }
+}
+
+/// Test defaults: short intervals and backoffs.
+pub fn test_config(controllers: Vec<SocketAddr>) -> Config {
+    let mut c = Config::with_controllers("10.1.2.3", controllers);
+    c.heartbeat_interval = Duration::from_millis(50);
+    c.retry_min = Duration::from_millis(5);
+    c.retry_max = Duration::from_millis(20);
+    c.dial_timeout = Duration::from_millis(500);
+    c.get_instance_timeout = Duration::from_secs(2);
+    c
+}
+
+/// Starts a router with `config`.
+pub async fn start_router(config: Config) -> RouterHandle {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let metrics = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let metrics_addr = metrics.local_addr().unwrap();
+    let shutdown = Shutdown::new();
+    let done = tokio::spawn(router::serve(config, listener, Some(metrics), shutdown.clone()));
+    RouterHandle {
+        addr,
+        metrics_addr,
+        shutdown,
+        done,
+    }
+}
+
+/// Controls of the test upstream.
+#[derive(Clone)]
+pub struct Upstream {
+    pub addr: SocketAddr,
+    /// Requests that reached `/block` or `/sse`.
+    pub arrived: Arc<watch::Sender<usize>>,
+    /// Opens the gate `/block` and `/sse` wait on.
+    pub gate: Arc<watch::Sender<bool>>,
+}
+
+impl Upstream {
+    pub async fn wait_arrived(&self, n: usize) {
+        let mut rx = self.arrived.subscribe();
+        tokio::time::timeout(Duration::from_secs(10), rx.wait_for(|v| *v >= n))
+            .await
+            .expect("requests did not reach the upstream in time")
+            .unwrap();
+    }
+
+    pub fn open(&self) {
+        self.gate.send_replace(true);
+    }
+}
+
+async fn wait_gate(gate: &watch::Sender<bool>) {
+    let mut rx = gate.subscribe();
+    let _ = rx.wait_for(|open| *open).await;
+}
+
+/// Echoes method, URI, headers and a digest of the body as JSON.
+async fn echo(req: http::Request<Body>) -> impl IntoResponse {
+    let (parts, body) = req.into_parts();
+    let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
+    let headers: Vec<(String, String)> = parts
+        .headers
+        .iter()
+        .map(|(k, v)| (k.as_str().to_owned(), v.to_str().unwrap_or("?").to_owned()))
+        .collect();
+    axum::Json(serde_json::json!({
+        "method": parts.method.as_str(),
+        "uri": parts.uri.to_string(),
+        "headers": headers,
+        "body_len": bytes.len(),
+        "body_xxh64": xxhash_rust::xxh64::xxh64(&bytes, 0),
+    }))
+}
+
+/// Starts the test upstream on 127.0.0.1:0.
+pub async fn start_upstream() -> Upstream {
+    use axum::routing::{any, get};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let up = Upstream {
+        addr,
+        arrived: Arc::new(watch::channel(0).0),
+        gate: Arc::new(watch::channel(false).0),
+    };
+    let (u1, u2) = (up.clone(), up.clone());
+    let app = axum::Router::new()
+        .route("/hello", any(|| async { "hello world" }))
+        .route(
+            "/peer",
+            any(
+                |axum::extract::ConnectInfo(peer): axum::extract::ConnectInfo<SocketAddr>| async move {
+                    peer.to_string()
+                },
+            ),
+        )
+        .route(
+            "/sink",
+            any(|body: Body| async move {
+                let mut stream = body.into_data_stream();
+                let mut total = 0usize;
+                while let Some(chunk) = futures::StreamExt::next(&mut stream).await {
+                    // A body cut short by the router ends the count.
+                    let Ok(chunk) = chunk else { break };
+                    total += chunk.len();
+                }
+                total.to_string()
+            }),
+        )
+        .route(
+            "/status/{code}",
+            any(|axum::extract::Path(code): axum::extract::Path<u16>| async move {
+                (
+                    http::StatusCode::from_u16(code).unwrap(),
+                    [("x-upstream", "yes")],
+                    format!("status {code} from upstream"),
+                )
+            }),
+        )
+        .route(
+            "/block",
+            any(move || {
+                let up = u1.clone();
+                async move {
+                    up.arrived.send_modify(|n| *n += 1);
+                    wait_gate(&up.gate).await;
+                    "unblocked"
+                }
+            }),
+        )
+        .route(
+            "/sse",
+            get(move || {
+                let up = u2.clone();
+                async move {
+                    up.arrived.send_modify(|n| *n += 1);
+                    let stream = futures::stream::unfold(0u8, move |i| {
+                        let up = up.clone();
+                        async move {
+                            match i {
+                                0 => Some((Ok::<_, std::io::Error>("data: first\n\n".to_owned()), 1)),
+                                1 => {
+                                    wait_gate(&up.gate).await;
+                                    Some((Ok("data: second\n\n".to_owned()), 2))
+                                }
+                                _ => None,
+                            }
+                        }
+                    });
+                    (
+                        [(http::header::CONTENT_TYPE, "text/event-stream")],
+                        Body::from_stream(stream),
+                    )
+                }
+            }),
+        )
+        .route(
+            "/download/{n}",
+            get(|axum::extract::Path(n): axum::extract::Path<usize>| async move {
+                let chunk = bytes::Bytes::from(vec![b'x'; 64 * 1024]);
+                let count = n.div_ceil(chunk.len());
+                let stream =
+                    futures::stream::iter((0..count).map(move |_| Ok::<_, std::io::Error>(chunk.clone())));
+                Body::from_stream(stream)
+            }),
+        )
+        .route(
+            "/ws",
+            get(|ws: WebSocketUpgrade| async move {
+                ws.on_upgrade(|mut socket| async move {
+                    while let Some(Ok(msg)) = socket.recv().await {
+                        let reply = match msg {
+                            Message::Text(t) => Message::Text(t),
+                            Message::Close(_) => return,
+                            _ => continue,
+                        };
+                        if socket.send(reply).await.is_err() {
+                            return;
+                        }
+                    }
+                })
+            }),
+        )
+        .fallback(echo);
+    tokio::spawn(async move {
+        axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
+            .await
+            .unwrap();
+    });
+    up
+}
+
+/// A port nothing listens on (connections are refused).
+pub fn refused_addr() -> SocketAddr {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    l.local_addr().unwrap()
+}

@@ -1,0 +1,1434 @@
+//! `skipper dev`: the local playground.
+//!
+//! Starts the simulated cluster in-process, generates an assignment key
+//! pair, creates the objects of `manifests/` against it (the controller
+//! Deployment, its Services, Secret and RBAC in namespace `skipper`; one pool
+//! Deployment per `--pool` in namespace `default`, from
+//! `manifests/example-pool.yaml`), waits for every controller to report
+//! `SERVING` and every pool to be Ready, then runs one `skipper router`
+//! process on `--listen` that discovers the controllers through the
+//! EndpointSlices of the headless controller Service. Controllers and pool
+//! pods are pods of the simulated cluster (each on its own loopback IP); the
+//! router is a child process (its log goes to `router.log` in the work
+//! directory). SIGINT or SIGTERM stops the router, then every pod, and exits 0.
+//!
+//! The manifests are used as shipped, with these adjustments made in code:
+//! namespace, name and replicas of each pool; `--command` replacing the
+//! fixture; and controller environment (function namespaces, intervals,
+//! text logs). Pods find the API server as on a real cluster: in-cluster
+//! configuration with their ServiceAccount token.
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::process::{ExitCode, ExitStatus, Stdio};
+use std::time::Duration;
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, DynamicObject, ListParams, PostParams};
+use kube::core::{ApiResource, GroupVersionKind};
+use serde_json::{Value, json};
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::TcpListener;
+
+use crate::config::parse_positive_duration;
+use crate::domain::{Function, Scale};
+use crate::shutdown::Shutdown;
+use crate::telemetry::{self, Format, Level};
+use crate::token::SigningKey;
+use skipper_devcluster::real_cluster::{self, RealCluster, RealClusterError};
+use skipper_devcluster::{Cluster, ClusterError, Config};
+
+/// `manifests/namespace.yaml`.
+pub const NAMESPACE_YAML: &str = include_str!("../../manifests/namespace.yaml");
+/// `manifests/rbac.yaml`.
+pub const RBAC_YAML: &str = include_str!("../../manifests/rbac.yaml");
+/// `manifests/controller.yaml`.
+pub const CONTROLLER_YAML: &str = include_str!("../../manifests/controller.yaml");
+/// `manifests/router.yaml`.
+pub const ROUTER_YAML: &str = include_str!("../../manifests/router.yaml");
+/// `manifests/network-policy.yaml`.
+pub const NETWORK_POLICY_YAML: &str = include_str!("../../manifests/network-policy.yaml");
+/// `manifests/example-pool.yaml`.
+pub const EXAMPLE_POOL_YAML: &str = include_str!("../../manifests/example-pool.yaml");
+
+/// Namespace of the controllers (as in `manifests/`).
+pub const CONTROLLER_NAMESPACE: &str = "skipper";
+/// Namespace of the playground's pools.
+pub const POOL_NAMESPACE: &str = "default";
+/// Label selector of the controller pods (ring membership).
+pub const CONTROLLER_SELECTOR: &str = "app.kubernetes.io/name=skipper,app.kubernetes.io/component=controller";
+/// The headless controller Service the router watches.
+pub const CONTROLLER_HEADLESS_SERVICE: &str = "skipper-controller-headless";
+/// The controllers' gRPC port (as in `manifests/controller.yaml`).
+pub const CONTROLLER_PORT: u16 = 50051;
+/// The controllers' metrics port (as in `manifests/controller.yaml`).
+pub const CONTROLLER_METRICS_PORT: u16 = 9090;
+/// The controllers' web UI port (the `--web-port` default, as in
+/// `manifests/controller.yaml`).
+pub const CONTROLLER_WEB_PORT: u16 = 8080;
+/// The Secret holding the controllers' PASETO private key.
+pub const PASETO_SECRET: &str = "skipper-controller-paseto";
+/// The ConfigMap holding the pools' PASETO public key.
+pub const PUBLIC_KEY_CONFIG_MAP: &str = "skipper-paseto-public";
+/// The ServiceAccount of routers (as in `manifests/router.yaml`).
+pub const ROUTER_SERVICE_ACCOUNT: &str = "skipper-router";
+/// The router's token file in the work directory (the router is a process
+/// of the playground, not a pod, so the playground does what the kubelet
+/// does for a projected token: requests it and keeps it fresh).
+pub const ROUTER_TOKEN_FILE: &str = "router-token";
+/// Lifetime of the router's token.
+const ROUTER_TOKEN_SECONDS: i64 = 3600;
+/// The port a pool pod serves on (`manifests/example-pool.yaml`); a
+/// `--command` program must listen on `$POD_IP:$PORT` with this port.
+pub const POOL_PORT: u16 = 8888;
+
+/// One `--pool NAME=REPLICAS`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PoolSpec {
+    /// Deployment name (`skipper/deployment` label value).
+    pub name: String,
+    /// Pod count.
+    pub replicas: u16,
+}
+
+/// RFC 1123 label: 1–63 of `[a-z0-9-]`, alphanumeric at both ends.
+fn is_dns_label(s: &str) -> bool {
+    let b = s.as_bytes();
+    let alnum = |c: &u8| c.is_ascii_lowercase() || c.is_ascii_digit();
+    !b.is_empty()
+        && b.len() <= 63
+        && b.first().is_some_and(alnum)
+        && b.last().is_some_and(alnum)
+        && b.iter().all(|c| alnum(c) || *c == b'-')
+}
+
+/// Parses `NAME=REPLICAS`.
+///
+/// # Errors
+/// A message naming what is wrong.
+pub fn parse_pool(s: &str) -> Result<PoolSpec, String> {
+    let (name, replicas) = s
+        .split_once('=')
+        .ok_or_else(|| format!("{s:?} is not NAME=REPLICAS"))?;
+    if !is_dns_label(name) {
+        return Err(format!(
+            "{name:?} is not a valid Deployment name (RFC 1123 label)"
+        ));
+    }
+    let replicas = replicas
+        .parse::<u16>()
+        .map_err(|e| format!("replicas {replicas:?} in {s:?}: {e}"))?;
+    if replicas > 500 {
+        return Err(format!("replicas {replicas} in {s:?}: at most 500"));
+    }
+    Ok(PoolSpec {
+        name: name.to_owned(),
+        replicas,
+    })
+}
+
+/// Flags of the playground (`skipper dev` without a subcommand).
+#[derive(Debug, Clone, clap::Args)]
+#[group(skip)]
+pub struct PlaygroundArgs {
+    /// Pool Deployment to create in namespace `default`, NAME=REPLICAS (repeatable)
+    #[arg(
+        long = "pool",
+        env = "SKIPPER_POOL",
+        value_name = "NAME=REPLICAS",
+        default_value = "fixture=3",
+        value_delimiter = ',',
+        value_parser = parse_pool
+    )]
+    pub pools: Vec<PoolSpec>,
+
+    /// Shell command pool pods run instead of `skipper fixture`; it gets POD_IP and PORT and must
+    /// serve HTTP on $POD_IP:$PORT
+    #[arg(long = "command", env = "SKIPPER_COMMAND", value_name = "SHELL")]
+    pub pod_command: Option<String>,
+
+    /// Write the cluster administrator's kubeconfig here (for kubectl)
+    #[arg(long, env = "SKIPPER_KUBECONFIG_OUT", value_name = "PATH")]
+    pub kubeconfig_out: Option<PathBuf>,
+
+    /// Controllers' --scale-interval
+    #[arg(long, env = "SKIPPER_SCALE_INTERVAL", default_value = "5s", value_parser = parse_positive_duration)]
+    pub scale_interval: Duration,
+
+    /// Controllers' --heartbeat-timeout (idle functions scale to zero after it)
+    #[arg(long, env = "SKIPPER_HEARTBEAT_TIMEOUT", default_value = "30s", value_parser = parse_positive_duration)]
+    pub heartbeat_timeout: Duration,
+
+    /// Number of controller pods (ring members)
+    #[arg(long, env = "SKIPPER_CONTROLLERS", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..=16))]
+    pub controllers: u16,
+
+    /// Extra environment of the controller pods, KEY=VALUE (repeatable)
+    #[arg(long = "controller-env", env = "SKIPPER_CONTROLLER_ENV", value_name = "KEY=VALUE",
+          value_delimiter = ',', value_parser = parse_env)]
+    pub controller_env: Vec<(String, String)>,
+
+    /// Where the router listens
+    #[arg(long, env = "SKIPPER_LISTEN", default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+
+    /// Where the router serves Prometheus /metrics
+    #[arg(long, env = "SKIPPER_METRICS_LISTEN", default_value = "127.0.0.1:9090")]
+    pub metrics_listen: SocketAddr,
+
+    /// First wait of the pods' crash back-off (CrashLoopBackOff); it doubles per restart up to 30
+    /// times this, as a kubelet's 10s up to 5m
+    #[arg(long, env = "SKIPPER_RESTART_BACKOFF", default_value = "10s", value_parser = parse_positive_duration)]
+    pub restart_backoff: Duration,
+
+    /// Bound on bringing everything up
+    #[arg(long, env = "SKIPPER_READY_TIMEOUT", default_value = "120s", value_parser = parse_positive_duration)]
+    pub ready_timeout: Duration,
+
+    /// Export the traces of the router, the controllers and the pool pods over OTLP/HTTP to this
+    /// collector (e.g. http://127.0.0.1:4318): sets their OTEL_EXPORTER_OTLP_ENDPOINT and --telemetry
+    #[arg(long, env = "SKIPPER_OTLP_ENDPOINT", value_name = "URL", value_parser = parse_otlp_endpoint)]
+    pub otlp_endpoint: Option<String>,
+
+    /// The Kubernetes control plane: `sim` (the embedded API simulator, nothing else needed) or
+    /// `real` (etcd, kube-apiserver, kube-controller-manager and kube-scheduler as built by
+    /// `make control-plane`, pods on a bridge of their own; needs root)
+    #[arg(long, env = "SKIPPER_CONTROL_PLANE", value_enum, default_value_t = ControlPlaneKind::Sim,
+          value_name = "sim|real", hide_possible_values = true)]
+    pub control_plane: ControlPlaneKind,
+
+    /// Where the binaries of `--control-plane real` are [default: target/control-plane, else
+    /// control-plane beside the directory of this executable]
+    #[arg(long, env = "SKIPPER_CONTROL_PLANE_DIR", value_name = "DIR")]
+    pub control_plane_dir: Option<PathBuf>,
+
+    /// Log level of the playground itself (pods and the router log to files in its work directory)
+    #[arg(long, env = "SKIPPER_LOG_LEVEL", default_value = "warn", ignore_case = true)]
+    pub log_level: Level,
+}
+
+/// Which Kubernetes control plane `skipper dev` runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ControlPlaneKind {
+    /// The embedded Kubernetes API simulator.
+    Sim,
+    /// A real control plane built by `make control-plane`.
+    Real,
+}
+
+/// Where `make control-plane` puts the binaries, relative to the
+/// repository (and the working directory of `cargo run`).
+pub const DEFAULT_CONTROL_PLANE_DIR: &str = "target/control-plane";
+
+/// The directory holding every binary of the real control plane:
+/// `flag` when given (`--control-plane-dir`), else the first of
+/// `default` ([`DEFAULT_CONTROL_PLANE_DIR`]) and `control-plane` in the parent of
+/// `exe`'s directory (`target/debug/skipper` → `target/control-plane`)
+/// that holds them all.
+///
+/// # Errors
+/// [`PlaygroundError::ControlPlaneMissing`] naming the flag, the directories
+/// looked at and the first binary missing.
+pub fn control_plane_dir(
+    flag: Option<&Path>,
+    default: &Path,
+    exe: &Path,
+) -> Result<PathBuf, PlaygroundError> {
+    let candidates: Vec<PathBuf> = match flag {
+        Some(dir) => vec![dir.to_path_buf()],
+        None => {
+            let mut c = vec![default.to_path_buf()];
+            if let Some(beside) = exe.parent().and_then(Path::parent) {
+                let beside = beside.join("control-plane");
+                if !c.contains(&beside) {
+                    c.push(beside);
+                }
+            }
+            c
+        }
+    };
+    let missing = |dir: &Path| {
+        skipper_devcluster::control_plane::BINARIES
+            .into_iter()
+            .find(|b| !is_executable(&dir.join(b)))
+    };
+    let mut first_missing = skipper_devcluster::control_plane::BINARIES[0];
+    for (i, dir) in candidates.iter().enumerate() {
+        match missing(dir) {
+            None => return Ok(dir.clone()),
+            Some(b) if i == 0 => first_missing = b,
+            Some(_) => {}
+        }
+    }
+    Err(PlaygroundError::ControlPlaneMissing {
+        flag: if flag.is_some() {
+            "--control-plane-dir"
+        } else {
+            "--control-plane real"
+        },
+        binary: first_missing,
+        looked_in: candidates
+            .iter()
+            .map(|d| d.display().to_string())
+            .collect::<Vec<_>>()
+            .join(" and "),
+    })
+}
+
+fn is_executable(path: &Path) -> bool {
+    use std::os::unix::fs::PermissionsExt as _;
+    std::fs::metadata(path).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+}
+
+/// Checks an OTLP/HTTP collector address: an `http://` or `https://` URL
+/// with a host (the exporter appends `/v1/traces`).
+///
+/// # Errors
+/// When it is not such a URL.
+pub fn parse_otlp_endpoint(s: &str) -> Result<String, String> {
+    let uri: http::Uri = s.parse().map_err(|e| format!("{s:?} is not a URL: {e}"))?;
+    match (uri.scheme_str(), uri.host()) {
+        (Some("http" | "https"), Some(h)) if !h.is_empty() => Ok(s.trim_end_matches('/').to_owned()),
+        _ => Err(format!("{s:?} is not an http:// or https:// URL with a host")),
+    }
+}
+
+/// The collector address pods export to. Pods with a network of their
+/// own (`host` is the host's address on it) have their own loopback, so a
+/// loopback collector host (`127.0.0.0/8`, `::1`, `localhost`) becomes
+/// `host`; any other URL, and every URL when pods share the host's
+/// network, is kept.
+#[must_use]
+pub fn otlp_endpoint_for_pods(url: &str, host: Option<std::net::Ipv4Addr>) -> String {
+    let Some(host) = host else {
+        return url.to_owned();
+    };
+    let Ok(uri) = url.parse::<http::Uri>() else {
+        return url.to_owned();
+    };
+    let loopback = uri.host().is_some_and(|h| {
+        h.eq_ignore_ascii_case("localhost")
+            || h.trim_start_matches('[')
+                .trim_end_matches(']')
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|ip| ip.is_loopback())
+    });
+    if !loopback {
+        return url.to_owned();
+    }
+    let scheme = uri.scheme_str().unwrap_or("http");
+    let port = uri.port_u16().map(|p| format!(":{p}")).unwrap_or_default();
+    let rest = uri
+        .path_and_query()
+        .map(http::uri::PathAndQuery::as_str)
+        .filter(|p| *p != "/")
+        .unwrap_or("");
+    format!("{scheme}://{host}{port}{rest}")
+}
+
+/// Parses `KEY=VALUE`.
+///
+/// # Errors
+/// When there is no `=` or the key is empty.
+pub fn parse_env(s: &str) -> Result<(String, String), String> {
+    match s.split_once('=') {
+        Some((k, v)) if !k.is_empty() => Ok((k.to_owned(), v.to_owned())),
+        _ => Err(format!("{s:?} is not KEY=VALUE")),
+    }
+}
+
+/// Why the playground failed.
+#[derive(Debug, thiserror::Error)]
+pub enum PlaygroundError {
+    #[error(
+        "--listen {addr}: cannot listen there ({source}); is another `skipper dev` running? choose another address with --listen"
+    )]
+    ListenBusy {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    #[error(
+        "{flag}: no {binary} in {looked_in}; build the control plane with `make control-plane` (needs Go){}",
+        if *flag == "--control-plane-dir" { "" } else { " or name its directory with --control-plane-dir" }
+    )]
+    ControlPlaneMissing {
+        flag: &'static str,
+        binary: &'static str,
+        looked_in: String,
+    },
+    #[error("starting the simulated cluster: {0}")]
+    Cluster(#[from] ClusterError),
+    #[error("starting the real control plane: {0}")]
+    RealCluster(#[from] RealClusterError),
+    #[error("--kubeconfig-out {path}: {source}")]
+    KubeconfigOut { path: PathBuf, source: std::io::Error },
+    #[error("manifest {file}: {reason}")]
+    Manifest { file: &'static str, reason: String },
+    #[error("creating {kind} {name}: {source}")]
+    Create {
+        kind: String,
+        name: String,
+        #[source]
+        source: Box<kube::Error>,
+    },
+    #[error("not ready within --ready-timeout {timeout:?}: {waiting_for}")]
+    NotReady { timeout: Duration, waiting_for: String },
+    #[error("starting the router {exe}: {source}")]
+    RouterStart { exe: PathBuf, source: std::io::Error },
+    #[error("the router exited ({status}); see {log}")]
+    RouterExited { status: ExitStatus, log: PathBuf },
+    #[error("installing signal handlers: {0}")]
+    Signals(std::io::Error),
+    #[error("the router's token: {0}")]
+    RouterToken(String),
+}
+
+/// Splits a multi-document YAML manifest into JSON objects (empty documents skipped).
+///
+/// # Errors
+/// When a document is not valid YAML.
+pub fn manifest_documents(yaml: &str) -> Result<Vec<Value>, serde_yaml_ng::Error> {
+    let mut out = Vec::new();
+    for doc in serde_yaml_ng::Deserializer::from_str(yaml) {
+        let v: Value = serde::Deserialize::deserialize(doc)?;
+        if v.is_object() {
+            out.push(v);
+        }
+    }
+    Ok(out)
+}
+
+fn str_at<'a>(v: &'a Value, pointer: &str) -> &'a str {
+    v.pointer(pointer).and_then(Value::as_str).unwrap_or("")
+}
+
+/// Creates one manifest object (any kind the API server serves) with the
+/// namespace in its metadata; cluster-scoped when it has none.
+///
+/// # Errors
+/// The API error, naming the kind and name.
+pub async fn create_object(client: &kube::Client, obj: &Value) -> Result<(), PlaygroundError> {
+    let api_version = str_at(obj, "/apiVersion");
+    let kind = str_at(obj, "/kind").to_owned();
+    let name = str_at(obj, "/metadata/name").to_owned();
+    let (group, version) = api_version.rsplit_once('/').unwrap_or(("", api_version));
+    let ar = ApiResource::from_gvk(&GroupVersionKind::gvk(group, version, &kind));
+    let ns = str_at(obj, "/metadata/namespace");
+    let api: Api<DynamicObject> = if ns.is_empty() {
+        Api::all_with(client.clone(), &ar)
+    } else {
+        Api::namespaced_with(client.clone(), ns, &ar)
+    };
+    let err = |source: kube::Error| PlaygroundError::Create {
+        kind: kind.clone(),
+        name: name.clone(),
+        source: Box::new(source),
+    };
+    let typed: DynamicObject =
+        serde_json::from_value(obj.clone()).map_err(|e| err(kube::Error::SerdeError(e)))?;
+    api.create(&PostParams::default(), &typed).await.map_err(err)?;
+    Ok(())
+}
+
+fn documents(file: &'static str, yaml: &str) -> Result<Vec<Value>, PlaygroundError> {
+    manifest_documents(yaml).map_err(|e| PlaygroundError::Manifest {
+        file,
+        reason: e.to_string(),
+    })
+}
+
+fn set_env(container: &mut Value, name: &str, value: &str) {
+    set_env_var(container, json!({"name": name, "value": value}));
+}
+
+fn set_env_var(container: &mut Value, var: Value) {
+    if !container["env"].is_array() {
+        container["env"] = json!([]);
+    }
+    let name = var["name"].clone();
+    if let Some(env) = container["env"].as_array_mut() {
+        env.retain(|e| e["name"] != name);
+        env.push(var);
+    }
+}
+
+/// The pool Deployment of `manifests/example-pool.yaml`, renamed to
+/// `pool.name` in `namespace` with `pool.replicas` pods, and `command` (run
+/// with `sh -c`, given `POD_IP` and `PORT`) instead of the fixture when given.
+///
+/// # Errors
+/// When the manifest has no Deployment.
+pub fn pool_manifest(
+    namespace: &str,
+    pool: &PoolSpec,
+    command: Option<&str>,
+    otlp_endpoint: Option<&str>,
+) -> Result<Value, PlaygroundError> {
+    let mut d = documents("example-pool.yaml", EXAMPLE_POOL_YAML)?
+        .into_iter()
+        .find(|d| str_at(d, "/kind") == "Deployment")
+        .ok_or(PlaygroundError::Manifest {
+            file: "example-pool.yaml",
+            reason: "no Deployment".into(),
+        })?;
+    let name = pool.name.as_str();
+    d["metadata"]["name"] = json!(name);
+    d["metadata"]["namespace"] = json!(namespace);
+    d["metadata"]["labels"]["skipper/deployment"] = json!(name);
+    d["spec"]["replicas"] = json!(pool.replicas);
+    d["spec"]["selector"]["matchLabels"]["skipper/deployment"] = json!(name);
+    d["spec"]["template"]["metadata"]["labels"]["skipper/deployment"] = json!(name);
+    let container = &mut d["spec"]["template"]["spec"]["containers"][0];
+    if let Some(url) = otlp_endpoint {
+        set_env(container, "SKIPPER_TELEMETRY", "true");
+        set_env(container, "OTEL_EXPORTER_OTLP_ENDPOINT", url);
+    }
+    if let Some(cmd) = command {
+        container["command"] = json!(["sh", "-c", cmd]);
+        if let Some(obj) = container.as_object_mut() {
+            obj.remove("args");
+        }
+        set_env_var(
+            container,
+            json!({"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}}),
+        );
+        set_env(container, "PORT", &POOL_PORT.to_string());
+        container["readinessProbe"] = json!({"tcpSocket": {"port": "http"}, "periodSeconds": 1});
+    }
+    Ok(d)
+}
+
+/// The other objects of `manifests/example-pool.yaml` (RBAC) moved to `namespace`.
+fn pool_rbac(namespace: &str) -> Result<Vec<Value>, PlaygroundError> {
+    let mut out = Vec::new();
+    for mut d in documents("example-pool.yaml", EXAMPLE_POOL_YAML)? {
+        if matches!(str_at(&d, "/kind"), "Namespace" | "Deployment") {
+            continue;
+        }
+        d["metadata"]["namespace"] = json!(namespace);
+        out.push(d);
+    }
+    Ok(out)
+}
+
+/// The objects of `manifests/controller.yaml` with `replicas` controllers
+/// serving the pool namespaces, and `env` added to their container.
+fn controller_manifests(replicas: u16, env: &[(String, String)]) -> Result<Vec<Value>, PlaygroundError> {
+    let mut docs = documents("controller.yaml", CONTROLLER_YAML)?;
+    for d in &mut docs {
+        if str_at(d, "/kind") != "Deployment" {
+            continue;
+        }
+        d["spec"]["replicas"] = json!(replicas);
+        let container = &mut d["spec"]["template"]["spec"]["containers"][0];
+        for (k, v) in env {
+            set_env(container, k, v);
+        }
+    }
+    Ok(docs)
+}
+
+/// The header value of a function served by pool `deployment` for `tenant`.
+#[must_use]
+pub fn example_function(deployment: &str, tenant: &str) -> String {
+    Function {
+        namespace: POOL_NAMESPACE.into(),
+        deployment: deployment.into(),
+        tenant: tenant.into(),
+        metadata: None,
+        scale: Some(Scale {
+            max_instances: Some(1),
+            ..Scale::default()
+        }),
+        oneshot: None,
+    }
+    .to_json()
+}
+
+/// GET `path` over HTTP/1.0; the status code, if any answer came.
+async fn http_status(addr: SocketAddr, path: &str) -> Option<u16> {
+    let attempt = async {
+        let mut s = tokio::net::TcpStream::connect(addr).await.ok()?;
+        s.write_all(format!("GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").as_bytes())
+            .await
+            .ok()?;
+        let mut buf = Vec::with_capacity(64);
+        let mut chunk = [0u8; 64];
+        while buf.len() < 12 {
+            let n = s.read(&mut chunk).await.ok()?;
+            if n == 0 {
+                return None;
+            }
+            buf.extend_from_slice(&chunk[..n]);
+        }
+        String::from_utf8_lossy(&buf[9..12]).parse().ok()
+    };
+    tokio::time::timeout(Duration::from_secs(2), attempt)
+        .await
+        .ok()
+        .flatten()
+}
+
+/// Whether a controller's gRPC health service reports `SERVING`.
+async fn controller_serving(ip: &str) -> bool {
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+    let check = async {
+        let endpoint =
+            tonic::transport::Endpoint::from_shared(format!("http://{ip}:{CONTROLLER_PORT}")).ok()?;
+        let channel = endpoint
+            .connect_timeout(Duration::from_secs(1))
+            .connect()
+            .await
+            .ok()?;
+        let resp = HealthClient::new(channel)
+            .check(HealthCheckRequest {
+                service: String::new(),
+            })
+            .await
+            .ok()?;
+        Some(
+            resp.into_inner().status
+                == tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+        )
+    };
+    tokio::time::timeout(Duration::from_secs(2), check)
+        .await
+        .ok()
+        .flatten()
+        .unwrap_or(false)
+}
+
+/// Polls `check` every 100ms until it yields `Some`, or fails naming `what`
+/// once `deadline` has passed.
+async fn wait_for<T, F, Fut>(
+    deadline: tokio::time::Instant,
+    timeout: Duration,
+    what: &str,
+    mut check: F,
+) -> Result<T, PlaygroundError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    loop {
+        if let Some(v) = check().await {
+            return Ok(v);
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(PlaygroundError::NotReady {
+                timeout,
+                waiting_for: what.to_owned(),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// The IPs of the pods of `ns` matching `selector` that are Ready and not
+/// being deleted, sorted; `None` when the API does not answer (the caller
+/// asks again until its deadline).
+async fn ready_pod_ips(client: &kube::Client, ns: &str, selector: &str) -> Option<Vec<String>> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let pods = match api.list(&ListParams::default().labels(selector)).await {
+        Ok(list) => list.items,
+        Err(e) => {
+            tracing::debug!(error = %e, namespace = ns, selector, "listing pods");
+            return None;
+        }
+    };
+    let mut ips: Vec<String> = pods
+        .into_iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && pod_ready(p))
+        .filter_map(|p| p.status?.pod_ip)
+        .filter(|ip| !ip.is_empty())
+        .collect();
+    ips.sort();
+    Some(ips)
+}
+
+/// Whether a pod's `Ready` condition is `True`.
+fn pod_ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The router child process; stopped with SIGTERM (then SIGKILL) on drop.
+struct RouterProcess {
+    child: tokio::process::Child,
+    log: PathBuf,
+}
+
+impl RouterProcess {
+    async fn stop(mut self, grace: Duration) {
+        if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+        }
+        if tokio::time::timeout(grace, self.child.wait()).await.is_err() {
+            let _ = self.child.kill().await;
+        }
+    }
+}
+
+/// Requests a token of the routers' ServiceAccount
+/// (`skipper/skipper-router`) for the controllers' audience, valid for
+/// `seconds` (TokenRequest): what a router pod gets in its projected volume.
+///
+/// # Errors
+/// [`PlaygroundError::RouterToken`] with the API's answer.
+pub async fn router_token(client: &kube::Client, seconds: i64) -> Result<String, PlaygroundError> {
+    use k8s_openapi::api::authentication::v1::{TokenRequest, TokenRequestSpec};
+    let fail = |e: String| PlaygroundError::RouterToken(e);
+    let api: Api<k8s_openapi::api::core::v1::ServiceAccount> =
+        Api::namespaced(client.clone(), CONTROLLER_NAMESPACE);
+    let request = TokenRequest {
+        spec: TokenRequestSpec {
+            audiences: vec![crate::credentials::AUDIENCE.to_owned()],
+            expiration_seconds: Some(seconds),
+            ..TokenRequestSpec::default()
+        },
+        ..TokenRequest::default()
+    };
+    let answer: TokenRequest = api
+        .create_subresource("token", ROUTER_SERVICE_ACCOUNT, &PostParams::default(), &request)
+        .await
+        .map_err(|e| {
+            fail(format!(
+                "TokenRequest for {CONTROLLER_NAMESPACE}/{ROUTER_SERVICE_ACCOUNT}: {e}"
+            ))
+        })?;
+    answer
+        .status
+        .map(|s| s.token)
+        .ok_or_else(|| fail("the TokenRequest has no status".into()))
+}
+
+/// Writes a fresh router token to `path`, replacing the file in one step
+/// (as the kubelet does).
+async fn write_router_token(client: &kube::Client, path: &Path) -> Result<(), PlaygroundError> {
+    let fail = |e: String| PlaygroundError::RouterToken(e);
+    let token = router_token(client, ROUTER_TOKEN_SECONDS).await?;
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, token).map_err(|e| fail(format!("{}: {e}", tmp.display())))?;
+    std::fs::rename(&tmp, path).map_err(|e| fail(format!("{}: {e}", path.display())))?;
+    Ok(())
+}
+
+/// Writes the router's token now and renews it at 80% of its life until
+/// shutdown.
+async fn keep_router_token(
+    client: kube::Client,
+    path: PathBuf,
+    shutdown: &Shutdown,
+) -> Result<(), PlaygroundError> {
+    write_router_token(&client, &path).await?;
+    let token = shutdown.token().clone();
+    let every = Duration::from_secs(u64::try_from(ROUTER_TOKEN_SECONDS * 4 / 5).unwrap_or(2880));
+    shutdown.spawn("router-token", async move {
+        loop {
+            tokio::select! {
+                () = token.cancelled() => return,
+                () = tokio::time::sleep(every) => {}
+            }
+            if let Err(e) = write_router_token(&client, &path).await {
+                tracing::warn!(error = %e, "failed to renew the router's token");
+            }
+        }
+    });
+    Ok(())
+}
+
+fn spawn_router(
+    args: &PlaygroundArgs,
+    exe: &Path,
+    kubeconfig: &Path,
+    work_dir: &Path,
+) -> Result<RouterProcess, PlaygroundError> {
+    let log = work_dir.join("router.log");
+    let open = || std::fs::OpenOptions::new().create(true).append(true).open(&log);
+    let start_err = |source| PlaygroundError::RouterStart {
+        exe: exe.to_path_buf(),
+        source,
+    };
+    let (out, err) = (open().map_err(start_err)?, open().map_err(start_err)?);
+    // Heartbeats well inside the heartbeat timeout.
+    let heartbeat = (args.heartbeat_timeout / 3).clamp(Duration::from_millis(200), Duration::from_secs(5));
+    let mut cmd = tokio::process::Command::new(exe);
+    cmd.arg("router")
+        .args(["--host", &args.listen.ip().to_string()])
+        .args(["--port", &args.listen.port().to_string()])
+        .args(["--pod-ip", &args.listen.ip().to_string()])
+        .args(["--controller-service-host", "skipper-controller.skipper.svc"])
+        .args(["--controller-namespace", CONTROLLER_NAMESPACE])
+        .args(["--controller-headless-service-name", CONTROLLER_HEADLESS_SERVICE])
+        .args(["--controller-port", &CONTROLLER_PORT.to_string()])
+        .args(["--zone", "zone-a"])
+        .args([
+            "--controller-token-file",
+            &work_dir.join(ROUTER_TOKEN_FILE).display().to_string(),
+        ])
+        .args(["--heartbeat-interval", &crate::config::format_duration(heartbeat)])
+        .args(["--log-format", "text"])
+        .args(["--pprof-host", &args.listen.ip().to_string()])
+        .args(["--telemetry", "true"])
+        .args([
+            "--telemetry-prometheus-host",
+            &args.metrics_listen.ip().to_string(),
+        ])
+        .args([
+            "--telemetry-prometheus-port",
+            &args.metrics_listen.port().to_string(),
+        ])
+        .env_clear()
+        .env("KUBECONFIG", kubeconfig)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(out))
+        .stderr(Stdio::from(err))
+        // Its own process group: Ctrl-C in the terminal reaches only the
+        // playground, which then stops the router before the pods.
+        .process_group(0)
+        .kill_on_drop(true);
+    for var in ["PATH", "HOME", "LANG", "RUST_BACKTRACE"] {
+        if let Ok(v) = std::env::var(var) {
+            cmd.env(var, v);
+        }
+    }
+    if let Some(url) = &args.otlp_endpoint {
+        cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", url);
+    }
+    let child = cmd.spawn().map_err(start_err)?;
+    Ok(RouterProcess { child, log })
+}
+
+/// What the playground brought up.
+struct Up {
+    controller_ips: Vec<String>,
+}
+
+async fn bring_up(
+    args: &PlaygroundArgs,
+    cluster: &PlaygroundCluster,
+    router: &mut RouterProcess,
+) -> Result<Up, PlaygroundError> {
+    let deadline = tokio::time::Instant::now() + args.ready_timeout;
+    let timeout = args.ready_timeout;
+    let client = &cluster.client;
+    let controller_ips = wait_for(deadline, timeout, "the controller pods to be Ready", || async {
+        let ips = ready_pod_ips(client, CONTROLLER_NAMESPACE, CONTROLLER_SELECTOR).await?;
+        (ips.len() == usize::from(args.controllers)).then_some(ips)
+    })
+    .await?;
+    for ip in &controller_ips {
+        wait_for(
+            deadline,
+            timeout,
+            &format!("controller {ip} to report SERVING"),
+            || async { controller_serving(ip).await.then_some(()) },
+        )
+        .await?;
+    }
+    for pool in &args.pools {
+        let selector = format!("skipper/deployment={}", pool.name);
+        wait_for(
+            deadline,
+            timeout,
+            &format!("{} Ready pods of pool {}", pool.replicas, pool.name),
+            || async {
+                let ips = ready_pod_ips(client, POOL_NAMESPACE, &selector).await?;
+                (ips.len() >= usize::from(pool.replicas)).then_some(())
+            },
+        )
+        .await?;
+    }
+    let listen = args.listen;
+    loop {
+        if let Some(status) = router
+            .child
+            .try_wait()
+            .map_err(|source| PlaygroundError::RouterStart {
+                exe: PathBuf::from("skipper router"),
+                source,
+            })?
+        {
+            return Err(PlaygroundError::RouterExited {
+                status,
+                log: router.log.clone(),
+            });
+        }
+        if http_status(listen, "/healthz").await == Some(200) {
+            break;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return Err(PlaygroundError::NotReady {
+                timeout,
+                waiting_for: format!("the router's /healthz on {listen}"),
+            });
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(Up { controller_ips })
+}
+
+fn print_ready(args: &PlaygroundArgs, cluster: &PlaygroundCluster, up: &Up, took: Duration, describe: &str) {
+    let work_dir = &cluster.work_dir;
+    let pool = args.pools.first().map_or("fixture", |p| p.name.as_str());
+    let function = example_function(pool, "t1");
+    let listen = args.listen;
+    let kubeconfig = args.kubeconfig_out.as_deref().unwrap_or(&cluster.kubeconfig);
+    let members = up.controller_ips.join(",");
+    let first = up.controller_ips.first().map_or("", String::as_str);
+    println!("skipper dev ready: router http://{listen}");
+    println!("curl -sS -H 'X-Skipper-Function: {function}' http://{listen}/hello");
+    println!();
+    println!(
+        "  kubectl:       KUBECONFIG={} kubectl get pods -A",
+        kubeconfig.display()
+    );
+    println!("  web UI:        http://{first}:{CONTROLLER_WEB_PORT}/ (every controller serves one)");
+    if let Some(url) = &args.otlp_endpoint {
+        println!("  traces:        OTLP/HTTP to {url} (router, controllers, pool pods)");
+        let pods = otlp_endpoint_for_pods(url, cluster.host_on_pod_network);
+        if &pods != url {
+            println!("                 pods send to {pods}: the host on the pod network (listen there too)");
+        }
+    }
+    println!("  controllers:   {members} (gRPC :{CONTROLLER_PORT}, metrics :{CONTROLLER_METRICS_PORT})");
+    println!("  metrics:       curl -s http://{}/metrics", args.metrics_listen);
+    println!("                 curl -s http://{first}:{CONTROLLER_METRICS_PORT}/metrics");
+    println!(
+        "  ring-inspect:  skipper ring-inspect --controller {first}:{CONTROLLER_PORT} --token-file {} --function '{function}'",
+        work_dir.join(ROUTER_TOKEN_FILE).display()
+    );
+    println!(
+        "  logs:          {} (router.log; pods/<namespace>_<pod>/logs/<container>/<restart>.log)",
+        work_dir.display()
+    );
+    println!("  started in:    {:.1}s ({describe})", took.as_secs_f64());
+    println!("  stop:          Ctrl-C");
+}
+
+/// The cluster the playground drives, through what every backend offers:
+/// the Kubernetes API as the administrator (a kube client and a
+/// kubeconfig), a work directory, and shutdown.
+struct PlaygroundCluster {
+    backend: Backend,
+    /// The administrator's client.
+    client: kube::Client,
+    /// The administrator's kubeconfig.
+    kubeconfig: PathBuf,
+    /// Holds the router's log and token, and the pods' directories.
+    work_dir: PathBuf,
+    /// The host's address as pods reach it, when pods have a network of
+    /// their own (the real control plane's bridge gateway); `None` when
+    /// they share the host's.
+    host_on_pod_network: Option<std::net::Ipv4Addr>,
+}
+
+/// What runs the Kubernetes API and the pods.
+enum Backend {
+    /// The embedded simulator with its node agent.
+    Simulator(Cluster),
+    /// A real control plane with the node agent, pods on a bridge.
+    Real(Box<RealCluster>),
+}
+
+/// The control plane the flags ask for, checked before anything starts.
+enum Target {
+    Simulator,
+    Real { bin_dir: PathBuf },
+}
+
+impl Target {
+    fn from_args(args: &PlaygroundArgs, exe: &Path) -> Result<Self, PlaygroundError> {
+        match args.control_plane {
+            ControlPlaneKind::Sim => Ok(Self::Simulator),
+            ControlPlaneKind::Real => Ok(Self::Real {
+                bin_dir: control_plane_dir(
+                    args.control_plane_dir.as_deref(),
+                    Path::new(DEFAULT_CONTROL_PLANE_DIR),
+                    exe,
+                )?,
+            }),
+        }
+    }
+
+    fn describe(&self) -> &'static str {
+        match self {
+            Self::Simulator => "simulated control plane",
+            Self::Real { .. } => "real control plane",
+        }
+    }
+}
+
+impl PlaygroundCluster {
+    async fn start(args: &PlaygroundArgs, exe: &Path, target: Target) -> Result<Self, PlaygroundError> {
+        let restart_backoff = skipper_devcluster::kubelet::BackoffPolicy {
+            initial: args.restart_backoff,
+            max: args.restart_backoff.saturating_mul(30),
+        };
+        match target {
+            Target::Simulator => {
+                let cluster = Cluster::start(Config {
+                    skipper_exe: exe.to_path_buf(),
+                    restart_backoff,
+                    ..Config::default()
+                })
+                .await?;
+                let client = cluster.client()?;
+                let kubeconfig = cluster.kubeconfig_path().to_path_buf();
+                let work_dir = kubeconfig
+                    .parent()
+                    .unwrap_or_else(|| Path::new("."))
+                    .to_path_buf();
+                Ok(Self {
+                    backend: Backend::Simulator(cluster),
+                    client,
+                    kubeconfig,
+                    work_dir,
+                    host_on_pod_network: None,
+                })
+            }
+            Target::Real { bin_dir } => {
+                let sim = Config::default();
+                let cluster = RealCluster::start(real_cluster::Config {
+                    control_plane: skipper_devcluster::control_plane::Config {
+                        bin_dir,
+                        ..skipper_devcluster::control_plane::Config::default()
+                    },
+                    skipper_exe: exe.to_path_buf(),
+                    // The simulator's nodes, one per zone.
+                    nodes: sim
+                        .zones
+                        .iter()
+                        .enumerate()
+                        .map(|(i, zone)| skipper_devcluster::kubelet::NodeSpec {
+                            name: format!("node-{i}"),
+                            zone: zone.clone(),
+                        })
+                        .collect(),
+                    restart_backoff,
+                    metrics_interval: sim.metrics_interval,
+                    volume_resync: sim.volume_resync,
+                    // The controllers read pod metrics, as from metrics-server.
+                    metrics_api: true,
+                    ..real_cluster::Config::default()
+                })
+                .await?;
+                let client = cluster.client().await?;
+                let kubeconfig = cluster.admin_kubeconfig().to_path_buf();
+                let work_dir = cluster.work_dir().to_path_buf();
+                let host_on_pod_network = Some(cluster.bridge().gateway());
+                Ok(Self {
+                    backend: Backend::Real(Box::new(cluster)),
+                    client,
+                    kubeconfig,
+                    work_dir,
+                    host_on_pod_network,
+                })
+            }
+        }
+    }
+
+    /// Copies the administrator's kubeconfig to `path` (mode 0600).
+    fn write_kubeconfig(&self, path: &Path) -> Result<(), PlaygroundError> {
+        let fail = |source| PlaygroundError::KubeconfigOut {
+            path: path.to_path_buf(),
+            source,
+        };
+        if let Some(parent) = path.parent()
+            && !parent.as_os_str().is_empty()
+        {
+            std::fs::create_dir_all(parent).map_err(fail)?;
+        }
+        let text = std::fs::read_to_string(&self.kubeconfig).map_err(fail)?;
+        skipper_devcluster::pki::write_file(path, &text, true).map_err(|e| match e {
+            skipper_devcluster::pki::PkiError::Write { source, .. } => fail(source),
+            other => fail(std::io::Error::other(other.to_string())),
+        })
+    }
+
+    async fn shutdown(self) {
+        match self.backend {
+            Backend::Simulator(cluster) => cluster.shutdown().await,
+            Backend::Real(cluster) => cluster.shutdown().await,
+        }
+    }
+}
+
+/// Runs the playground until SIGINT/SIGTERM.
+///
+/// # Errors
+/// [`PlaygroundError`]: a busy `--listen`, a manifest the cluster rejects,
+/// or a part that does not come up within `--ready-timeout`.
+pub async fn run(args: PlaygroundArgs) -> Result<ExitCode, PlaygroundError> {
+    let started = std::time::Instant::now();
+    telemetry::init(&telemetry::Args {
+        log_level: args.log_level,
+        log_format: Format::Text,
+        ..telemetry::Args::default()
+    });
+    let exe = std::env::current_exe().unwrap_or_else(|_| PathBuf::from("skipper"));
+    let target = Target::from_args(&args, &exe)?;
+    let describe = target.describe();
+    // Fail at once on a busy port, before anything starts.
+    drop(
+        TcpListener::bind(args.listen)
+            .await
+            .map_err(|source| PlaygroundError::ListenBusy {
+                addr: args.listen,
+                source,
+            })?,
+    );
+    let shutdown = Shutdown::new();
+    shutdown.trigger_on_signals().map_err(PlaygroundError::Signals)?;
+    let cluster = PlaygroundCluster::start(&args, &exe, target).await?;
+    let result = match &args.kubeconfig_out {
+        Some(path) => cluster.write_kubeconfig(path),
+        None => Ok(()),
+    };
+    let result = match result {
+        Ok(()) => tokio::select! {
+            r = serve(&args, &cluster, &exe, &shutdown, (started, describe)) => r,
+            () = shutdown.cancelled() => Ok(()),
+        },
+        Err(e) => Err(e),
+    };
+    shutdown.trigger();
+    cluster.shutdown().await;
+    result.map(|()| ExitCode::SUCCESS)
+}
+
+async fn serve(
+    args: &PlaygroundArgs,
+    cluster: &PlaygroundCluster,
+    exe: &Path,
+    shutdown: &Shutdown,
+    (started, describe): (std::time::Instant, &str),
+) -> Result<(), PlaygroundError> {
+    apply_manifests(args, cluster).await?;
+    let work_dir = &cluster.work_dir;
+    keep_router_token(cluster.client.clone(), work_dir.join(ROUTER_TOKEN_FILE), shutdown).await?;
+    let mut router = spawn_router(args, exe, &cluster.kubeconfig, work_dir)?;
+    let up = match bring_up(args, cluster, &mut router).await {
+        Ok(up) => up,
+        Err(e) => {
+            router.stop(Duration::from_secs(2)).await;
+            return Err(e);
+        }
+    };
+    print_ready(args, cluster, &up, started.elapsed(), describe);
+    let exited = tokio::select! {
+        () = shutdown.cancelled() => None,
+        status = router.child.wait() => Some(status),
+    };
+    match exited {
+        None => {
+            router.stop(Duration::from_secs(10)).await;
+            Ok(())
+        }
+        // Stopped by a signal of its own (it drains and exits 0).
+        Some(Ok(status)) if status.success() => Ok(()),
+        Some(status) => Err(PlaygroundError::RouterExited {
+            status: status.map_err(|source| PlaygroundError::RouterStart {
+                exe: exe.to_path_buf(),
+                source,
+            })?,
+            log: router.log,
+        }),
+    }
+}
+
+async fn apply_manifests(args: &PlaygroundArgs, cluster: &PlaygroundCluster) -> Result<(), PlaygroundError> {
+    let client = cluster.client.clone();
+    let pods_otlp = args
+        .otlp_endpoint
+        .as_deref()
+        .map(|url| otlp_endpoint_for_pods(url, cluster.host_on_pod_network));
+    let key = SigningKey::generate();
+    let public_pem = key.verifying_key().to_pem();
+    for d in documents("namespace.yaml", NAMESPACE_YAML)? {
+        create_object(&client, &d).await?;
+    }
+    for d in documents("rbac.yaml", RBAC_YAML)? {
+        create_object(&client, &d).await?;
+    }
+    for d in documents("network-policy.yaml", NETWORK_POLICY_YAML)? {
+        create_object(&client, &d).await?;
+    }
+    // The router runs as a process of the playground; its ServiceAccount
+    // is the manifest's (its token is requested for it).
+    for d in documents("router.yaml", ROUTER_YAML)?
+        .into_iter()
+        .filter(|d| d["kind"] == "ServiceAccount")
+    {
+        create_object(&client, &d).await?;
+    }
+    create_object(
+        &client,
+        &json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": PASETO_SECRET, "namespace": CONTROLLER_NAMESPACE},
+                "type": "Opaque",
+                "stringData": {"SKIPPER_PASETO_PRIVATE_KEY": key.to_pem()}}),
+    )
+    .await?;
+    create_object(
+        &client,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": PUBLIC_KEY_CONFIG_MAP, "namespace": POOL_NAMESPACE},
+                "data": {"SKIPPER_PUBLIC_KEY": public_pem}}),
+    )
+    .await?;
+    for d in pool_rbac(POOL_NAMESPACE)? {
+        create_object(&client, &d).await?;
+    }
+    for pool in &args.pools {
+        create_object(
+            &client,
+            &pool_manifest(
+                POOL_NAMESPACE,
+                pool,
+                args.pod_command.as_deref(),
+                pods_otlp.as_deref(),
+            )?,
+        )
+        .await?;
+    }
+    let mut env: BTreeMap<String, String> = BTreeMap::new();
+    env.insert("SKIPPER_FUNCTION_NAMESPACES".into(), POOL_NAMESPACE.into());
+    env.insert(
+        "SKIPPER_SCALE_INTERVAL".into(),
+        crate::config::format_duration(args.scale_interval),
+    );
+    env.insert(
+        "SKIPPER_HEARTBEAT_TIMEOUT".into(),
+        crate::config::format_duration(args.heartbeat_timeout),
+    );
+    env.insert("SKIPPER_LOG_FORMAT".into(), "text".into());
+    if let Some(url) = &pods_otlp {
+        env.insert("SKIPPER_TELEMETRY".into(), "true".into());
+        env.insert("OTEL_EXPORTER_OTLP_ENDPOINT".into(), url.clone());
+    }
+    for (k, v) in &args.controller_env {
+        env.insert(k.clone(), v.clone());
+    }
+    let env: Vec<(String, String)> = env.into_iter().collect();
+    for d in controller_manifests(args.controllers, &env)? {
+        create_object(&client, &d).await?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn otlp_endpoint_is_an_http_url_and_reaches_the_pool_pods() {
+        assert_eq!(
+            parse_otlp_endpoint("http://127.0.0.1:4318/").as_deref(),
+            Ok("http://127.0.0.1:4318")
+        );
+        assert!(parse_otlp_endpoint("https://collector.example:4318").is_ok());
+        for bad in ["127.0.0.1:4318", "ftp://host", "http://", "not a url"] {
+            assert!(parse_otlp_endpoint(bad).is_err(), "{bad}");
+        }
+        let pool = PoolSpec {
+            name: "fixture".into(),
+            replicas: 1,
+        };
+        let d = pool_manifest("default", &pool, None, Some("http://127.0.0.1:4318")).unwrap();
+        let env = &d["spec"]["template"]["spec"]["containers"][0]["env"];
+        let value = |name: &str| {
+            env.as_array()
+                .unwrap()
+                .iter()
+                .find(|e| e["name"] == name)
+                .map(|e| e["value"].clone())
+        };
+        assert_eq!(
+            value("OTEL_EXPORTER_OTLP_ENDPOINT"),
+            Some(json!("http://127.0.0.1:4318"))
+        );
+        assert_eq!(value("SKIPPER_TELEMETRY"), Some(json!("true")));
+        let plain = pool_manifest("default", &pool, None, None).unwrap();
+        assert!(!plain.to_string().contains("OTEL_EXPORTER_OTLP_ENDPOINT"));
+    }
+
+    #[test]
+    fn control_plane_dir_is_the_flag_or_the_first_default_with_every_binary() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let root = std::env::temp_dir().join(format!("skipper-cp-dir-{:016x}", rand::random::<u64>()));
+        let fill = |dir: &Path, binaries: &[&str]| {
+            std::fs::create_dir_all(dir).unwrap();
+            for b in binaries {
+                let path = dir.join(b);
+                std::fs::write(&path, "").unwrap();
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o755)).unwrap();
+            }
+        };
+        let all = skipper_devcluster::control_plane::BINARIES;
+        let (default, beside, flagged, partial) = (
+            root.join("target/control-plane"),
+            root.join("install/control-plane"),
+            root.join("mine"),
+            root.join("partial"),
+        );
+        let exe = root.join("install/bin/skipper");
+        // Nothing built: one error naming the flag, the directories and `make control-plane`.
+        let err = control_plane_dir(None, &default, &exe).unwrap_err().to_string();
+        assert!(err.starts_with("--control-plane real: no etcd in "), "{err}");
+        assert!(
+            err.contains(&default.display().to_string()) && err.contains(&beside.display().to_string()),
+            "{err}"
+        );
+        assert!(err.contains("`make control-plane`"), "{err}");
+        // Beside the executable, when the default has nothing.
+        fill(&beside, &all);
+        assert_eq!(control_plane_dir(None, &default, &exe).unwrap(), beside);
+        // The default first.
+        fill(&default, &all);
+        assert_eq!(control_plane_dir(None, &default, &exe).unwrap(), default);
+        // The flag wins, and must hold every binary (executable).
+        fill(&flagged, &all);
+        assert_eq!(
+            control_plane_dir(Some(&flagged), &default, &exe).unwrap(),
+            flagged
+        );
+        fill(&partial, &["etcd", "kube-apiserver"]);
+        std::fs::write(partial.join("kube-controller-manager"), "").unwrap();
+        let err = control_plane_dir(Some(&partial), &default, &exe)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.starts_with("--control-plane-dir: no kube-controller-manager in "),
+            "{err}"
+        );
+        let _ = std::fs::remove_dir_all(&root);
+    }
+
+    #[test]
+    fn pods_on_a_network_of_their_own_reach_a_loopback_collector_through_the_host() {
+        let gw = Some(std::net::Ipv4Addr::new(10, 213, 7, 1));
+        for (url, host, want) in [
+            ("http://127.0.0.1:4318", gw, "http://10.213.7.1:4318"),
+            ("http://localhost:4318", gw, "http://10.213.7.1:4318"),
+            ("https://[::1]:4318/base", gw, "https://10.213.7.1:4318/base"),
+            ("http://127.3.2.1", gw, "http://10.213.7.1"),
+            (
+                "http://collector.example:4318",
+                gw,
+                "http://collector.example:4318",
+            ),
+            ("http://10.0.0.5:4318", gw, "http://10.0.0.5:4318"),
+            ("http://127.0.0.1:4318", None, "http://127.0.0.1:4318"),
+        ] {
+            assert_eq!(otlp_endpoint_for_pods(url, host), want, "{url} with {host:?}");
+        }
+    }
+
+    #[test]
+    fn pool_flag_parses_and_rejects() {
+        assert_eq!(
+            parse_pool("fixture=3"),
+            Ok(PoolSpec {
+                name: "fixture".into(),
+                replicas: 3
+            })
+        );
+        assert!(parse_pool("fixture").unwrap_err().contains("NAME=REPLICAS"));
+        assert!(parse_pool("Bad_Name=1").unwrap_err().contains("Deployment name"));
+        assert!(parse_pool("a=x").unwrap_err().contains("replicas"));
+        assert!(parse_pool("a=501").unwrap_err().contains("at most 500"));
+    }
+
+    #[test]
+    fn env_flag_parses() {
+        assert_eq!(parse_env("A=b=c"), Ok(("A".into(), "b=c".into())));
+        assert!(parse_env("=x").is_err());
+        assert!(parse_env("x").is_err());
+    }
+
+    #[test]
+    fn pool_manifest_is_renamed_and_resized() {
+        let pool = PoolSpec {
+            name: "echo".into(),
+            replicas: 5,
+        };
+        let d = pool_manifest("default", &pool, None, None).unwrap();
+        assert_eq!(d["metadata"]["name"], "echo");
+        assert_eq!(d["metadata"]["namespace"], "default");
+        assert_eq!(d["spec"]["replicas"], 5);
+        assert_eq!(d["spec"]["selector"]["matchLabels"]["skipper/deployment"], "echo");
+        assert_eq!(
+            d["spec"]["selector"]["matchExpressions"][0],
+            json!({"key": "skipper/tenant", "operator": "DoesNotExist"})
+        );
+        assert_eq!(
+            d["spec"]["template"]["metadata"]["labels"]["skipper/deployment"],
+            "echo"
+        );
+        let c = &d["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(c["command"], json!(["skipper", "fixture"]));
+        let mut template = manifest_documents(EXAMPLE_POOL_YAML)
+            .unwrap()
+            .into_iter()
+            .find(|d| d["kind"] == "Deployment")
+            .unwrap()["spec"]["template"]
+            .clone();
+        template["metadata"]["labels"]["skipper/deployment"] = json!("echo");
+        assert_eq!(
+            d["spec"]["template"], template,
+            "the pod template is the manifest's, relabelled only"
+        );
+    }
+
+    #[test]
+    fn command_replaces_the_fixture() {
+        let pool = PoolSpec {
+            name: "mine".into(),
+            replicas: 1,
+        };
+        let d = pool_manifest("default", &pool, Some("exec my-server"), None).unwrap();
+        let c = &d["spec"]["template"]["spec"]["containers"][0];
+        assert_eq!(c["command"], json!(["sh", "-c", "exec my-server"]));
+        assert!(c.get("args").is_none());
+        assert!(
+            c["env"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .any(|e| e["name"] == "POD_IP" && e["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP")
+        );
+        assert_eq!(c["readinessProbe"]["tcpSocket"]["port"], "http");
+    }
+
+    #[test]
+    fn controller_manifest_gets_replicas_and_env() {
+        let docs =
+            controller_manifests(3, &[("SKIPPER_FUNCTION_NAMESPACES".into(), "default".into())]).unwrap();
+        let d = docs.iter().find(|d| d["kind"] == "Deployment").unwrap();
+        assert_eq!(d["spec"]["replicas"], 3);
+        let env = d["spec"]["template"]["spec"]["containers"][0]["env"]
+            .as_array()
+            .unwrap();
+        let ns: Vec<_> = env
+            .iter()
+            .filter(|e| e["name"] == "SKIPPER_FUNCTION_NAMESPACES")
+            .collect();
+        assert_eq!(ns.len(), 1);
+        assert_eq!(ns[0]["value"], "default");
+    }
+
+    #[test]
+    fn example_function_is_valid() {
+        let f = Function::from_json(&example_function("fixture", "t1")).unwrap();
+        f.validate().unwrap();
+        assert_eq!(f.tenant, "t1");
+        assert_eq!(f.namespace, POOL_NAMESPACE);
+    }
+}

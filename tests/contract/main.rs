@@ -1,0 +1,10 @@
+//! The contracts Skipper keeps with Go Skipper and with operators: the Go
+//! test vectors, the wire formats, the ring's properties, `ring-inspect`
+//! and the CLI's help texts.
+
+mod cli_help;
+mod dist;
+mod go_vectors;
+mod ring_inspect;
+mod ring_properties;
+mod wire;

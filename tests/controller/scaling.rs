@@ -1,0 +1,450 @@
+//! Converge against the simulator: scale up on in-flight load with clamping,
+//! scale to zero when idle, the stabilization maximum, stale replacement on
+//! a template rollout, stuck-instance cleanup, and oneshot functions.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use skipper_test_support::controller as harness;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use harness::{Ctl, NS, Sim, eventually, function, get_instance, heartbeat};
+use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, Patch, PatchParams};
+use serde_json::json;
+use skipper::api::{self, EventType};
+use skipper::controller::metrics::Metrics;
+use skipper::domain::Function;
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+
+/// Sends a heartbeat for `f` every 200 ms with the current in-flight value.
+fn keep_alive(ctl: &Ctl, f: &Function, in_flight: Arc<AtomicU32>) -> CancellationToken {
+    let stop = CancellationToken::new();
+    let mut grpc = ctl.grpc.clone();
+    let f = f.clone();
+    let token = stop.clone();
+    tokio::spawn(async move {
+        loop {
+            let _ = grpc
+                .heartbeat(heartbeat("10.9.9.9", &f, in_flight.load(Ordering::SeqCst)))
+                .await;
+            tokio::select! {
+                () = token.cancelled() => return,
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        }
+    });
+    stop
+}
+
+fn in_flight_function(deployment: &str, tenant: &str, max: u32, target: u32) -> Function {
+    let mut f = function(deployment, tenant, max);
+    f.scale.as_mut().unwrap().target_in_flight_requests = Some(target);
+    f
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn in_flight_load_scales_up_and_clamps_at_max() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("load", 4, &[]).await;
+    sim.wait_pool("load", 4, Duration::from_secs(20)).await;
+    let ctl = Ctl::single(&sim).await;
+    let f = in_flight_function("load", "busy", 2, 10);
+    let load = Arc::new(AtomicU32::new(25));
+    let stop = keep_alive(&ctl, &f, load);
+
+    eventually(Duration::from_secs(10), "two instances", || async {
+        (sim.tenant_pods("busy").await.len() == 2).then_some(())
+    })
+    .await;
+    // Desired 3 is clamped at max 2: the count stays at 2 over several ticks.
+    let until = tokio::time::Instant::now() + Duration::from_secs(1);
+    while tokio::time::Instant::now() < until {
+        assert!(
+            sim.tenant_pods("busy").await.len() <= 2,
+            "clamped at max_instances"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let ups = ctl
+        .core
+        .metrics
+        .scale_ups_total
+        .get_or_create(&Metrics::function("load"))
+        .get();
+    assert_eq!(ups, 2);
+    let events = ctl.core.events.snapshot();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == EventType::ScaleUp && e.message == "scaling up from 0 to 2 instances")
+    );
+    stop.cancel();
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn idle_function_scales_to_zero_after_the_heartbeat_timeout() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("idle", 1, &[]).await;
+    sim.wait_pool("idle", 1, Duration::from_secs(20)).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut config = sim.config("127.0.0.1");
+    config.scale.heartbeat_timeout = Duration::from_secs(1);
+    config.scale.downscale_stabilization = Duration::from_millis(500);
+    let mut ctl = Ctl::start(&sim, config, listener).await;
+
+    let f = function("idle", "sleepy", 1);
+    let inst = ctl.instance(&f, Duration::from_secs(10)).await;
+    let name = inst.name.unwrap();
+    eventually(Duration::from_secs(10), "idle pod deleted", || async {
+        sim.live_pod(&name).await.is_none().then_some(())
+    })
+    .await;
+    eventually(Duration::from_secs(5), "supervisor stopped", || async {
+        ctl.core.supervisors.get(f.id()).is_none().then_some(())
+    })
+    .await;
+    let events = ctl.core.events.snapshot();
+    assert!(
+        events
+            .iter()
+            .any(|e| e.kind == EventType::HeartbeatTimeout && e.message == "heartbeat timeout, scaling to 0")
+    );
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stabilization_keeps_the_maximum_before_scaling_down() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("wave", 4, &[]).await;
+    sim.wait_pool("wave", 4, Duration::from_secs(20)).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut config = sim.config("127.0.0.1");
+    config.scale.heartbeat_timeout = Duration::from_secs(2);
+    config.scale.downscale_stabilization = Duration::from_secs(2);
+    let ctl = Ctl::start(&sim, config, listener).await;
+    let f = in_flight_function("wave", "surfer", 3, 10);
+    let load = Arc::new(AtomicU32::new(20));
+    let stop = keep_alive(&ctl, &f, load.clone());
+    eventually(Duration::from_secs(10), "two instances", || async {
+        (sim.tenant_pods("surfer").await.len() == 2).then_some(())
+    })
+    .await;
+    // Let the protection period pass, then drop the load.
+    let started = ctl.core.started_at;
+    eventually(Duration::from_secs(5), "protection period over", || async {
+        (started.elapsed().unwrap_or_default() > Duration::from_secs(2)).then_some(())
+    })
+    .await;
+    load.store(0, Ordering::SeqCst);
+    let dropped = tokio::time::Instant::now();
+    // Within the window the earlier recommendation of 2 holds.
+    while dropped.elapsed() < Duration::from_millis(1200) {
+        assert_eq!(
+            sim.tenant_pods("surfer").await.len(),
+            2,
+            "stabilized at the window maximum"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    eventually(Duration::from_secs(10), "scale down to one", || async {
+        (sim.tenant_pods("surfer").await.len() == 1).then_some(())
+    })
+    .await;
+    // The last recommendation of 2 was made at most one heartbeat period plus
+    // one tick (about 400 ms) before the drop; it expires 2 s after that.
+    assert!(
+        dropped.elapsed() >= Duration::from_millis(1500),
+        "not before the window expired"
+    );
+    stop.cancel();
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn template_rollout_replaces_stale_instances_one_for_one() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("roll", 2, &[]).await;
+    sim.wait_pool("roll", 2, Duration::from_secs(20)).await;
+    let mut ctl = Ctl::single(&sim).await;
+    let f = function("roll", "rider", 2);
+    let stop = keep_alive(&ctl, &f, Arc::new(AtomicU32::new(0)));
+    let inst = ctl.instance(&f, Duration::from_secs(10)).await;
+    let old_rs = inst.replica_set.clone().unwrap();
+    Api::<Deployment>::namespaced(sim.client.clone(), NS)
+        .patch(
+            "roll",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"template": {"metadata": {"annotations": {"rollout": "2"}}}}})),
+        )
+        .await
+        .unwrap();
+    let replaced = eventually(
+        Duration::from_secs(30),
+        "replacement from the new ReplicaSet",
+        || async {
+            let pods = sim.tenant_pods("rider").await;
+            assert!(pods.len() <= 3, "never more than max_instances + 1");
+            let rs = |p: &Pod| {
+                p.metadata
+                    .annotations
+                    .as_ref()?
+                    .get("skipper/replica-set")
+                    .cloned()
+            };
+            (pods.len() == 1 && rs(&pods[0]).is_some_and(|r| r != old_rs)).then(|| pods[0].clone())
+        },
+    )
+    .await;
+    assert_ne!(replaced.metadata.name, inst.name);
+    assert!(
+        ctl.core
+            .events
+            .snapshot()
+            .iter()
+            .any(|e| e.kind == EventType::StaleReplacement)
+    );
+    stop.cancel();
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn stuck_instance_is_cleaned_up() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("stuck", 2, &[]).await;
+    sim.wait_pool("stuck", 2, Duration::from_secs(20)).await;
+    let ctl = Ctl::single(&sim).await;
+    let f = function("stuck", "frozen", 1);
+    // Claim a pod the way a controller that crashed before the assign
+    // request would have left it: assigned an hour ago, never ready.
+    let victim = sim.free_pods("stuck").await[0].clone();
+    let ops = skipper::controller::kube::pods::claim_ops(
+        &f,
+        std::time::SystemTime::now() - Duration::from_secs(3600),
+    );
+    let patch: Patch<()> = Patch::Json(serde_json::from_value(ops).unwrap());
+    Api::<Pod>::namespaced(sim.client.clone(), NS)
+        .patch(&victim, &PatchParams::default(), &patch)
+        .await
+        .unwrap();
+    // The first heartbeat must find the claim in the controller's pod cache:
+    // a tick that saw the heartbeat but not the claim would assign a second
+    // pod, and with two instances (scaling down) the start-up protection
+    // period holds the stuck cleanup back for 30 s.
+    let ns = ctl.core.state.namespace(NS).unwrap();
+    eventually(Duration::from_secs(10), "the claim in the pod cache", || async {
+        ns.pods
+            .get(&victim)
+            .is_some_and(|p| {
+                skipper::controller::kube::label(&p, skipper::domain::LABEL_TENANT) == Some("frozen")
+            })
+            .then_some(())
+    })
+    .await;
+    let stop = keep_alive(&ctl, &f, Arc::new(AtomicU32::new(0)));
+    // The event is recorded once the delete has returned, which may be after
+    // the test already sees the pod gone: wait for both.
+    let message = format!("terminated stuck instance {victim}");
+    eventually(
+        Duration::from_secs(10),
+        "stuck pod deleted and its event",
+        || async {
+            let event = ctl
+                .core
+                .events
+                .snapshot()
+                .iter()
+                .any(|e| e.kind == EventType::StuckInstanceCleanup && e.message == message);
+            (event && sim.live_pod(&victim).await.is_none()).then_some(())
+        },
+    )
+    .await;
+    // The function is served by a fresh instance.
+    eventually(Duration::from_secs(10), "fresh instance", || async {
+        let pods = sim.tenant_pods("frozen").await;
+        (pods.len() == 1 && pods[0].metadata.name.as_deref() != Some(victim.as_str())).then_some(())
+    })
+    .await;
+    stop.cancel();
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn oneshot_gets_a_pod_per_request_and_release_deletes_it() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("once", 3, &[]).await;
+    sim.wait_pool("once", 3, Duration::from_secs(20)).await;
+    let mut ctl = Ctl::single(&sim).await;
+    let mut f = function("once", "burst", 5);
+    f.oneshot = Some(true);
+    let mut names = Vec::new();
+    for _ in 0..2 {
+        let inst = ctl.instance(&f, Duration::from_secs(10)).await;
+        names.push(inst);
+    }
+    assert_ne!(names[0].name, names[1].name, "one pod per request");
+    for inst in &names {
+        ctl.grpc
+            .release_instance(api::ReleaseInstanceRequest {
+                instance: Some(inst.clone()),
+            })
+            .await
+            .unwrap();
+        let name = inst.name.clone().unwrap();
+        eventually(Duration::from_secs(5), "released pod gone", || async {
+            sim.live_pod(&name).await.is_none().then_some(())
+        })
+        .await;
+        // Idempotent.
+        ctl.grpc
+            .release_instance(api::ReleaseInstanceRequest {
+                instance: Some(inst.clone()),
+            })
+            .await
+            .unwrap();
+    }
+    // A pool pod is not Skipper-assigned: refused.
+    let pool_pod = sim.free_pods("once").await[0].clone();
+    let err = ctl
+        .grpc
+        .release_instance(api::ReleaseInstanceRequest {
+            instance: Some(api::Instance {
+                function: Some((&f).into()),
+                name: Some(pool_pod.clone()),
+                ..Default::default()
+            }),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert!(sim.live_pod(&pool_pod).await.is_some());
+    let err = ctl
+        .grpc
+        .release_instance(api::ReleaseInstanceRequest { instance: None })
+        .await
+        .unwrap_err();
+    assert_eq!(
+        (err.code(), err.message()),
+        (Code::InvalidArgument, "missing instance name or namespace")
+    );
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_ready_instance_at_max_plus_one_waits_instead_of_spinning() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("full", 3, &[]).await;
+    sim.wait_pool("full", 3, Duration::from_secs(20)).await;
+    let mut ctl = Ctl::single(&sim).await;
+    let f = function("full", "jammed", 1);
+    // Two claimed, never-ready instances (max 1 → max + 1 = 2 exist).
+    for pod in sim.free_pods("full").await.into_iter().take(2) {
+        let ops = skipper::controller::kube::pods::claim_ops(&f, std::time::SystemTime::now());
+        let patch: Patch<()> = Patch::Json(serde_json::from_value(ops).unwrap());
+        Api::<Pod>::namespaced(sim.client.clone(), NS)
+            .patch(&pod, &PatchParams::default(), &patch)
+            .await
+            .unwrap();
+    }
+    eventually(Duration::from_secs(5), "cache shows both", || async {
+        let ns = ctl.core.namespace(NS).unwrap();
+        (ns.pods.of_function(f.id()).len() == 2).then_some(())
+    })
+    .await;
+    let started = tokio::time::Instant::now();
+    let err = ctl
+        .grpc
+        .get_instance(get_instance(&f, Duration::from_millis(800)))
+        .await
+        .unwrap_err();
+    // The server's DEADLINE_EXCEEDED and the client's own timer (tonic
+    // enforces grpc-timeout too) end the call at the same moment; on a
+    // loaded machine either may come first. Both mean it waited.
+    assert!(
+        err.code() == Code::DeadlineExceeded
+            || (err.code() == Code::Cancelled && err.message().contains("Timeout expired")),
+        "{err:?}"
+    );
+    assert!(started.elapsed() >= Duration::from_millis(600));
+    let assigned = ctl
+        .core
+        .metrics
+        .assignments_total
+        .get_or_create(&Metrics::function("full"))
+        .get();
+    assert_eq!(assigned, 0, "the max + 1 rule held");
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn discovery_deletes_tenant_pods_without_a_valid_function() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("junk", 2, &[]).await;
+    sim.wait_pool("junk", 2, Duration::from_secs(20)).await;
+    let ctl = Ctl::single(&sim).await;
+    let victim = sim.free_pods("junk").await[0].clone();
+    Api::<Pod>::namespaced(sim.client.clone(), NS)
+        .patch(
+            &victim,
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"skipper/tenant": "nobody"},
+                                  "annotations": {"skipper/function": "{not json"}}})),
+        )
+        .await
+        .unwrap();
+    eventually(Duration::from_secs(5), "invalid pod deleted", || async {
+        sim.live_pod(&victim).await.is_none().then_some(())
+    })
+    .await;
+    assert!(ctl.core.supervisors.is_empty());
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn pod_metrics_drive_memory_scaling() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("mem", 3, &[]).await;
+    sim.wait_pool("mem", 3, Duration::from_secs(20)).await;
+    let mut ctl = Ctl::single(&sim).await;
+    // Every fixture process uses more than 1 MiB, so a 1 MiB target wants
+    // more instances than max_instances allows.
+    let mut f = function("mem", "hungry", 2);
+    f.scale.as_mut().unwrap().target_memory_usage_mib = Some(1);
+    let stop = keep_alive(&ctl, &f, Arc::new(AtomicU32::new(0)));
+    ctl.grpc
+        .get_instance(get_instance(&f, Duration::from_secs(10)))
+        .await
+        .unwrap();
+    eventually(
+        Duration::from_secs(20),
+        "memory-driven scale up to max",
+        || async { (sim.tenant_pods("hungry").await.len() == 2).then_some(()) },
+    )
+    .await;
+    let state = ctl
+        .grpc
+        .get_cluster_state(api::GetClusterStateRequest {
+            local_only: Some(true),
+        })
+        .await
+        .unwrap()
+        .into_inner()
+        .cluster_state
+        .unwrap();
+    let sup = state
+        .supervisors
+        .iter()
+        .find(|s| s.function.as_ref().and_then(|f| f.tenant.as_deref()) == Some("hungry"))
+        .unwrap();
+    assert!(
+        sup.instances.iter().any(|i| i.memory_usage_mib.unwrap_or(0) > 0),
+        "instances report their memory from metrics.k8s.io"
+    );
+    stop.cancel();
+    ctl.stop().await;
+}

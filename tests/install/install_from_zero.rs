@@ -1,0 +1,219 @@
+//! A fresh install: `manifests/` applied to an empty cluster as an
+//! operator applies them (the README's steps, with 3 controllers), every
+//! pod run by the node agent with its real probes, RBAC and ServiceAccount
+//! identity. All controllers become Ready, form one ring of 3, the routers
+//! find them, and a request through a router pod reaches a pool pod that
+//! verified its assignment token.
+//!
+//! On both backends: the simulator, and the real control plane (kube-apiserver,
+//! kube-controller-manager's controllers, kube-scheduler, real RBAC) with the
+//! node agent as its node and pods on a bridge network (skipped with a message
+//! when `make control-plane` has not built it; a failure under `CI=true`).
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use skipper_test_support::devcluster as common;
+
+use skipper_test_support::backend;
+
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use serde_json::{Value, json};
+use skipper::client::{ChannelSettings, Client, Endpoints};
+use skipper::dev::playground::{
+    CONTROLLER_YAML, EXAMPLE_POOL_YAML, NAMESPACE_YAML, RBAC_YAML, ROUTER_YAML, create_object,
+    manifest_documents,
+};
+use skipper::token::SigningKey;
+use skipper_devcluster::real_cluster::{self, RealCluster};
+
+const WAIT: Duration = Duration::from_secs(120);
+const CONTROLLERS: i64 = 3;
+
+fn docs(yaml: &str) -> Vec<Value> {
+    manifest_documents(yaml).unwrap()
+}
+
+mod manifests_install_from_zero_with_three_controllers_and_serve_a_request {
+    use super::*;
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn simulator() {
+        let cluster = common::cluster_with(&[], |_| {}).await;
+        let client = cluster.client().unwrap();
+        let begin = Instant::now();
+        install_and_serve(&client).await;
+        println!("install from zero on the simulator: {:?}", begin.elapsed());
+        cluster.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn real() {
+        let Some(control_plane) = backend::control_plane_config() else {
+            return;
+        };
+        let cluster = RealCluster::start(real_cluster::Config {
+            control_plane,
+            skipper_exe: env!("CARGO_BIN_EXE_skipper").into(),
+            metrics_interval: Duration::from_millis(200),
+            restart_backoff: skipper_devcluster::kubelet::BackoffPolicy {
+                initial: Duration::from_millis(500),
+                max: Duration::from_secs(4),
+            },
+            metrics_api: true,
+            ..real_cluster::Config::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("start the real cluster: {e}"));
+        let client = cluster.client().await.unwrap();
+        let begin = Instant::now();
+        install_and_serve(&client).await;
+        println!(
+            "install from zero on the real control plane: {:?}",
+            begin.elapsed()
+        );
+        cluster.shutdown().await;
+    }
+}
+
+fn ready(pod: &Pod) -> bool {
+    pod.status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+}
+
+/// The IPs of the Ready pods of `ns` matching `selector`.
+async fn ready_ips(client: &kube::Client, ns: &str, selector: &str) -> BTreeSet<String> {
+    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
+    let Ok(list) = pods.list(&ListParams::default().labels(selector)).await else {
+        return BTreeSet::new();
+    };
+    list.items
+        .iter()
+        .filter(|p| ready(p))
+        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+        .collect()
+}
+
+async fn install_and_serve(client: &kube::Client) {
+    let key = SigningKey::generate();
+    // kubectl apply -f manifests/namespace.yaml; the PASETO Secret; kubectl apply -k manifests/
+    for d in docs(NAMESPACE_YAML) {
+        create_object(client, &d).await.unwrap();
+    }
+    create_object(
+        client,
+        &json!({"apiVersion": "v1", "kind": "Secret",
+                "metadata": {"name": "skipper-controller-paseto", "namespace": "skipper"},
+                "stringData": {"SKIPPER_PASETO_PRIVATE_KEY": key.to_pem()}}),
+    )
+    .await
+    .unwrap();
+    for yaml in [RBAC_YAML, CONTROLLER_YAML, ROUTER_YAML] {
+        for mut d in docs(yaml) {
+            if d["kind"] == "Deployment" && d["metadata"]["name"] == "skipper-controller" {
+                d["spec"]["replicas"] = json!(CONTROLLERS);
+            }
+            create_object(client, &d).await.unwrap();
+        }
+    }
+    // The pool: its namespace, the public key, then the pool itself.
+    let pool = docs(EXAMPLE_POOL_YAML);
+    let pool_ns = pool
+        .iter()
+        .find(|d| d["kind"] == "Namespace")
+        .and_then(|d| d["metadata"]["name"].as_str())
+        .unwrap()
+        .to_owned();
+    for d in pool.iter().filter(|d| d["kind"] == "Namespace") {
+        create_object(client, d).await.unwrap();
+    }
+    create_object(
+        client,
+        &json!({"apiVersion": "v1", "kind": "ConfigMap",
+                "metadata": {"name": "skipper-paseto-public", "namespace": pool_ns},
+                "data": {"SKIPPER_PUBLIC_KEY": key.verifying_key().to_pem()}}),
+    )
+    .await
+    .unwrap();
+    for d in pool.iter().filter(|d| d["kind"] != "Namespace") {
+        create_object(client, d).await.unwrap();
+    }
+
+    let controllers = common::eventually("3 controllers Ready", WAIT, || async {
+        let ips = ready_ips(client, "skipper", "app.kubernetes.io/component=controller").await;
+        (ips.len() == 3).then_some(ips)
+    })
+    .await;
+    // One ring of all three, as every controller sees it (asked with a
+    // router's token: controllers refuse calls without one).
+    let token = skipper::dev::playground::router_token(client, 3600)
+        .await
+        .unwrap();
+    for ip in &controllers {
+        let addr = format!("{ip}:50051").parse().unwrap();
+        let credentials = skipper::credentials::Credentials::fixed(&token).unwrap();
+        let c =
+            Client::new(Endpoints::fixed(&[addr], ChannelSettings::default()).with_credentials(credentials));
+        let want = controllers.clone();
+        common::eventually(&format!("{ip} sees a ring of 3"), WAIT, || {
+            let c = c.clone();
+            let want = want.clone();
+            async move {
+                let st = c
+                    .get_cluster_state(
+                        skipper::api::GetClusterStateRequest {
+                            local_only: Some(true),
+                        },
+                        Duration::from_secs(5),
+                    )
+                    .await
+                    .ok()?
+                    .cluster_state?;
+                let seen: BTreeSet<String> = st.controller_ips.into_iter().collect();
+                (seen == want).then_some(())
+            }
+        })
+        .await;
+    }
+    let routers = common::eventually("2 routers Ready", WAIT, || async {
+        let ips = ready_ips(client, "skipper", "app.kubernetes.io/component=router").await;
+        (ips.len() == 2).then_some(ips)
+    })
+    .await;
+    common::eventually("3 pool pods Ready", WAIT, || async {
+        let n = ready_ips(client, &pool_ns, "skipper/deployment=fixture")
+            .await
+            .len();
+        (n >= 3).then_some(())
+    })
+    .await;
+    // A request through a router pod reaches a pool pod assigned to the tenant.
+    let router = routers.iter().next().unwrap();
+    let function = format!(
+        r#"{{"namespace":"{pool_ns}","deployment":"fixture","tenant":"first","scale":{{"max_instances":1}}}}"#
+    );
+    let http = reqwest::Client::new();
+    let body: Value = common::eventually("an answer through the router", WAIT, || {
+        let req = http
+            .get(format!("http://{router}:8080/hello"))
+            .header("X-Skipper-Function", &function)
+            .send();
+        async move {
+            let resp = req.await.ok()?;
+            if resp.status() != 200 {
+                return None;
+            }
+            resp.json().await.ok()
+        }
+    })
+    .await;
+    assert_eq!(body["tenant"], "first", "{body}");
+    let assigned = ready_ips(client, &pool_ns, "skipper/tenant=first").await;
+    assert_eq!(assigned.len(), 1, "{assigned:?}");
+}

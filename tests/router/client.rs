@@ -1,0 +1,250 @@
+//! The controller client against a fake `ControllerService` on 127.0.0.1:0:
+//! per-method retry policies, deadlines and endpoint spreading.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use skipper_test_support::router as harness;
+
+use std::time::Duration;
+
+use harness::FakeController;
+use skipper::api;
+use skipper::client::{ChannelSettings, Client, Endpoints, Error};
+use tokio_util::sync::CancellationToken;
+use tonic::Code;
+
+const DEADLINE: Duration = Duration::from_secs(5);
+
+async fn setup() -> (FakeController, Client, CancellationToken) {
+    let fake = FakeController::new();
+    fake.add_instance("pod-a", "127.0.0.1:1".parse().unwrap());
+    let stop = CancellationToken::new();
+    let addr = fake.serve(stop.clone()).await;
+    let client = Client::new(Endpoints::fixed(&[addr], ChannelSettings::default()));
+    (fake, client, stop)
+}
+
+fn function() -> api::Function {
+    api::Function {
+        namespace: Some("ns".into()),
+        deployment: Some("dep".into()),
+        tenant: Some("t".into()),
+        ..Default::default()
+    }
+}
+
+fn get_instance_req() -> api::GetInstanceRequest {
+    api::GetInstanceRequest {
+        function: Some(function()),
+        exclude_instance_names: vec![],
+    }
+}
+
+fn heartbeat_req() -> api::HeartbeatRequest {
+    api::HeartbeatRequest {
+        router_ip: Some("10.0.0.1".into()),
+        heartbeats: vec![api::Heartbeat {
+            function: Some(function()),
+            ..Default::default()
+        }],
+        forwarded_for: vec![],
+    }
+}
+
+fn scale_req() -> api::ScaleRequest {
+    api::ScaleRequest {
+        function: Some(function()),
+        desired_instances: Some(1),
+        reason: None,
+    }
+}
+
+fn assert_code(e: &Error, code: Code) {
+    assert_eq!(e.code(), code, "{e}");
+}
+
+#[tokio::test]
+async fn get_instance_succeeds_after_two_unavailable() {
+    let (fake, client, _stop) = setup().await;
+    fake.fail("GetInstance", Code::Unavailable, 2);
+    let resp = client.get_instance(get_instance_req(), DEADLINE).await.unwrap();
+    assert_eq!(resp.instance.unwrap().name.as_deref(), Some("pod-a"));
+    assert_eq!(fake.calls("GetInstance"), 3);
+}
+
+#[tokio::test]
+async fn get_instance_fails_after_three_unavailable() {
+    let (fake, client, _stop) = setup().await;
+    fake.fail("GetInstance", Code::Unavailable, 3);
+    let err = client
+        .get_instance(get_instance_req(), DEADLINE)
+        .await
+        .unwrap_err();
+    assert_code(&err, Code::Unavailable);
+    assert_eq!(fake.calls("GetInstance"), 3);
+}
+
+#[tokio::test]
+async fn heartbeat_succeeds_after_one_unavailable_and_fails_after_two() {
+    let (fake, client, _stop) = setup().await;
+    fake.fail("Heartbeat", Code::Unavailable, 1);
+    client.heartbeat(heartbeat_req(), DEADLINE).await.unwrap();
+    assert_eq!(fake.calls("Heartbeat"), 2);
+
+    fake.fail("Heartbeat", Code::Unavailable, 2);
+    let err = client.heartbeat(heartbeat_req(), DEADLINE).await.unwrap_err();
+    assert_code(&err, Code::Unavailable);
+    assert_eq!(fake.calls("Heartbeat"), 4);
+}
+
+#[tokio::test]
+async fn scale_succeeds_after_two_unavailable_and_fails_after_three() {
+    let (fake, client, _stop) = setup().await;
+    fake.fail("Scale", Code::Unavailable, 2);
+    client.scale(scale_req(), DEADLINE).await.unwrap();
+    assert_eq!(fake.calls("Scale"), 3);
+
+    fake.fail("Scale", Code::Unavailable, 3);
+    let err = client.scale(scale_req(), DEADLINE).await.unwrap_err();
+    assert_code(&err, Code::Unavailable);
+    assert_eq!(fake.calls("Scale"), 6);
+}
+
+#[tokio::test]
+async fn release_instance_retries_once() {
+    let (fake, client, _stop) = setup().await;
+    fake.fail("ReleaseInstance", Code::Unavailable, 2);
+    let req = api::ReleaseInstanceRequest {
+        instance: Some(api::Instance::default()),
+    };
+    let err = client.release_instance(req, DEADLINE).await.unwrap_err();
+    assert_code(&err, Code::Unavailable);
+    assert_eq!(fake.calls("ReleaseInstance"), 2);
+}
+
+#[tokio::test]
+async fn other_codes_are_not_retried() {
+    let (fake, client, _stop) = setup().await;
+    for (i, code) in [
+        Code::Internal,
+        Code::InvalidArgument,
+        Code::ResourceExhausted,
+        Code::DeadlineExceeded,
+        Code::NotFound,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        fake.fail("GetInstance", code, 1);
+        let err = client
+            .get_instance(get_instance_req(), DEADLINE)
+            .await
+            .unwrap_err();
+        assert_code(&err, code);
+        assert_eq!(fake.calls("GetInstance"), i + 1);
+    }
+}
+
+#[tokio::test]
+async fn empty_heartbeat_batch_sends_nothing() {
+    let (fake, client, _stop) = setup().await;
+    let mut req = heartbeat_req();
+    req.heartbeats.clear();
+    client.heartbeat(req, DEADLINE).await.unwrap();
+    assert_eq!(fake.calls("Heartbeat"), 0);
+}
+
+#[tokio::test]
+async fn no_endpoints_is_unavailable() {
+    let client = Client::new(Endpoints::new(ChannelSettings::default()));
+    let err = client
+        .get_instance(get_instance_req(), DEADLINE)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::NoEndpoints { .. }), "{err}");
+    assert_code(&err, Code::Unavailable);
+}
+
+#[tokio::test]
+async fn unreachable_controller_is_unavailable_and_fails_over_to_the_next() {
+    // A bound-then-dropped port refuses connections.
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap()
+    };
+    let fake = FakeController::new();
+    fake.add_instance("pod-a", "127.0.0.1:1".parse().unwrap());
+    let stop = CancellationToken::new();
+    let live = fake.serve(stop.clone()).await;
+
+    let only_dead = Client::new(Endpoints::fixed(&[dead], ChannelSettings::default()));
+    let err = only_dead
+        .get_instance(get_instance_req(), DEADLINE)
+        .await
+        .unwrap_err();
+    assert_code(&err, Code::Unavailable);
+
+    // Round-robin: the retry after the refused connection goes to the live one.
+    let both = Client::new(Endpoints::fixed(&[dead, live], ChannelSettings::default()));
+    for _ in 0..4 {
+        both.get_instance(get_instance_req(), DEADLINE).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn a_single_attempt_whose_controller_refuses_the_connection_goes_to_another() {
+    let dead = harness::refused_addr();
+    let fake = FakeController::new();
+    fake.add_instance("pod-a", "127.0.0.1:1".parse().unwrap());
+    let stop = CancellationToken::new();
+    let live = fake.serve(stop.clone()).await;
+    // The refusing address is first in the round robin.
+    let client = Client::new(Endpoints::fixed(&[dead, live], ChannelSettings::default()));
+    for i in 1..=4 {
+        let resp = client
+            .get_instance_once(get_instance_req(), DEADLINE)
+            .await
+            .unwrap_or_else(|e| panic!("call {i}: {e}"));
+        assert_eq!(resp.instance.unwrap().name.as_deref(), Some("pod-a"));
+        assert_eq!(fake.calls("GetInstance"), i);
+    }
+    // Only the live controller's answer counts: a refused connection is not
+    // an attempt of the method's retry policy.
+    let only_dead = Client::new(Endpoints::fixed(&[dead], ChannelSettings::default()));
+    let err = only_dead
+        .get_instance_once(get_instance_req(), DEADLINE)
+        .await
+        .unwrap_err();
+    assert_code(&err, Code::Unavailable);
+    assert!(err.to_string().contains("tcp connect error"), "{err}");
+}
+
+#[tokio::test]
+async fn deadline_bounds_the_whole_call() {
+    // A listener that accepts but never answers.
+    let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = silent.local_addr().unwrap();
+    let client = Client::new(Endpoints::fixed(&[addr], ChannelSettings::default()));
+    let started = tokio::time::Instant::now();
+    let err = client
+        .get_instance(get_instance_req(), Duration::from_millis(200))
+        .await
+        .unwrap_err();
+    assert_code(&err, Code::DeadlineExceeded);
+    assert!(started.elapsed() < Duration::from_secs(3));
+    drop(silent);
+}
+
+#[tokio::test]
+async fn replaced_endpoints_take_effect() {
+    let (fake, client, _stop) = setup().await;
+    let other = FakeController::new();
+    other.add_instance("pod-b", "127.0.0.1:1".parse().unwrap());
+    let stop = CancellationToken::new();
+    let other_addr = other.serve(stop.clone()).await;
+
+    client.endpoints().replace(&[other_addr]);
+    let resp = client.get_instance(get_instance_req(), DEADLINE).await.unwrap();
+    assert_eq!(resp.instance.unwrap().name.as_deref(), Some("pod-b"));
+    assert_eq!(fake.calls("GetInstance"), 0);
+}

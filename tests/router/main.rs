@@ -1,0 +1,9 @@
+//! The router's integration suite: real routers on loopback in front of a
+//! scriptable fake controller and real upstream servers, the controller
+//! client's retry table, discovery, the warm path and profiling.
+
+mod client;
+mod discovery;
+mod profiling;
+mod proxy;
+mod warm;
