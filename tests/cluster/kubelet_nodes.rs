@@ -13,9 +13,6 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-#[path = "common/backend.rs"]
-mod backend;
-
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
@@ -23,15 +20,16 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::{Api, ListParams, PostParams};
 use serde_json::{Value, json};
-use skipper::devcluster::kubelet::NodeSpec;
-use skipper::devcluster::kubelet_nodes;
-use skipper::devcluster::real_cluster::{self, Nodes, RealCluster};
+use skipper_devcluster::kubelet::NodeSpec;
+use skipper_devcluster::kubelet_nodes;
+use skipper_devcluster::real_cluster::{self, Nodes, RealCluster};
+use skipper_test_support::backend;
 
 const WAIT: Duration = Duration::from_secs(120);
 const NAMESPACE: &str = "skipper-functions";
 
 fn repo(rel: &str) -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+    skipper_test_support::workspace_root().join(rel)
 }
 
 fn is_root() -> bool {
@@ -275,7 +273,7 @@ async fn kubelet_nodes_run_the_image_restricted_restart_killed_containers_and_le
 
     // A pool from the image: Ready, run by containerd, as UID 12345 with its limits.
     let begin = Instant::now();
-    skipper::devcluster::playground::create_object(&admin, &pool(&image, 3)).await.unwrap();
+    skipper::dev::playground::create_object(&admin, &pool(&image, 3)).await.unwrap();
     let running = eventually("3 pool pods Ready", || {
         let pods = pods.clone();
         async move {
@@ -402,7 +400,7 @@ fn child(test: &str, mode: &str) -> std::process::Command {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_harness_leaves_pods_running_and_the_next_start_removes_them() {
     use std::io::BufRead as _;
-    const TEST: &str = "a_sigkilled_harness_leaves_pods_running_and_the_next_start_removes_them";
+    const TEST: &str = "kubelet_nodes::a_sigkilled_harness_leaves_pods_running_and_the_next_start_removes_them";
     if std::env::var("SKIPPER_TEST_CHILD").as_deref() == Ok("hold") {
         // The harness that dies: a node with a running pod, then it waits to be killed.
         let Some(cluster) = start(1).await else {
@@ -410,7 +408,7 @@ async fn a_sigkilled_harness_leaves_pods_running_and_the_next_start_removes_them
         };
         let admin = cluster.client().await.unwrap();
         let image = image_name(&cluster);
-        skipper::devcluster::playground::create_object(&admin, &pool(&image, 1)).await.unwrap();
+        skipper::dev::playground::create_object(&admin, &pool(&image, 1)).await.unwrap();
         let pods: Api<Pod> = Api::namespaced(admin, NAMESPACE);
         eventually("the pod Ready", || {
             let pods = pods.clone();
@@ -474,7 +472,7 @@ async fn a_sigkilled_harness_leaves_pods_running_and_the_next_start_removes_them
     );
     assert!(after.mounts.is_empty(), "{after:?}");
     // The bridge itself goes when the next pod bridge is made (the node agent's sweep).
-    let next = skipper::devcluster::kubelet::network::Bridge::create().unwrap();
+    let next = skipper_devcluster::kubelet::network::Bridge::create().unwrap();
     let after = host_state(&bridge, &work_dir, &ids);
     assert!(after.links.is_empty(), "{after:?}");
     drop(next);
