@@ -110,7 +110,10 @@ where
         if let Some(v) = f().await {
             return v;
         }
-        assert!(begin.elapsed() < WAIT, "timed out after {WAIT:?} waiting for {what}");
+        assert!(
+            begin.elapsed() < WAIT,
+            "timed out after {WAIT:?} waiting for {what}"
+        );
     }
 }
 
@@ -169,6 +172,9 @@ struct HostState {
     links: BTreeSet<String>,
     mounts: BTreeSet<String>,
     cgroups: BTreeSet<String>,
+    /// The hierarchies that have this process's base cgroup path (the nodes
+    /// create it where it is missing and remove it again).
+    bases: BTreeSet<String>,
     sysctls: Vec<String>,
     chains: BTreeSet<String>,
 }
@@ -204,10 +210,27 @@ fn host_state(bridge: &str, work_dir: &Path, cgroup_ids: &[String]) -> HostState
             cgroups.extend(String::from_utf8_lossy(&found.stdout).lines().map(str::to_owned));
         }
     }
-    let sysctls = ["vm/overcommit_memory", "kernel/panic", "kernel/panic_on_oops", "net/ipv4/ip_forward"]
-        .iter()
-        .map(|s| std::fs::read_to_string(format!("/proc/sys/{s}")).unwrap().trim().to_owned())
+    let base = kubelet_nodes::cgroup_base(&std::fs::read_to_string("/proc/self/cgroup").unwrap());
+    let bases = std::fs::read_dir("/sys/fs/cgroup")
+        .unwrap()
+        .flatten()
+        .filter(|h| !base.is_empty() && h.path().join(base.trim_start_matches('/')).is_dir())
+        .map(|h| h.path().display().to_string())
         .collect();
+    let sysctls = [
+        "vm/overcommit_memory",
+        "kernel/panic",
+        "kernel/panic_on_oops",
+        "net/ipv4/ip_forward",
+    ]
+    .iter()
+    .map(|s| {
+        std::fs::read_to_string(format!("/proc/sys/{s}"))
+            .unwrap()
+            .trim()
+            .to_owned()
+    })
+    .collect();
     let chains = std::process::Command::new("iptables-save")
         .output()
         .map(|o| {
@@ -222,6 +245,7 @@ fn host_state(bridge: &str, work_dir: &Path, cgroup_ids: &[String]) -> HostState
         links,
         mounts,
         cgroups,
+        bases,
         sysctls,
         chains,
     }
@@ -229,7 +253,7 @@ fn host_state(bridge: &str, work_dir: &Path, cgroup_ids: &[String]) -> HostState
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_nodes_run_the_image_restricted_restart_killed_containers_and_leave_nothing() {
-    let before_sysctls = host_state("-", Path::new("/nonexistent"), &[]);
+    let before = host_state("-", Path::new("/nonexistent"), &[]);
     let Some(cluster) = start(2).await else {
         return;
     };
@@ -240,13 +264,21 @@ async fn kubelet_nodes_run_the_image_restricted_restart_killed_containers_and_le
     let ids = nodes.cgroup_ids();
 
     // kubectl get nodes -o wide: kubelet v1.37, containerd 2, InternalIPs on the bridge.
-    let list = Api::<Node>::all(admin.clone()).list(&ListParams::default()).await.unwrap();
+    let list = Api::<Node>::all(admin.clone())
+        .list(&ListParams::default())
+        .await
+        .unwrap();
     assert_eq!(list.items.len(), 2);
     for node in &list.items {
         let info = node.status.as_ref().unwrap().node_info.as_ref().unwrap();
         assert!(info.kubelet_version.starts_with("v1.37."), "{info:?}");
-        assert!(info.container_runtime_version.starts_with("containerd://2."), "{info:?}");
-        let ip = node.status.as_ref().unwrap().addresses.as_ref().unwrap()[0].address.clone();
+        assert!(
+            info.container_runtime_version.starts_with("containerd://2."),
+            "{info:?}"
+        );
+        let ip = node.status.as_ref().unwrap().addresses.as_ref().unwrap()[0]
+            .address
+            .clone();
         let ip: std::net::Ipv4Addr = ip.parse().unwrap();
         assert!(!ip.is_loopback(), "{ip}");
     }
@@ -259,7 +291,9 @@ async fn kubelet_nodes_run_the_image_restricted_restart_killed_containers_and_le
         .labels
         .get_or_insert_default()
         .insert("pod-security.kubernetes.io/enforce".into(), "restricted".into());
-    ns.replace(NAMESPACE, &PostParams::default(), &namespace).await.unwrap();
+    ns.replace(NAMESPACE, &PostParams::default(), &namespace)
+        .await
+        .unwrap();
     let image = image_name(&cluster);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NAMESPACE);
     let privileged: Pod = serde_json::from_value(json!({
@@ -268,16 +302,24 @@ async fn kubelet_nodes_run_the_image_restricted_restart_killed_containers_and_le
                                   "command": ["skipper", "fixture"]}]}
     }))
     .unwrap();
-    let refused = pods.create(&PostParams::default(), &privileged).await.unwrap_err();
+    let refused = pods
+        .create(&PostParams::default(), &privileged)
+        .await
+        .unwrap_err();
     assert!(refused.to_string().contains("restricted"), "{refused}");
 
     // A pool from the image: Ready, run by containerd, as UID 12345 with its limits.
     let begin = Instant::now();
-    skipper::dev::playground::create_object(&admin, &pool(&image, 3)).await.unwrap();
+    skipper::dev::playground::create_object(&admin, &pool(&image, 3))
+        .await
+        .unwrap();
     let running = eventually("3 pool pods Ready", || {
         let pods = pods.clone();
         async move {
-            let list = pods.list(&ListParams::default().labels("app=fixture")).await.ok()?;
+            let list = pods
+                .list(&ListParams::default().labels("app=fixture"))
+                .await
+                .ok()?;
             let ready: Vec<Pod> = list.items.into_iter().filter(ready).collect();
             (ready.len() == 3).then_some(ready)
         }
@@ -291,7 +333,11 @@ async fn kubelet_nodes_run_the_image_restricted_restart_killed_containers_and_le
         .iter()
         .filter_map(|p| p.spec.as_ref()?.node_name.clone())
         .collect();
-    assert_eq!(on.len(), 2, "the scheduler spreads the pool over both nodes: {on:?}");
+    assert_eq!(
+        on.len(),
+        2,
+        "the scheduler spreads the pool over both nodes: {on:?}"
+    );
     let pod = &running[0];
     let name = pod.metadata.name.clone().unwrap();
     let status = pod.status.as_ref().unwrap();
@@ -316,7 +362,9 @@ async fn kubelet_nodes_run_the_image_restricted_restart_killed_containers_and_le
     assert_eq!(field("Uid:"), "12345");
     assert_eq!(field("CapEff:"), "0000000000000000");
     let pod_ip = status.pod_ip.clone().unwrap();
-    let body = reqwest::get(format!("http://{pod_ip}:8888/healthz")).await.unwrap();
+    let body = reqwest::get(format!("http://{pod_ip}:8888/healthz"))
+        .await
+        .unwrap();
     assert_eq!(body.status(), 200, "the host reaches the pod on the bridge");
 
     // SIGKILL: the kubelet restarts the container.
@@ -361,7 +409,10 @@ async fn kubelet_nodes_run_the_image_restricted_restart_killed_containers_and_le
         }
     })
     .await;
-    let memory = usage[0].data["containers"][0]["usage"]["memory"].as_str().unwrap().to_owned();
+    let memory = usage[0].data["containers"][0]["usage"]["memory"]
+        .as_str()
+        .unwrap()
+        .to_owned();
     assert!(!memory.starts_with('0'), "{memory}");
 
     cluster.shutdown().await;
@@ -372,14 +423,17 @@ async fn kubelet_nodes_run_the_image_restricted_restart_killed_containers_and_le
             links: BTreeSet::new(),
             mounts: BTreeSet::new(),
             cgroups: BTreeSet::new(),
-            sysctls: before_sysctls.sysctls.clone(),
-            chains: before_sysctls.chains.clone(),
+            bases: before.bases.clone(),
+            sysctls: before.sysctls.clone(),
+            chains: before.chains.clone(),
         },
         "nothing of the nodes remains"
     );
     for id in &ids {
         assert!(
-            !Path::new(kubelet_nodes::STATE_DIR).join(format!("{id}.lock")).exists(),
+            !Path::new(kubelet_nodes::STATE_DIR)
+                .join(format!("{id}.lock"))
+                .exists(),
             "lock {id}"
         );
     }
@@ -400,7 +454,8 @@ fn child(test: &str, mode: &str) -> std::process::Command {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_harness_leaves_pods_running_and_the_next_start_removes_them() {
     use std::io::BufRead as _;
-    const TEST: &str = "kubelet_nodes::a_sigkilled_harness_leaves_pods_running_and_the_next_start_removes_them";
+    const TEST: &str =
+        "kubelet_nodes::a_sigkilled_harness_leaves_pods_running_and_the_next_start_removes_them";
     if std::env::var("SKIPPER_TEST_CHILD").as_deref() == Ok("hold") {
         // The harness that dies: a node with a running pod, then it waits to be killed.
         let Some(cluster) = start(1).await else {
@@ -408,7 +463,9 @@ async fn a_sigkilled_harness_leaves_pods_running_and_the_next_start_removes_them
         };
         let admin = cluster.client().await.unwrap();
         let image = image_name(&cluster);
-        skipper::dev::playground::create_object(&admin, &pool(&image, 1)).await.unwrap();
+        skipper::dev::playground::create_object(&admin, &pool(&image, 1))
+            .await
+            .unwrap();
         let pods: Api<Pod> = Api::namespaced(admin, NAMESPACE);
         eventually("the pod Ready", || {
             let pods = pods.clone();
@@ -425,8 +482,10 @@ async fn a_sigkilled_harness_leaves_pods_running_and_the_next_start_removes_them
             cluster.kubelet_nodes().unwrap().cgroup_ids().join(",")
         );
         // Until the parent kills it.
-        let _ = tokio::task::spawn_blocking(|| std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new()))
-            .await;
+        let _ = tokio::task::spawn_blocking(|| {
+            std::io::Read::read_to_end(&mut std::io::stdin(), &mut Vec::new())
+        })
+        .await;
         std::mem::forget(cluster);
         return;
     }
@@ -451,13 +510,21 @@ async fn a_sigkilled_harness_leaves_pods_running_and_the_next_start_removes_them
     let (bridge, work_dir, ids) = (
         words.next().unwrap().to_owned(),
         PathBuf::from(words.next().unwrap()),
-        words.next().unwrap().split(',').map(str::to_owned).collect::<Vec<_>>(),
+        words
+            .next()
+            .unwrap()
+            .split(',')
+            .map(str::to_owned)
+            .collect::<Vec<_>>(),
     );
     // SIGKILL: nothing of the child's cleanup runs.
     holder.kill().unwrap();
     holder.wait().unwrap();
     let left = host_state(&bridge, &work_dir, &ids);
-    assert!(!left.cgroups.is_empty(), "a killed harness leaves its node's cgroups: {left:?}");
+    assert!(
+        !left.cgroups.is_empty(),
+        "a killed harness leaves its node's cgroups: {left:?}"
+    );
     assert!(
         left.links.iter().any(|l| l.starts_with("veth")),
         "and its pod's veth (the shim and the container outlive it): {left:?}"

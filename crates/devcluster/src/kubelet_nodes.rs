@@ -49,7 +49,6 @@
 //! (its process was SIGKILLed), it kills what still runs there and removes
 //! it, before it starts anything.
 
-
 use std::collections::BTreeSet;
 use std::fs::File;
 use std::net::Ipv4Addr;
@@ -446,17 +445,16 @@ pub fn kubelet_config(l: &Layout) -> String {
 // ---------------------------------------------------------------------------
 // Host state: locks and cgroup trees.
 
-/// The cgroup v1 hierarchies mounted under [`CGROUP_ROOT`] (directories
-/// with a `cgroup.procs`; the cgroup2 `unified` mount of a hybrid host is
-/// left alone: the kubelet's cgroupfs driver on v1 uses the v1 hierarchies).
+/// The cgroup hierarchies mounted under [`CGROUP_ROOT`] (directories with a
+/// `cgroup.procs`): the v1 hierarchies, and on a hybrid host the cgroup2
+/// `unified` one, where runc creates every container's cgroup too.
 fn hierarchies() -> Vec<PathBuf> {
     std::fs::read_dir(CGROUP_ROOT)
         .into_iter()
         .flatten()
         .flatten()
         .map(|e| e.path())
-        .filter(|p| p.file_name().is_some_and(|n| n != "unified"))
-        .filter(|p| p.join("cgroup.procs").is_file() && !p.join("cgroup.controllers").exists())
+        .filter(|p| p.join("cgroup.procs").is_file())
         .collect()
 }
 
@@ -511,7 +509,18 @@ impl CgroupTree {
         for hierarchy in hierarchies() {
             let dir = hierarchy.join(self.path.trim_start_matches('/'));
             let runtime = dir.join("runtime");
-            std::fs::create_dir_all(&runtime).map_err(|source| NodesError::Io {
+            // Another harness's nodes may remove an empty parent between
+            // two levels (see `remove_empty_parents`): try again.
+            let mut made = std::fs::create_dir_all(&runtime);
+            for _ in 0..5 {
+                match &made {
+                    Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                        made = std::fs::create_dir_all(&runtime);
+                    }
+                    _ => break,
+                }
+            }
+            made.map_err(|source| NodesError::Io {
                 what: "creating",
                 path: runtime.clone(),
                 source,
@@ -529,10 +538,12 @@ impl CgroupTree {
                         let current = std::fs::read_to_string(level.join(file)).unwrap_or_default();
                         if current.trim().is_empty() {
                             let value = std::fs::read_to_string(parent.join(file)).unwrap_or_default();
-                            std::fs::write(level.join(file), value.trim()).map_err(|source| NodesError::Io {
-                                what: "writing",
-                                path: level.join(file),
-                                source,
+                            std::fs::write(level.join(file), value.trim()).map_err(|source| {
+                                NodesError::Io {
+                                    what: "writing",
+                                    path: level.join(file),
+                                    source,
+                                }
                             })?;
                         }
                     }
@@ -580,7 +591,10 @@ impl CgroupTree {
                 break;
             }
             for pid in pids {
-                let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGKILL,
+                );
             }
             if Instant::now() >= deadline {
                 tracing::warn!(cgroup = %self.path, "processes of a kubelet node still run after {timeout:?}");
@@ -588,7 +602,8 @@ impl CgroupTree {
             }
         }
         let mut gone = true;
-        for dir in self.dirs() {
+        for hierarchy in hierarchies() {
+            let dir = hierarchy.join(self.path.trim_start_matches('/'));
             let mut all = walkdir(&dir);
             all.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
             for d in all {
@@ -599,8 +614,25 @@ impl CgroupTree {
                     gone = false;
                 }
             }
+            remove_empty_parents(&hierarchy, &dir);
         }
         gone
+    }
+}
+
+/// Removes the directories between `hierarchy` and `dir` (exclusive) that
+/// [`CgroupTree::create`] made for the base path in hierarchies where this
+/// process's cgroup is elsewhere (`/process_api/…` exists in the memory
+/// hierarchy only): each once it holds no process and no other cgroup — a
+/// cgroup that does is refused by the kernel and kept, and so is every one
+/// above it.
+fn remove_empty_parents(hierarchy: &Path, dir: &Path) {
+    let mut level = dir.parent();
+    while let Some(d) = level {
+        if d == hierarchy || !d.starts_with(hierarchy) || std::fs::remove_dir(d).is_err() {
+            break;
+        }
+        level = d.parent();
     }
 }
 
@@ -642,7 +674,11 @@ async fn sweep_stale(timeout: Duration) -> Result<(), NodesError> {
                     }
                     let name = e.file_name().to_string_lossy().into_owned();
                     if let Some(id) = parse_cgroup_name(&name) {
-                        let rel = e.path().strip_prefix(&hierarchy).map(Path::to_path_buf).unwrap_or_default();
+                        let rel = e
+                            .path()
+                            .strip_prefix(&hierarchy)
+                            .map(Path::to_path_buf)
+                            .unwrap_or_default();
                         stale.insert((id.to_owned(), format!("/{}", rel.display())));
                     } else {
                         next.push(e.path());
@@ -717,7 +753,10 @@ async fn run(what: &str, argv: &[String], timeout: Duration) -> Result<String, N
         .await
         .map_err(|_| NodesError::Spawn {
             what: what.to_owned(),
-            source: std::io::Error::new(std::io::ErrorKind::TimedOut, format!("no answer within {timeout:?}")),
+            source: std::io::Error::new(
+                std::io::ErrorKind::TimedOut,
+                format!("no answer within {timeout:?}"),
+            ),
         })?
         .map_err(|source| NodesError::Spawn {
             what: what.to_owned(),
@@ -821,10 +860,11 @@ impl Node {
         write("containerd/config.toml", &containerd_config(&layout), false)?;
         write("cni/net.d/10-skipper.conflist", &cni_config(&layout), false)?;
         write("kubelet/config.json", &kubelet_config(&layout), false)?;
-        let serving = c.plane.pki().ca.issue_serving(
-            &spec.name,
-            &[layout.ip.to_string(), spec.name.clone()],
-        )?;
+        let serving = c
+            .plane
+            .pki()
+            .ca
+            .issue_serving(&spec.name, &[layout.ip.to_string(), spec.name.clone()])?;
         write("pki/kubelet.crt", &serving.cert_pem, false)?;
         write("pki/kubelet.key", &serving.key_pem, true)?;
         let kubeconfig = c.plane.kubeconfig_for(
@@ -900,12 +940,21 @@ impl Node {
             mounts.push(ns(&["mount", "--bind", &value, file]));
         }
         for argv in mounts {
-            run("setting up the node's mount namespace", &argv, Duration::from_secs(10)).await?;
+            run(
+                "setting up the node's mount namespace",
+                &argv,
+                Duration::from_secs(10),
+            )
+            .await?;
         }
 
         let bin = |b: &str| s(&c.config.bin_dir.join(b));
         let mut containerd = ns(&[]);
-        containerd.extend([bin("containerd"), "--config".into(), s(&dir.join("containerd/config.toml"))]);
+        containerd.extend([
+            bin("containerd"),
+            "--config".into(),
+            s(&dir.join("containerd/config.toml")),
+        ]);
         let child = spawn("containerd", &containerd, &dir.join("logs/containerd.log"))?;
         node.cgroup.join(child.id().unwrap_or_default())?;
         node.containerd = Some(child);
@@ -1012,9 +1061,13 @@ impl Node {
     /// then the tree, the node's address and its lock are removed.
     async fn stop(mut self, timeout: Duration, bridge: &Bridge) {
         let gone = self.cgroup.destroy(timeout).await;
-        for child in [Some(&mut self.holder), self.containerd.as_mut(), self.kubelet.as_mut()]
-            .into_iter()
-            .flatten()
+        for child in [
+            Some(&mut self.holder),
+            self.containerd.as_mut(),
+            self.kubelet.as_mut(),
+        ]
+        .into_iter()
+        .flatten()
         {
             let _ = tokio::time::timeout(Duration::from_secs(1), child.wait()).await;
         }
@@ -1031,7 +1084,8 @@ impl Node {
     /// process).
     fn kill(&mut self) {
         for pid in self.cgroup.pids() {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGKILL);
         }
     }
 }
@@ -1229,11 +1283,16 @@ impl KubeletNodes {
             let mut waiting = Vec::new();
             for node in &mut self.nodes {
                 node.check_running()?;
-                let ready = api.get_opt(&node.layout.name).await.ok().flatten().is_some_and(|n| {
-                    n.status
-                        .and_then(|s| s.conditions)
-                        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-                });
+                let ready = api
+                    .get_opt(&node.layout.name)
+                    .await
+                    .ok()
+                    .flatten()
+                    .is_some_and(|n| {
+                        n.status
+                            .and_then(|s| s.conditions)
+                            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
+                    });
                 if !ready {
                     waiting.push(node.layout.name.clone());
                 }
@@ -1242,7 +1301,11 @@ impl KubeletNodes {
                 return Ok(());
             }
             if begin.elapsed() >= timeout {
-                let first = &self.nodes[self.nodes.iter().position(|n| n.layout.name == waiting[0]).unwrap_or(0)];
+                let first = &self.nodes[self
+                    .nodes
+                    .iter()
+                    .position(|n| n.layout.name == waiting[0])
+                    .unwrap_or(0)];
                 let log = first.layout.dir.join("logs/kubelet.log");
                 return Err(NodesError::NotReady {
                     what: format!("kubelet nodes {} were not Ready", waiting.join(", ")),
@@ -1365,7 +1428,11 @@ impl MetricsServer {
         let ca = pki::Ca::generate("skipper-metrics-server-ca")?;
         let serving = ca.issue_serving(
             "metrics-server",
-            &["metrics-server.kube-system.svc".into(), "localhost".into(), "127.0.0.1".into()],
+            &[
+                "metrics-server.kube-system.svc".into(),
+                "localhost".into(),
+                "127.0.0.1".into(),
+            ],
         )?;
         pki::write_file(&dir.join("serving.crt"), &serving.cert_pem, false)?;
         pki::write_file(&dir.join("serving.key"), &serving.key_pem, true)?;
@@ -1390,7 +1457,10 @@ impl MetricsServer {
             flag("authentication-kubeconfig", s(&kubeconfig)),
             flag("authorization-kubeconfig", s(&kubeconfig)),
             flag("requestheader-client-ca-file", s(&front_proxy_ca)),
-            flag("requestheader-allowed-names", super::control_plane::FRONT_PROXY_CLIENT.into()),
+            flag(
+                "requestheader-allowed-names",
+                super::control_plane::FRONT_PROXY_CLIENT.into(),
+            ),
             flag("requestheader-username-headers", "X-Remote-User".into()),
             flag("requestheader-group-headers", "X-Remote-Group".into()),
             flag("requestheader-extra-headers-prefix", "X-Remote-Extra-".into()),
@@ -1404,8 +1474,15 @@ impl MetricsServer {
         ];
         let child = spawn("metrics-server", &argv, &dir.join("metrics-server.log"))?;
         let me = Self { child, port };
-        super::metrics_api::register(&admin, "kube-system", "metrics-server", port, ca.cert_pem(), available_within)
-            .await?;
+        super::metrics_api::register(
+            &admin,
+            "kube-system",
+            "metrics-server",
+            port,
+            ca.cert_pem(),
+            available_within,
+        )
+        .await?;
         Ok(me)
     }
 
@@ -1418,7 +1495,8 @@ impl MetricsServer {
     /// Stops it (SIGTERM, then SIGKILL after `timeout`).
     pub async fn shutdown(mut self, timeout: Duration) {
         if let Some(pid) = self.child.id().and_then(|p| i32::try_from(p).ok()) {
-            let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
+            let _ =
+                nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid), nix::sys::signal::Signal::SIGTERM);
         }
         if tokio::time::timeout(timeout, self.child.wait()).await.is_err() {
             let _ = self.child.kill().await;

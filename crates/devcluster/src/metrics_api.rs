@@ -362,7 +362,15 @@ pub async fn register_and_serve(
     let app = router(source, front_proxy);
     let stop_serving = stop.clone();
     tracker.spawn(super::https::serve(listener, tls, app, stop_serving));
-    register(client, namespace, service, addr.port(), ca.cert_pem(), available_within).await?;
+    register(
+        client,
+        namespace,
+        service,
+        addr.port(),
+        ca.cert_pem(),
+        available_within,
+    )
+    .await?;
     Ok(Registered { addr })
 }
 

@@ -572,7 +572,12 @@ impl Bridge {
     /// # Errors
     /// [`NetworkError::Command`] when `ip` refuses.
     pub fn add_address(&self, addr: Ipv4Addr) -> Result<(), NetworkError> {
-        match ip(&self.exe, None, &["addr", "add", &format!("{addr}/32"), "dev", &self.name], &[]) {
+        match ip(
+            &self.exe,
+            None,
+            &["addr", "add", &format!("{addr}/32"), "dev", &self.name],
+            &[],
+        ) {
             Err(e) if !exists_error(&e) => Err(e),
             _ => Ok(()),
         }
@@ -581,7 +586,12 @@ impl Bridge {
     /// Removes an address [`Bridge::add_address`] added (nothing when it is gone).
     pub fn remove_address(&self, addr: Ipv4Addr) {
         if !self.removed.load(Ordering::SeqCst) {
-            let _ = ip(&self.exe, None, &["addr", "del", &format!("{addr}/32"), "dev", &self.name], &[]);
+            let _ = ip(
+                &self.exe,
+                None,
+                &["addr", "del", &format!("{addr}/32"), "dev", &self.name],
+                &[],
+            );
         }
     }
 
