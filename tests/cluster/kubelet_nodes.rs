@@ -28,38 +28,10 @@ use skipper_test_support::backend;
 const WAIT: Duration = Duration::from_secs(120);
 const NAMESPACE: &str = "skipper-functions";
 
-fn repo(rel: &str) -> PathBuf {
-    skipper_test_support::workspace_root().join(rel)
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|v| v.split_whitespace().next().map(|u| u == "0"))
-        .unwrap_or(false)
-}
-
 /// The nodes' configuration, or `None` (with a message) when something they
-/// need is not built and nothing demands it (`CI=true` does).
+/// need is not built.
 fn nodes_config() -> Option<kubelet_nodes::Config> {
-    let config = kubelet_nodes::Config {
-        bin_dir: repo("target/nodes"),
-        images: vec![repo("target/image/skipper.oci.tar")],
-        ..kubelet_nodes::Config::default()
-    };
-    let problem = if is_root() {
-        kubelet_nodes::check(&config, 2).err().map(|e| e.to_string())
-    } else {
-        Some("kubelet nodes need root".to_owned())
-    };
-    if let Some(problem) = problem {
-        assert!(std::env::var("CI").map_or(true, |v| v != "true"), "{problem}");
-        eprintln!("skipped: {problem} (`make nodes image`)");
-        return None;
-    }
-    Some(config)
+    backend::kubelet_nodes_config(2)
 }
 
 fn specs(n: usize) -> Vec<NodeSpec> {
@@ -128,7 +100,7 @@ fn ready(pod: &Pod) -> bool {
 fn image_name(cluster: &RealCluster) -> String {
     let nodes = cluster.kubelet_nodes().unwrap();
     nodes
-        .image_names(&repo("target/image/skipper.oci.tar"))
+        .image_names(&backend::image_archive())
         .first()
         .cloned()
         .expect("the image was imported under a name")
