@@ -119,14 +119,18 @@ mod manifests_install_from_zero_with_three_controllers_and_serve_a_request {
             "install from zero on kubelet nodes ({image}): {:?}",
             begin.elapsed()
         );
-        // Every Skipper pod runs in containerd.
+        // Every running Skipper container runs in containerd.
         let pods: Api<Pod> = Api::all(client.clone());
+        let mut running = 0;
         for p in pods.list(&ListParams::default()).await.unwrap().items {
             for c in p.status.and_then(|s| s.container_statuses).unwrap_or_default() {
-                let id = c.container_id.unwrap_or_default();
-                assert!(id.starts_with("containerd://"), "{id}");
+                if let Some(id) = c.container_id.filter(|_| c.ready) {
+                    assert!(id.starts_with("containerd://"), "{id}");
+                    running += 1;
+                }
             }
         }
+        assert!(running >= 8, "3 controllers, 2 routers, 3 pool pods: {running}");
         cluster.shutdown().await;
     }
 }
@@ -212,7 +216,9 @@ async fn install_and_serve(client: &kube::Client, image: Option<&str>) {
     .await
     .unwrap();
     for d in pool.iter().filter(|d| d["kind"] != "Namespace") {
-        create_object(client, &with_image(d.clone(), image)).await.unwrap();
+        create_object(client, &with_image(d.clone(), image))
+            .await
+            .unwrap();
     }
 
     let controllers = common::eventually("3 controllers Ready", WAIT, || async {
