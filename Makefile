@@ -3,7 +3,7 @@ CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
 .PHONY: build dist test test-real e2e e2e-real chaos fuzz fuzz-smoke lint fmt bench bench-router bench-sim bench-controller clean control-plane \
-	nodes image image-check
+	helm helm-lint nodes image image-check
 
 ## build: the release binary at target/release/skipper
 build:
@@ -101,6 +101,27 @@ image: dist
 ## answering /livez
 image-check:
 	tools/image-check target/image/skipper.oci.tar
+
+## helm: the helm command from tools/helm (helm.sh/helm/v3, Go modules) into target/helm/helm,
+## versioned as the module it is built from; the chart's lint, golden and install tests use it
+HELM_VERSION := $(shell sed -n 's/^\thelm.sh\/helm\/v3 v\([0-9.]*\).*$$/\1/p' tools/helm/go.mod)
+HELM_K8S_MINOR := $(shell sed -n 's/^\tk8s.io\/client-go v0\.\([0-9]*\)\..*$$/\1/p' tools/helm/go.mod)
+HELM_LDFLAGS := -s -w \
+	-X helm.sh/helm/v3/internal/version.version=v$(HELM_VERSION) \
+	-X helm.sh/helm/v3/internal/version.gitTreeState=clean \
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 \
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$(HELM_K8S_MINOR) \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(HELM_K8S_MINOR)
+helm:
+	@test -n "$(HELM_VERSION)" || { echo "tools/helm/go.mod names no helm.sh/helm/v3 version" >&2; exit 1; }
+	cd tools/helm && CGO_ENABLED=0 nice -n 10 go build -buildvcs=false -mod=readonly \
+		-ldflags '$(HELM_LDFLAGS)' -o ../../target/helm/helm helm.sh/helm/v3/cmd/helm
+
+## helm-lint: `helm lint --strict` of charts/skipper with its defaults and every value file in charts/skipper/ci/
+helm-lint: helm
+	target/helm/helm lint --strict charts/skipper
+	for f in charts/skipper/ci/*-values.yaml; do target/helm/helm lint --strict charts/skipper -f $$f || exit 1; done
 
 ## test: every unit, integration and doc test (the e2e suite runs in `make e2e`)
 test:

@@ -361,7 +361,12 @@ impl Assigner {
                 .collect();
             let pick = candidates.choose(&mut rand::rng()).cloned();
             if let Some(name) = pick {
-                match ns.writer.claim(&name, function, SystemTime::now()).await {
+                let owner = ns.pods.get(&name).and_then(|p| pool_deployment(ns, &p));
+                match ns
+                    .writer
+                    .claim(&name, function, SystemTime::now(), owner.as_ref())
+                    .await
+                {
                     Ok(pod) => return Ok(pod),
                     Err(WriteError::Conflict(_)) => {
                         tracing::debug!(pod = %name, "pod no longer claimable, trying another");
@@ -466,6 +471,24 @@ impl Assigner {
 }
 
 /// Whether the pod's first owner is a ReplicaSet (claimable pool pod).
+/// The ownerReference a claim of `pod` gives it: to the Deployment that owns
+/// the pod's ReplicaSet (as the ReplicaSet cache knows it); `None` for a
+/// ReplicaSet without one.
+fn pool_deployment(
+    ns: &Namespace,
+    pod: &k8s_openapi::api::core::v1::Pod,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+    let rs = pod.metadata.owner_references.as_ref()?.first()?;
+    let rs = ns.replica_sets.get(&rs.name)?;
+    let d = rs
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == "Deployment" && o.controller == Some(true))?;
+    Some(super::kube::pods::pool_owner(&d.name, &d.uid))
+}
+
 fn is_pool_owned(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
     pod.metadata
         .owner_references

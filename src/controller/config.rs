@@ -138,7 +138,7 @@ pub struct Args {
     #[arg(long, env = "SKIPPER_TOKEN_FILE", default_value = crate::credentials::DEFAULT_TOKEN_FILE)]
     pub token_file: String,
 
-    /// Skip a function namespace that answers Forbidden at start-up instead of failing
+    /// Leave out a function namespace that answers Forbidden at start-up (without it, the namespace is retried until its Role allows the watches)
     #[arg(long, env = "SKIPPER_SKIP_FORBIDDEN_NAMESPACES", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
     pub skip_forbidden_namespaces: bool,
 
@@ -638,7 +638,7 @@ impl Config {
             (
                 "skip-forbidden-namespaces",
                 self.skip_forbidden_namespaces.to_string(),
-                "Skip a function namespace that answers Forbidden at start-up",
+                "Leave out a function namespace that answers Forbidden at start-up",
             ),
             (
                 "web-port",

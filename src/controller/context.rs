@@ -40,14 +40,23 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// A managed namespace.
+    /// A managed namespace whose caches follow the cluster.
     ///
     /// # Errors
-    /// [`Error::UnmanagedNamespace`].
+    /// [`Error::UnmanagedNamespace`]; [`Error::NamespaceNotReady`] while its
+    /// watches have not listed or are refused.
     pub fn namespace(&self, ns: &str) -> Result<&Namespace> {
-        self.state
+        let n = self
+            .state
             .namespace(ns)
-            .ok_or_else(|| Error::UnmanagedNamespace(ns.to_owned()))
+            .ok_or_else(|| Error::UnmanagedNamespace(ns.to_owned()))?;
+        match self.state.not_ready(ns) {
+            None => Ok(n),
+            Some(why) => Err(Error::NamespaceNotReady {
+                namespace: ns.to_owned(),
+                why,
+            }),
+        }
     }
 
     /// The running instances of a function from the pod cache (spec §4.3).

@@ -29,6 +29,8 @@ pub enum Error {
     MissingInstance,
     #[error("namespace {0} is not managed by this controller (not in --function-namespaces or skipped)")]
     UnmanagedNamespace(String),
+    #[error("namespace {namespace} is not served yet: {why}")]
+    NamespaceNotReady { namespace: String, why: String },
     #[error("pod {namespace}/{name} is not a Skipper-assigned pod of this function")]
     NotAssigned { namespace: String, name: String },
     #[error(
@@ -132,6 +134,7 @@ impl Error {
             Self::AssignFailed { .. } => Code::Aborted,
             Self::Conflict { .. } => Code::Aborted,
             Self::NotSynced
+            | Self::NamespaceNotReady { .. }
             | Self::Ring(_)
             | Self::Kube(_)
             | Self::SupervisorStopped

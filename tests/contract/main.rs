@@ -4,6 +4,7 @@
 
 mod cli_help;
 mod dist;
+mod flags_reference;
 mod go_vectors;
 mod ring_inspect;
 mod ring_properties;

@@ -226,6 +226,7 @@ async fn stuck_instance_is_cleaned_up() {
     let ops = skipper::controller::kube::pods::claim_ops(
         &f,
         std::time::SystemTime::now() - Duration::from_secs(3600),
+        None,
     );
     let patch: Patch<()> = Patch::Json(serde_json::from_value(ops).unwrap());
     Api::<Pod>::namespaced(sim.client.clone(), NS)
@@ -344,7 +345,7 @@ async fn no_ready_instance_at_max_plus_one_waits_instead_of_spinning() {
     let f = function("full", "jammed", 1);
     // Two claimed, never-ready instances (max 1 → max + 1 = 2 exist).
     for pod in sim.free_pods("full").await.into_iter().take(2) {
-        let ops = skipper::controller::kube::pods::claim_ops(&f, std::time::SystemTime::now());
+        let ops = skipper::controller::kube::pods::claim_ops(&f, std::time::SystemTime::now(), None);
         let patch: Patch<()> = Patch::Json(serde_json::from_value(ops).unwrap());
         Api::<Pod>::namespaced(sim.client.clone(), NS)
             .patch(&pod, &PatchParams::default(), &patch)

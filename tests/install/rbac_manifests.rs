@@ -545,7 +545,7 @@ async fn router_verbs(b: &Backend) {
                 println!("without {verb}: {r:?}");
                 assert_eq!(
                     skipper::watch_access::Refusals::describe(&refusals.current()),
-                    "watch of EndpointSlices refused (403 Forbidden)"
+                    "watch of EndpointSlices refused (403 Forbidden): the `watch` verb is not granted"
                 );
             }
         }

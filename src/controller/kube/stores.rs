@@ -1,7 +1,10 @@
 //! The controller's watches and start-up: the per-namespace probe
 //! (`--skip-forbidden-namespaces`), function pods and ReplicaSets per managed
 //! namespace, controller pods → ring membership, and pod metrics
-//! (`metrics.k8s.io/v1beta1`). Readiness means every watch has listed once.
+//! (`metrics.k8s.io/v1beta1`). A function namespace is ready once its
+//! watches have listed once and while the API server lets them run; one it
+//! refuses (its Role is not there yet, or lacks a verb) is retried with
+//! back-off and does not hold up the others.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
@@ -159,6 +162,28 @@ pub struct Namespace {
     pub replica_sets: Arc<ReplicaSets>,
 }
 
+impl Namespace {
+    /// Whether both watches have listed once.
+    #[must_use]
+    pub fn is_synced(&self) -> bool {
+        self.pods.is_synced() && self.replica_sets.is_synced()
+    }
+
+    async fn wait_synced(&self) {
+        self.pods.wait_synced().await;
+        let mut rx = self.replica_sets.synced.subscribe();
+        let _ = rx.wait_for(|s| *s).await;
+    }
+}
+
+/// What the watches of function namespace `ns` are called in [`Refusals`].
+fn namespace_watches(ns: &str) -> [String; 2] {
+    [
+        format!("pods in namespace {ns}"),
+        format!("replicasets in namespace {ns}"),
+    ]
+}
+
 /// CPU (millicores) and memory (MiB) of assigned pods, by `namespace/name`.
 #[derive(Debug, Default)]
 pub struct Usage {
@@ -213,24 +238,90 @@ impl State {
         self.namespaces.get(ns)
     }
 
-    /// Whether every watch has listed once.
+    /// Whether the ring's watch has listed once and every function
+    /// namespace has listed once or is refused (see [`State::not_ready`]).
     #[must_use]
     pub fn is_synced(&self) -> bool {
-        *self.membership_synced.borrow()
-            && self
-                .namespaces
-                .values()
-                .all(|n| n.pods.is_synced() && n.replica_sets.is_synced())
+        *self.membership_synced.borrow() && self.settled()
     }
 
-    /// Resolves once every watch has listed once.
+    fn settled(&self) -> bool {
+        let refused = self.refusals.current();
+        self.namespaces
+            .iter()
+            .all(|(name, n)| n.is_synced() || namespace_watches(name).iter().any(|w| refused.contains_key(w)))
+    }
+
+    /// Resolves once [`State::is_synced`] holds.
     pub async fn wait_synced(&self) {
         let mut rx = self.membership_synced.clone();
         let _ = rx.wait_for(|s| *s).await;
-        for n in self.namespaces.values() {
-            n.pods.wait_synced().await;
-            let mut rx = n.replica_sets.synced.subscribe();
-            let _ = rx.wait_for(|s| *s).await;
+        let mut refused = self.refusals.subscribe();
+        while !self.settled() {
+            let unsynced: Vec<_> = self
+                .namespaces
+                .values()
+                .filter(|n| !n.is_synced())
+                .map(|n| Box::pin(n.wait_synced()))
+                .collect();
+            tokio::select! {
+                _ = futures::future::select_all(unsynced) => {}
+                r = refused.changed() => if r.is_err() { return },
+            }
+        }
+    }
+
+    /// Why function namespace `ns` cannot be served now: its watches have not
+    /// listed yet, or the API server refuses one (which permission is
+    /// missing). `None` when it is ready or not managed here.
+    #[must_use]
+    pub fn not_ready(&self, ns: &str) -> Option<String> {
+        let n = self.namespaces.get(ns)?;
+        let refused = self.refusals.current();
+        let mine: BTreeMap<String, crate::watch_access::Refusal> = namespace_watches(ns)
+            .into_iter()
+            .filter_map(|w| refused.get(&w).map(|r| (w, r.clone())))
+            .collect();
+        if !mine.is_empty() {
+            Some(Refusals::describe(&mine))
+        } else if !n.is_synced() {
+            Some(format!("the watches of namespace {ns} have not listed yet"))
+        } else {
+            None
+        }
+    }
+
+    /// The refused watches that are not a function namespace's (the ring's).
+    #[must_use]
+    pub fn ring_refusals(&self) -> BTreeMap<String, crate::watch_access::Refusal> {
+        let mut refused = self.refusals.current();
+        for ns in self.namespaces.keys() {
+            for w in namespace_watches(ns) {
+                refused.remove(&w);
+            }
+        }
+        refused
+    }
+
+    /// Resolves at the next change of a namespace's readiness: a refusal
+    /// appears or clears, or a namespace lists for the first time.
+    pub async fn readiness_changed(
+        &self,
+        refused: &mut watch::Receiver<BTreeMap<String, crate::watch_access::Refusal>>,
+    ) {
+        let unsynced: Vec<_> = self
+            .namespaces
+            .values()
+            .filter(|n| !n.is_synced())
+            .map(|n| Box::pin(n.wait_synced()))
+            .collect();
+        if unsynced.is_empty() {
+            let _ = refused.changed().await;
+            return;
+        }
+        tokio::select! {
+            _ = futures::future::select_all(unsynced) => {}
+            _ = refused.changed() => {}
         }
     }
 }
@@ -432,13 +523,16 @@ async fn refresh_usage(
     Ok(())
 }
 
-/// Probes each function namespace, starts every watch and the pod-metrics
-/// refresh, and returns the state they fill. Does not wait for the first
-/// lists (see [`State::wait_synced`]).
+/// Starts every watch and the pod-metrics refresh, and returns the state
+/// they fill. Does not wait for the first lists (see [`State::wait_synced`]).
+/// With `skip_forbidden`, a function namespace whose pods cannot be listed
+/// at start-up is left out (as the Go implementation does); without it, the
+/// namespace's watches retry with back-off until the API server lets them
+/// run, and [`State::not_ready`] says what is missing meanwhile.
 ///
 /// # Errors
-/// [`StartError::Probe`] when a namespace cannot be listed (Forbidden is
-/// skipped with `skip_forbidden`).
+/// [`StartError::Probe`] when `skip_forbidden` is set and the probe fails
+/// for another reason than Forbidden.
 #[allow(clippy::too_many_arguments)]
 pub async fn start(
     client: &kube::Client,
@@ -454,20 +548,23 @@ pub async fn start(
     let mut namespaces = BTreeMap::new();
     let refusals = Refusals::new();
     for ns in function_namespaces {
-        let probe: Api<Pod> = Api::namespaced(client.clone(), ns);
-        match probe.list(&ListParams::default().limit(1)).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 403 && skip_forbidden => {
-                tracing::warn!(namespace = %ns, "skipping namespace: listing pods is forbidden");
-                continue;
-            }
-            Err(e) => {
-                return Err(StartError::Probe {
-                    namespace: ns.clone(),
-                    source: Box::new(e),
-                });
+        if skip_forbidden {
+            let probe: Api<Pod> = Api::namespaced(client.clone(), ns);
+            match probe.list(&ListParams::default().limit(1)).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 403 => {
+                    tracing::warn!(namespace = %ns, "skipping namespace: listing pods is forbidden");
+                    continue;
+                }
+                Err(e) => {
+                    return Err(StartError::Probe {
+                        namespace: ns.clone(),
+                        source: Box::new(e),
+                    });
+                }
             }
         }
+        let [pods_watch, replica_sets_watch] = namespace_watches(ns);
         let cache = Arc::new(PodCache::new(ns));
         let replica_sets = Arc::new(ReplicaSets::default());
         let config = watcher::Config::default().labels(LABEL_DEPLOYMENT);
@@ -477,7 +574,7 @@ pub async fn start(
             shutdown.spawn(
                 "watch-pods",
                 run_watch(
-                    Api::namespaced(refusals.client(client, format!("pods in namespace {ns}")), ns),
+                    Api::namespaced(refusals.client(client, pods_watch), ns),
                     config.clone(),
                     shutdown.token().clone(),
                     "pods",
@@ -488,10 +585,7 @@ pub async fn start(
             );
         }
         {
-            let rs_api: Api<ReplicaSet> = Api::namespaced(
-                refusals.client(client, format!("replicasets in namespace {ns}")),
-                ns,
-            );
+            let rs_api: Api<ReplicaSet> = Api::namespaced(refusals.client(client, replica_sets_watch), ns);
             let sets = replica_sets.clone();
             let metrics = metrics.clone();
             shutdown.spawn(
