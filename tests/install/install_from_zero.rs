@@ -158,7 +158,12 @@ async fn ready_ips(client: &kube::Client, ns: &str, selector: &str) -> BTreeSet<
 /// Points every container of a Deployment that names `skipper` at `image`,
 /// never pulled (there is no registry), as `kustomization.yaml`'s `images:`
 /// does for an operator's registry.
+/// On kubelet nodes Namespaces also enforce Pod Security `restricted`, as
+/// the README's `kubectl label namespace` does.
 fn with_image(mut d: Value, image: Option<&str>) -> Value {
+    if image.is_some() && d["kind"] == "Namespace" {
+        d["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] = json!("restricted");
+    }
     if let (Some(image), "Deployment") = (image, d["kind"].as_str().unwrap_or_default()) {
         for c in d["spec"]["template"]["spec"]["containers"]
             .as_array_mut()
@@ -178,7 +183,7 @@ async fn install_and_serve(client: &kube::Client, image: Option<&str>) {
     let key = SigningKey::generate();
     // kubectl apply -f manifests/namespace.yaml; the PASETO Secret; kubectl apply -k manifests/
     for d in docs(NAMESPACE_YAML) {
-        create_object(client, &d).await.unwrap();
+        create_object(client, &with_image(d, image)).await.unwrap();
     }
     create_object(
         client,
@@ -205,7 +210,9 @@ async fn install_and_serve(client: &kube::Client, image: Option<&str>) {
         .unwrap()
         .to_owned();
     for d in pool.iter().filter(|d| d["kind"] == "Namespace") {
-        create_object(client, d).await.unwrap();
+        create_object(client, &with_image(d.clone(), image))
+            .await
+            .unwrap();
     }
     create_object(
         client,
