@@ -103,8 +103,13 @@ async fn ready_controller_pod_named(b: &Backend, name: &str, ip: &str) {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {
             "app.kubernetes.io/name": "skipper", "app.kubernetes.io/component": "controller"}},
+        // Namespace `skipper` enforces Pod Security `restricted` (manifests/namespace.yaml).
         "spec": {"nodeName": "node-a", "serviceAccountName": SA,
-                 "containers": [{"name": "controller", "image": "skipper", "command": ["sleep", "3600"]}]},
+                 "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
+                                     "seccompProfile": {"type": "RuntimeDefault"}},
+                 "containers": [{"name": "controller", "image": "skipper", "command": ["sleep", "3600"],
+                                 "securityContext": {"allowPrivilegeEscalation": false,
+                                                     "capabilities": {"drop": ["ALL"]}}}]},
     }))
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
