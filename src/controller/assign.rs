@@ -18,7 +18,6 @@ use rand::seq::IndexedRandom;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
-use super::error::Error;
 use super::events;
 use super::kube::pods::WriteError;
 use super::kube::stores::Namespace;
@@ -79,6 +78,33 @@ pub enum AssignError {
     /// The pod accepted but cannot be read as an instance.
     #[error(transparent)]
     Instance(#[from] InvalidPod),
+}
+
+/// Why an assignment produced no instance ([`super::error`] gives each its
+/// gRPC code).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no unassigned pod of deployment {namespace}/{deployment} became available before the deadline")]
+    NoPoolPod { namespace: String, deployment: String },
+    #[error("failed to assign pod {pod}: {source}")]
+    AssignFailed {
+        pod: String,
+        #[source]
+        source: AssignError,
+    },
+    #[error(
+        "deployment {namespace}/{deployment} is backing off after {failures} consecutive failed assignments; next attempt in {retry_in:?}; last: {last}"
+    )]
+    AssignBackoff {
+        namespace: String,
+        deployment: String,
+        failures: u32,
+        retry_in: Duration,
+        last: String,
+    },
+    /// The claim's write failed.
+    #[error(transparent)]
+    Write(#[from] WriteError),
 }
 
 /// Consecutive failures of one deployment's assignments.
@@ -250,7 +276,7 @@ impl Assigner {
     /// [`Error::AssignFailed`] when the pod refused or did not answer (the
     /// pod is deleted), [`Error::AssignBackoff`] while the deployment backs
     /// off after [`FAILURES_BEFORE_BACKOFF`] consecutive failures,
-    /// [`Error::Kube`] when the API server fails.
+    /// [`Error::Write`] when the API server fails.
     #[tracing::instrument(name = "controller.assign", skip_all, fields(function = %function.id(), deployment = %function.deployment))]
     pub async fn assign(
         &self,
@@ -516,7 +542,7 @@ mod tests {
         drop(b.attempt(key(), t0).unwrap());
         assert_eq!(b.failed(&key(), "401".into(), t0), Some(BACKOFF_MIN));
         let err = b.attempt(key(), t0 + Duration::from_millis(500)).err().unwrap();
-        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        assert!(matches!(err, Error::AssignBackoff { failures: 3, .. }), "{err}");
         assert!(err.to_string().contains("401"), "{err}");
         // After the period exactly one attempt goes ahead at a time.
         let later = t0 + BACKOFF_MIN;

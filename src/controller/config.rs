@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::auth::{Policy, ServiceAccount};
+use super::supervisor::converge::ScaleConfig;
 use crate::config::{format_duration, parse_duration, parse_positive_duration, split_list};
 use crate::token::{SigningKey, Version};
 
@@ -210,37 +211,6 @@ fn service_account(flag: &'static str, value: &str, namespace: &str) -> Result<S
         namespace: ns.to_owned(),
         name: name.to_owned(),
     })
-}
-
-/// Autoscaler settings used by the pure converge plan.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ScaleConfig {
-    pub heartbeat_timeout: Duration,
-    pub tolerance: f64,
-    pub initial_readiness_delay: Duration,
-    pub downscale_stabilization: Duration,
-    pub assign_timeout: Duration,
-}
-
-impl Default for ScaleConfig {
-    fn default() -> Self {
-        Self {
-            heartbeat_timeout: Duration::from_secs(90),
-            tolerance: 0.1,
-            initial_readiness_delay: Duration::from_secs(30),
-            downscale_stabilization: Duration::from_secs(90),
-            assign_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-impl ScaleConfig {
-    /// How long a freshly started controller never scales down:
-    /// `max(downscale stabilization, heartbeat timeout)`.
-    #[must_use]
-    pub fn protection_period(&self) -> Duration {
-        self.downscale_stabilization.max(self.heartbeat_timeout)
-    }
 }
 
 /// Bounds on what callers can make a controller hold.

@@ -3,18 +3,28 @@
 //!
 //! Layout:
 //! - [`config`]: flags and the validated [`Config`].
-//! - [`error`]: the error type and its one mapping to gRPC status codes.
 //! - [`kube`]: watches and caches (reads) and [`kube::pods`] (all writes).
 //! - [`assign`]: claiming a pool pod and the assign request.
+//! - [`auth`]: who may call (token reviews, the callers' roles).
 //! - [`supervisor`]: one actor per function over a narrow
 //!   [`supervisor::Context`]; [`supervisor::converge`] is the pure scaling
-//!   core; [`context`] is the controller's implementation of the context.
+//!   core with its settings; [`context`] is the controller's implementation
+//!   of the context.
 //! - [`heartbeat`], [`events`], [`metrics`], [`peers`]: router activity, the
 //!   event log, Prometheus metrics, and clients of the other controllers.
-//! - [`core`]: the operations behind the RPCs; [`grpc`]: the service;
-//!   [`watch`]: the `WatchInstances` streams that feed routers' tables, and
+//! - [`feeds`]: the instance views routers' tables are made of, and
 //!   draining before a scale-down.
+//! - [`core`]: the operations behind the RPCs; [`grpc`]: the service and
+//!   its authentication layer; [`watch`]: the `WatchInstances` streams.
+//! - [`error`]: the operations' error, wrapping the leaves' own errors, and
+//!   the one mapping of all of them to gRPC status codes.
 //! - [`web`]: the operator's web UI (`--web-port`).
+//!
+//! The modules import each other without a circle (the `imports` contract
+//! test reads them): leaves (`assign`, `auth`, `heartbeat`, `kube`,
+//! `supervisor::converge`) own their settings and errors and know nothing of
+//! the RPCs; `error` wraps them; `context`, `feeds` and `supervisor` build
+//! on the leaves; `core`, `watch`, `grpc` and `web` on all of them.
 
 pub mod assign;
 pub mod auth;
@@ -23,6 +33,7 @@ pub mod context;
 pub mod core;
 pub mod error;
 pub mod events;
+pub mod feeds;
 pub mod grpc;
 pub mod heartbeat;
 pub mod kube;
@@ -170,11 +181,11 @@ pub async fn run(
         ring: ring.clone(),
         pod_ip: config.pod_ip.clone(),
         assigner,
-        events: events.clone(),
+        events,
         metrics: metrics.clone(),
         stale_permits: Arc::new(Semaphore::new(config.max_concurrent_stale_replacements)),
         started_at,
-        feeds: Arc::new(watch::Feeds::default()),
+        feeds: Arc::new(feeds::Feeds::default()),
         drain_timeout: config.drain_timeout,
     });
     let supervisors = supervisor::Registry::new(
@@ -184,12 +195,7 @@ pub async fn run(
     );
     let core = Arc::new(Core {
         config: config.clone(),
-        state: state.clone(),
-        ring: ring.clone(),
         cluster,
-        events,
-        metrics,
-        started_at,
         shutdown: shutdown.clone(),
         peers: peers::Peers::new(config.port, credentials),
         supervisors,
@@ -218,9 +224,9 @@ pub async fn run(
     let authenticator = Arc::new(auth::Authenticator::new(
         config.auth.clone(),
         auth::KubeReviewer(client.clone()),
-        core.metrics.clone(),
+        metrics,
     ));
-    let service = tower::Layer::layer(&auth::Layer::new(authenticator), api_server(core.clone()));
+    let service = tower::Layer::layer(&grpc::AuthLayer::new(authenticator), api_server(core.clone()));
     let token = shutdown.token().clone();
     let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
     // HTTP/2 pings keep long-lived instance streams honest: a router that
@@ -278,7 +284,7 @@ fn start_discovery(core: &Arc<Core>) {
             for n in counted.values_mut() {
                 *n = 0;
             }
-            for ns in core.state.namespaces.values() {
+            for ns in core.cluster.state.namespaces.values() {
                 let mut seen = HashSet::new();
                 for (pod, function) in ns.pods.assigned() {
                     if !is_running(&pod) {
@@ -287,7 +293,7 @@ fn start_discovery(core: &Arc<Core>) {
                     let name = pod.metadata.name.clone().unwrap_or_default();
                     match function {
                         Some(f) => {
-                            if core.is_owner(f.id()) {
+                            if core.cluster.is_owner(f.id()) {
                                 *counted.entry(f.deployment.clone()).or_default() += 1;
                             }
                             if seen.insert(f.id()) {
@@ -304,7 +310,8 @@ fn start_discovery(core: &Arc<Core>) {
                 }
             }
             counted.retain(|deployment, n| {
-                core.metrics
+                core.cluster
+                    .metrics
                     .instances
                     .get_or_create(&Metrics::function(deployment))
                     .set(*n);
@@ -322,8 +329,8 @@ fn start_discovery(core: &Arc<Core>) {
 /// not take the controller out of the ring for the others. Every change is
 /// logged, naming what each namespace lacks.
 fn start_health(core: &Arc<Core>, reporter: tonic_health::server::HealthReporter) {
-    let state = core.state.clone();
-    let metrics = core.metrics.clone();
+    let state = core.cluster.state.clone();
+    let metrics = core.cluster.metrics.clone();
     let token = core.shutdown.token().clone();
     let pod_ip = core.config.pod_ip.clone();
     core.shutdown.spawn("health", async move {
@@ -418,17 +425,21 @@ fn start_peer_pruning(core: &Arc<Core>) {
     let core2 = core.clone();
     let token = core.shutdown.token().clone();
     core.shutdown.spawn("prune-peers", async move {
-        let mut rx = core2.ring.subscribe();
+        let mut rx = core2.cluster.ring.subscribe();
         let members =
             |ring: &crate::ring::HashRing| i64::try_from(ring.sorted_members().len()).unwrap_or(i64::MAX);
-        core2.metrics.ring_members.set(members(&rx.borrow_and_update()));
+        core2
+            .cluster
+            .metrics
+            .ring_members
+            .set(members(&rx.borrow_and_update()));
         loop {
             tokio::select! {
                 () = token.cancelled() => return,
                 r = rx.changed() => if r.is_err() { return },
             }
             let ring = rx.borrow_and_update().clone();
-            core2.metrics.ring_members.set(members(&ring));
+            core2.cluster.metrics.ring_members.set(members(&ring));
             core2.peers.retain(ring.sorted_members());
         }
     });

@@ -208,14 +208,14 @@ async fn health_is_serving_once_caches_sync_before_the_ring_forms() {
         .expect("ready");
     assert_eq!(health_of(addr).await, Some(ServingStatus::Serving as i32));
     assert!(
-        running.core.ring.current().sorted_members().is_empty(),
+        running.core.cluster.ring.current().sorted_members().is_empty(),
         "no ring yet"
     );
 
     // A controller pod becomes Ready: the ring forms.
     sim.controller_pod(CTL_NS, "controller-0").await;
     eventually(Duration::from_secs(10), "the ring has a member", || async {
-        (!running.core.ring.current().sorted_members().is_empty()).then_some(())
+        (!running.core.cluster.ring.current().sorted_members().is_empty()).then_some(())
     })
     .await;
     assert_eq!(health_of(addr).await, Some(ServingStatus::Serving as i32));
