@@ -9,4 +9,5 @@ mod discovery;
 mod edge;
 mod profiling;
 mod proxy;
+mod shutdown;
 mod warm;
