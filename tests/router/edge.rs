@@ -270,12 +270,14 @@ async fn drip(addr: std::net::SocketAddr, head: &str, every: Duration) -> (Answe
     let mut out = Vec::new();
     let mut buf = [0u8; 4096];
     let mut tick = tokio::time::interval(every);
+    let mut writing = true;
     loop {
         tokio::select! {
-            _ = tick.tick() => {
-                // The router may have answered and closed already.
+            _ = tick.tick(), if writing => {
+                // The router may have answered and closed already: its
+                // answer is still to be read.
                 if s.write_all(b"x").await.is_err() {
-                    break;
+                    writing = false;
                 }
             }
             n = s.read(&mut buf) => match n {
