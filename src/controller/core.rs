@@ -36,6 +36,17 @@ const FORWARD_CONCURRENCY: usize = 16;
 /// Deadline of one forwarded heartbeat batch.
 const FORWARD_DEADLINE: Duration = Duration::from_secs(5);
 
+/// How long a request for a Deployment the caches do not know waits for
+/// them before the API server is asked.
+pub const UNKNOWN_DEPLOYMENT_WAIT: Duration = Duration::from_secs(1);
+
+fn not_found(f: &Function) -> Error {
+    Error::DeploymentNotFound {
+        namespace: f.namespace.clone(),
+        deployment: f.deployment.clone(),
+    }
+}
+
 /// The controller's shared parts.
 #[derive(Debug)]
 pub struct Core {
@@ -69,20 +80,65 @@ impl Core {
     /// `INVALID_ARGUMENT`, `UNAVAILABLE` before the caches synced, and
     /// `NOT_FOUND` for an unknown Deployment.
     pub fn admit(&self, f: Option<&api::Function>) -> Result<Function> {
+        let f = self.managed(f)?;
+        if self.cached(&f)? {
+            Ok(f)
+        } else {
+            Err(not_found(&f))
+        }
+    }
+
+    /// [`Core::admit`] for the calls that serve a request (`GetInstance`,
+    /// `Scale`, `WatchInstances`): a Deployment the caches do not know is
+    /// waited for (up to [`UNKNOWN_DEPLOYMENT_WAIT`], not past `deadline`;
+    /// a pool applied a moment ago), then looked up on the API server before
+    /// the call is answered `NOT_FOUND`. Heartbeats use [`Core::admit`]: a
+    /// made-up name in them costs no API request.
+    ///
+    /// # Errors
+    /// As [`Core::admit`]; `UNAVAILABLE` when the API server fails the
+    /// lookup.
+    pub async fn admit_confirmed(&self, f: Option<&api::Function>, deadline: Instant) -> Result<Function> {
+        let f = self.managed(f)?;
+        let ns = self.cluster.namespace(&f.namespace)?;
+        let mut changes = ns.pods.subscribe();
+        let until = deadline.min(Instant::now() + UNKNOWN_DEPLOYMENT_WAIT);
+        loop {
+            changes.mark_unchanged();
+            if self.cached(&f)? {
+                return Ok(f);
+            }
+            // A new pool's ReplicaSet brings its pods: each pod change
+            // looks again.
+            tokio::select! {
+                changed = changes.changed() => if changed.is_err() { break },
+                () = tokio::time::sleep_until(until) => break,
+            }
+        }
+        if ns.writer.deployment_exists(&f.deployment).await? {
+            tracing::debug!(namespace = %f.namespace, deployment = %f.deployment,
+                "deployment confirmed on the API server before the caches know it");
+            return Ok(f);
+        }
+        Err(not_found(&f))
+    }
+
+    /// The validated function of a managed, synced namespace.
+    fn managed(&self, f: Option<&api::Function>) -> Result<Function> {
         let f: Function = f.ok_or(Error::MissingFunction)?.into();
         f.validate()?;
-        let ns = self.cluster.namespace(&f.namespace)?;
+        self.cluster.namespace(&f.namespace)?;
         self.ensure_synced()?;
-        if !ns.replica_sets.knows_deployment(&f.deployment)
-            && ns.pods.pool(&f.deployment).is_empty()
-            && ns.pods.of_function(f.id()).is_empty()
-        {
-            return Err(Error::DeploymentNotFound {
-                namespace: f.namespace.clone(),
-                deployment: f.deployment.clone(),
-            });
-        }
         Ok(f)
+    }
+
+    /// Whether the caches know `f`'s Deployment: a ReplicaSet, pool pods
+    /// or the function's own pods carry its `skipper/deployment`.
+    fn cached(&self, f: &Function) -> Result<bool> {
+        let ns = self.cluster.namespace(&f.namespace)?;
+        Ok(ns.replica_sets.knows_deployment(&f.deployment)
+            || !ns.pods.pool(&f.deployment).is_empty()
+            || !ns.pods.of_function(f.id()).is_empty())
     }
 
     /// The supervisor of a validated, managed function.

@@ -78,7 +78,7 @@ impl api::controller_service_server::ControllerService for Service {
         let answer = async {
             let deadline = self.deadline(&request);
             let req = request.into_inner();
-            let f = self.core.admit(req.function.as_ref())?;
+            let f = self.core.admit_confirmed(req.function.as_ref(), deadline).await?;
             let instance = self
                 .core
                 .get_instance(f, &req.exclude_instance_names, deadline)
@@ -149,7 +149,7 @@ impl Service {
         let deadline = self.deadline(&request);
         let hops = forwarded_hops(&request);
         let req = request.into_inner();
-        let f = self.core.admit(req.function.as_ref())?;
+        let f = self.core.admit_confirmed(req.function.as_ref(), deadline).await?;
         let reason = req
             .reason
             .and_then(|r| ScaleReason::try_from(r).ok())

@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, watch};
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
-use super::core::{Core, MAX_SCALE_HOPS};
+use super::core::{Core, MAX_SCALE_HOPS, UNKNOWN_DEPLOYMENT_WAIT};
 use super::error::Error;
 use super::feeds::{StreamSlot, Subscription, View};
 use super::peers::{HOPS_METADATA, forwarded_hops};
@@ -56,7 +56,12 @@ pub async fn serve(
         Ok(Err(status)) => return Err(status),
         Err(_) => return Err(Error::NoSubscription(FIRST_MESSAGE_TIMEOUT).into()),
     };
-    let f = core.admit(first.function.as_ref())?;
+    let f = core
+        .admit_confirmed(
+            first.function.as_ref(),
+            tokio::time::Instant::now() + UNKNOWN_DEPLOYMENT_WAIT,
+        )
+        .await?;
     core.ensure_synced()?;
     let feeds = &core.cluster.feeds;
     let Some(slot) = feeds.open_stream() else {

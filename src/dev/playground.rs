@@ -1419,6 +1419,35 @@ async fn serve(
     }
 }
 
+/// The controllers' environment: the playground's settings, then
+/// `--controller-env` (which wins).
+///
+/// The downscale stabilization window is the heartbeat timeout: a freshly
+/// started controller scales nothing down for `max(stabilization, heartbeat
+/// timeout)` (spec §5.5), so with the product's 90 s window an idle tenant's
+/// pod would stay 90 s after the playground starts, whatever
+/// `--heartbeat-timeout` says.
+fn controller_env(args: &PlaygroundArgs, pods_otlp: Option<&str>) -> Vec<(String, String)> {
+    let timeout = crate::config::format_duration(args.heartbeat_timeout);
+    let mut env: BTreeMap<String, String> = BTreeMap::new();
+    env.insert("SKIPPER_FUNCTION_NAMESPACES".into(), POOL_NAMESPACE.into());
+    env.insert(
+        "SKIPPER_SCALE_INTERVAL".into(),
+        crate::config::format_duration(args.scale_interval),
+    );
+    env.insert("SKIPPER_HEARTBEAT_TIMEOUT".into(), timeout.clone());
+    env.insert("SKIPPER_HPA_DOWNSCALE_STABILIZATION".into(), timeout);
+    env.insert("SKIPPER_LOG_FORMAT".into(), "text".into());
+    if let Some(url) = pods_otlp {
+        env.insert("SKIPPER_TELEMETRY".into(), "true".into());
+        env.insert("OTEL_EXPORTER_OTLP_ENDPOINT".into(), url.to_owned());
+    }
+    for (k, v) in &args.controller_env {
+        env.insert(k.clone(), v.clone());
+    }
+    env.into_iter().collect()
+}
+
 async fn apply_manifests(args: &PlaygroundArgs, cluster: &PlaygroundCluster) -> Result<(), PlaygroundError> {
     let client = cluster.client.clone();
     let pods_otlp = args
@@ -1474,25 +1503,7 @@ async fn apply_manifests(args: &PlaygroundArgs, cluster: &PlaygroundCluster) -> 
         )
         .await?;
     }
-    let mut env: BTreeMap<String, String> = BTreeMap::new();
-    env.insert("SKIPPER_FUNCTION_NAMESPACES".into(), POOL_NAMESPACE.into());
-    env.insert(
-        "SKIPPER_SCALE_INTERVAL".into(),
-        crate::config::format_duration(args.scale_interval),
-    );
-    env.insert(
-        "SKIPPER_HEARTBEAT_TIMEOUT".into(),
-        crate::config::format_duration(args.heartbeat_timeout),
-    );
-    env.insert("SKIPPER_LOG_FORMAT".into(), "text".into());
-    if let Some(url) = &pods_otlp {
-        env.insert("SKIPPER_TELEMETRY".into(), "true".into());
-        env.insert("OTEL_EXPORTER_OTLP_ENDPOINT".into(), url.clone());
-    }
-    for (k, v) in &args.controller_env {
-        env.insert(k.clone(), v.clone());
-    }
-    let env: Vec<(String, String)> = env.into_iter().collect();
+    let env = controller_env(args, pods_otlp.as_deref());
     for d in controller_manifests(args.controllers, &env)? {
         create_object(&client, &d).await?;
     }
@@ -1533,6 +1544,31 @@ mod tests {
         assert_eq!(value("SKIPPER_TELEMETRY"), Some(json!("true")));
         let plain = pool_manifest("default", &pool, None, None).unwrap();
         assert!(!plain.to_string().contains("OTEL_EXPORTER_OTLP_ENDPOINT"));
+    }
+
+    #[test]
+    fn controllers_stabilize_over_the_heartbeat_timeout_unless_told_otherwise() {
+        #[derive(clap::Parser)]
+        struct Cli {
+            #[command(flatten)]
+            dev: PlaygroundArgs,
+        }
+        let env = |argv: &[&str]| {
+            let cli =
+                <Cli as clap::Parser>::try_parse_from(std::iter::once("dev").chain(argv.iter().copied()))
+                    .unwrap();
+            controller_env(&cli.dev, None)
+                .into_iter()
+                .collect::<BTreeMap<_, _>>()
+        };
+        let default = env(&[]);
+        assert_eq!(default["SKIPPER_HEARTBEAT_TIMEOUT"], "30s");
+        assert_eq!(default["SKIPPER_HPA_DOWNSCALE_STABILIZATION"], "30s");
+        let short = env(&["--heartbeat-timeout", "8s"]);
+        assert_eq!(short["SKIPPER_HPA_DOWNSCALE_STABILIZATION"], "8s");
+        let told = env(&["--controller-env", "SKIPPER_HPA_DOWNSCALE_STABILIZATION=2m"]);
+        assert_eq!(told["SKIPPER_HPA_DOWNSCALE_STABILIZATION"], "2m");
+        assert_eq!(told["SKIPPER_HEARTBEAT_TIMEOUT"], "30s");
     }
 
     #[test]

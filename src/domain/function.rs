@@ -97,11 +97,20 @@ impl Function {
     /// spell the same function differently do not count as a spec change.
     #[must_use]
     pub fn same_config(&self, other: &Function) -> bool {
+        self.same_assignment(other)
+            && self.scale_or_default().effective() == other.scale_or_default().effective()
+    }
+
+    /// Whether a pod assigned for `other` serves this function as it is:
+    /// the same identity and the same metadata, the only configuration a pod
+    /// receives (at assignment). Scale settings only change the supervisor's
+    /// targets and never make a pod stale.
+    #[must_use]
+    pub fn same_assignment(&self, other: &Function) -> bool {
         self.namespace == other.namespace
             && self.deployment == other.deployment
             && self.tenant == other.tenant
             && self.is_oneshot() == other.is_oneshot()
             && self.metadata.as_deref().unwrap_or("") == other.metadata.as_deref().unwrap_or("")
-            && self.scale_or_default().effective() == other.scale_or_default().effective()
     }
 }

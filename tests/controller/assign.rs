@@ -365,6 +365,33 @@ async fn two_controllers_claim_concurrently_without_double_assignment() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_pool_created_a_moment_ago_is_served() {
+    let sim = Sim::start().await;
+    let ctl = Ctl::single(&sim).await;
+    let mut grpc = ctl.grpc.clone();
+    // The request follows the Deployment's creation at once: the caches
+    // have seen neither its ReplicaSet nor its pods.
+    sim.deploy_pool("fresh", 1, &[]).await;
+    let known = ctl
+        .core
+        .cluster
+        .namespace(NS)
+        .unwrap()
+        .replica_sets
+        .knows_deployment("fresh");
+    let got = grpc
+        .get_instance(get_instance(&function("fresh", "t1", 1), Duration::from_secs(30)))
+        .await;
+    let instance = got
+        .unwrap_or_else(|e| panic!("known to the caches at the call: {known}; {e:?}"))
+        .into_inner()
+        .instance
+        .unwrap();
+    assert!(instance.name.is_some_and(|n| n.starts_with("fresh-")));
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_missing_deployment_is_not_found_at_once() {
     let sim = Sim::start().await;
     sim.deploy_pool("pool", 1, &[]).await;

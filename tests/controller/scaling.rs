@@ -8,7 +8,7 @@ use skipper_test_support::controller as harness;
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use harness::{Ctl, NS, Sim, eventually, function, get_instance, heartbeat};
 use k8s_openapi::api::apps::v1::Deployment;
@@ -210,6 +210,87 @@ async fn template_rollout_replaces_stale_instances_one_for_one() {
             .snapshot()
             .iter()
             .any(|e| e.kind == EventType::StaleReplacement)
+    );
+    stop.cancel();
+    ctl.stop().await;
+}
+
+/// Waits until the supervisor of `f` has started `n` converge ticks after
+/// this call: every tick but the last has then also finished acting.
+async fn ticks(ctl: &Ctl, f: &Function, n: usize) {
+    let mut seen = SystemTime::now();
+    for _ in 0..n {
+        let after = seen;
+        seen = eventually(Duration::from_secs(10), "a converge tick", || async move {
+            let at = ctl
+                .core
+                .supervisors
+                .get(f.id())?
+                .shared
+                .recommendations()
+                .last()?
+                .at;
+            (at > after).then_some(at)
+        })
+        .await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_scale_only_change_keeps_a_warm_tenants_pod_and_a_metadata_change_replaces_it() {
+    let sim = Sim::start().await;
+    sim.deploy_pool("keep", 3, &[]).await;
+    sim.wait_pool("keep", 3, Duration::from_secs(20)).await;
+    let mut ctl = Ctl::single(&sim).await;
+    let one = function("keep", "warm", 1);
+    let first = ctl.instance(&one, Duration::from_secs(10)).await.name.unwrap();
+    // Two callers send the tenant's header with different scale blocks:
+    // the supervisor's spec changes with every other heartbeat.
+    let two = function("keep", "warm", 2);
+    let again = ctl.instance(&two, Duration::from_secs(10)).await.name.unwrap();
+    assert_eq!(again, first, "a warm tenant answers with its pod");
+    let stop_one = keep_alive(&ctl, &one, Arc::new(AtomicU32::new(0)));
+    let stop_two = keep_alive(&ctl, &two, Arc::new(AtomicU32::new(0)));
+    ticks(&ctl, &one, 6).await;
+    let pods: Vec<_> = sim
+        .tenant_pods("warm")
+        .await
+        .into_iter()
+        .filter_map(|p| p.metadata.name)
+        .collect();
+    assert_eq!(pods, std::slice::from_ref(&first), "the same pod serves");
+    let replaced = |ctl: &Ctl| {
+        ctl.core
+            .cluster
+            .events
+            .snapshot()
+            .iter()
+            .any(|e| e.kind == EventType::StaleReplacement)
+    };
+    assert!(!replaced(&ctl), "no stale replacement for a scale change");
+    stop_one.cancel();
+    stop_two.cancel();
+    // New metadata: the pod was assigned with the old one.
+    let mut relabelled = two.clone();
+    relabelled.metadata = Some("m2".into());
+    let stop = keep_alive(&ctl, &relabelled, Arc::new(AtomicU32::new(0)));
+    let replacement = eventually(Duration::from_secs(30), "the pod replaced", || async {
+        let pods = sim.tenant_pods("warm").await;
+        assert!(pods.len() <= 3, "never more than max_instances + 1");
+        (pods.len() == 1 && pods[0].metadata.name.as_ref() != Some(&first)).then(|| pods[0].clone())
+    })
+    .await;
+    assert!(replaced(&ctl));
+    let annotation = replacement
+        .metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get("skipper/function"))
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        annotation.contains("m2"),
+        "assigned with the new metadata: {annotation}"
     );
     stop.cancel();
     ctl.stop().await;

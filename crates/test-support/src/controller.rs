@@ -448,8 +448,8 @@ impl Ctl {
     }
 
     /// Waits until this controller's caches know Deployment `deployment`
-    /// of namespace [`NS`] (before that, a call for it is NOT_FOUND by the
-    /// missing-deployment fast path).
+    /// of namespace [`NS`] (before that, a heartbeat for it is ignored and a
+    /// call for it waits for the caches or asks the API server).
     pub async fn knows(&self, deployment: &str) {
         await_deployment(&self.core, NS, deployment).await;
     }

@@ -6,14 +6,15 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
+use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
-use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, Preconditions};
 use serde_json::{Value, json};
 
 use super::cache::PodCache;
 use super::format_time;
-use crate::domain::{FIELD_MANAGER, Function};
+use crate::domain::{FIELD_MANAGER, Function, LABEL_DEPLOYMENT};
 
 /// A write that failed.
 #[derive(Debug, thiserror::Error)]
@@ -191,6 +192,36 @@ impl PodWriter {
             .get_opt(name)
             .await
             .map_err(|e| WriteError::Api(Box::new(e)))
+    }
+
+    /// Whether the API server (not the caches) holds a ReplicaSet or a pod
+    /// labelled `skipper/deployment=deployment` in this namespace.
+    ///
+    /// # Errors
+    /// [`WriteError::Api`] when the API server fails a request.
+    pub async fn deployment_exists(&self, deployment: &str) -> Result<bool, WriteError> {
+        let lp = ListParams::default()
+            .labels(&format!("{LABEL_DEPLOYMENT}={deployment}"))
+            .limit(1);
+        let api_err = |e| WriteError::Api(Box::new(e));
+        let replica_sets: Api<ReplicaSet> =
+            Api::namespaced(self.api.clone().into_client(), self.cache.namespace());
+        if !replica_sets
+            .list_metadata(&lp)
+            .await
+            .map_err(api_err)?
+            .items
+            .is_empty()
+        {
+            return Ok(true);
+        }
+        Ok(!self
+            .api
+            .list_metadata(&lp)
+            .await
+            .map_err(api_err)?
+            .items
+            .is_empty())
     }
 
     /// Deletes the pod `name` only if it is still the object with `uid`

@@ -23,10 +23,6 @@ pub struct Observed {
     pub ready_at: Option<SystemTime>,
     pub cpu_milli: u32,
     pub memory_mib: u32,
-    /// CPU target of the instance's own (annotation) spec.
-    pub target_cpu_milli: u32,
-    /// Memory target of the instance's own (annotation) spec.
-    pub target_memory_mib: u32,
 }
 
 /// The autoscaler's settings (the controller's `--hpa-*`,
@@ -102,13 +98,19 @@ fn ceil_u32(x: f64) -> u32 {
 }
 
 /// `(desired, average usage)` for one resource metric (spec §5.4
-/// `metricDesired`).
-fn metric_desired(metric: Metric, instances: &[Observed], now: SystemTime, cfg: &ScaleConfig) -> (u32, f64) {
+/// `metricDesired`). The target is the function's current one: a scale
+/// change keeps the instances (see [`staleness`]) and moves their target.
+fn metric_desired(
+    metric: Metric,
+    target: u32,
+    instances: &[Observed],
+    now: SystemTime,
+    cfg: &ScaleConfig,
+) -> (u32, f64) {
     let current = u32::try_from(instances.len()).unwrap_or(u32::MAX);
     let mut with = 0u32;
     let mut without = 0u32;
     let mut total = 0u32;
-    let mut target = 0u32;
     for i in instances {
         let usage = match metric {
             Metric::Cpu => i.cpu_milli,
@@ -124,10 +126,6 @@ fn metric_desired(metric: Metric, instances: &[Observed], now: SystemTime, cfg: 
         }
         with += 1;
         total = total.saturating_add(usage);
-        target = match metric {
-            Metric::Cpu => i.target_cpu_milli,
-            Metric::Memory => i.target_memory_mib,
-        };
     }
     if with == 0 || target == 0 {
         return (current, 0.0);
@@ -197,12 +195,18 @@ pub fn desire(
         consider(d, ScaleReason::InFlightRequests);
     }
     if scale.target_cpu_usage_milli() > 0 {
-        let (d, avg) = metric_desired(Metric::Cpu, instances, now, cfg);
+        let (d, avg) = metric_desired(Metric::Cpu, scale.target_cpu_usage_milli(), instances, now, cfg);
         metrics.push(("cpu", avg));
         consider(d, ScaleReason::Cpu);
     }
     if scale.target_memory_usage_mib() > 0 {
-        let (d, avg) = metric_desired(Metric::Memory, instances, now, cfg);
+        let (d, avg) = metric_desired(
+            Metric::Memory,
+            scale.target_memory_usage_mib(),
+            instances,
+            now,
+            cfg,
+        );
         metrics.push(("memory", avg));
         consider(d, ScaleReason::Memory);
     }
@@ -380,6 +384,34 @@ pub fn plan_tick(input: &TickInput<'_>, window: &mut Window, cfg: &ScaleConfig) 
         stuck,
         replace_stale: !scaling_down,
         stop,
+    }
+}
+
+/// Why a ready instance is replaced one for one (spec §5.8).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stale {
+    /// Its ReplicaSet was scaled to zero or is gone (a rollout of the pool).
+    RetiredReplicaSet,
+    /// It was assigned with other metadata (or for another identity): what
+    /// a pod receives at assignment is no longer what the function says.
+    Assignment,
+}
+
+/// Whether an instance assigned for `assigned` must be replaced now that the
+/// function is `current`. Only ready instances are replaced (an unready one
+/// is the stuck-instance rule's). A change of the scale settings alone never
+/// replaces: they ride on every request's header, and they only move the
+/// supervisor's targets, which need no new pod.
+#[must_use]
+pub fn staleness(assigned: &Function, current: &Function, ready: bool, retired: bool) -> Option<Stale> {
+    if !ready {
+        None
+    } else if retired {
+        Some(Stale::RetiredReplicaSet)
+    } else if !assigned.same_assignment(current) {
+        Some(Stale::Assignment)
+    } else {
+        None
     }
 }
 

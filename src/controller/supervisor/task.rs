@@ -112,17 +112,12 @@ fn jittered(interval: Duration) -> Duration {
 fn observe(instances: &[Instance]) -> Vec<converge::Observed> {
     instances
         .iter()
-        .map(|i| {
-            let s = i.function.scale_or_default();
-            converge::Observed {
-                name: i.name.clone(),
-                assigned_at: i.assigned_at,
-                ready_at: i.ready_at,
-                cpu_milli: i.cpu_milli,
-                memory_mib: i.memory_mib,
-                target_cpu_milli: s.target_cpu_usage_milli(),
-                target_memory_mib: s.target_memory_usage_mib(),
-            }
+        .map(|i| converge::Observed {
+            name: i.name.clone(),
+            assigned_at: i.assigned_at,
+            ready_at: i.ready_at,
+            cpu_milli: i.cpu_milli,
+            memory_mib: i.memory_mib,
         })
         .collect()
 }
@@ -198,10 +193,16 @@ async fn tick<C: Context>(ctx: &C, handle: &Handle, actor: &mut Actor) -> Result
     }
 }
 
-/// A ready instance whose ReplicaSet was scaled to zero or is gone, or
-/// whose spec differs from the current one.
+/// Whether `i` is replaced one for one ([`converge::staleness`]).
 fn is_stale<C: Context>(ctx: &C, f: &Function, i: &Instance) -> bool {
-    i.ready_at.is_some() && (ctx.replica_set_retired(f, &i.replica_set) || !i.function.same_config(f))
+    let ready = i.ready_at.is_some();
+    converge::staleness(
+        &i.function,
+        f,
+        ready,
+        ready && ctx.replica_set_retired(f, &i.replica_set),
+    )
+    .is_some()
 }
 
 /// Carries out a tick's plan other than [`TickPlan::Idle`].
@@ -355,7 +356,7 @@ async fn execute<C: Context>(
 }
 
 /// Replaces ready instances whose ReplicaSet was scaled to zero or is gone,
-/// or whose spec differs from the current one, one for one (spec §5.8).
+/// or that were assigned with other metadata, one for one (spec §5.8).
 async fn replace_stale_instances<C: Context>(ctx: &C, f: &Function, instances: Vec<Instance>) {
     let max_plus_one = f.scale_or_default().max_instances().saturating_add(1) as usize;
     let mut total = instances.len();

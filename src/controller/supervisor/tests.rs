@@ -31,16 +31,21 @@ struct Fake {
 
 impl Fake {
     fn new() -> Arc<Self> {
-        Arc::new(Self {
-            settings: Settings {
-                scale_interval: Duration::from_secs(1),
-                scale: ScaleConfig {
-                    heartbeat_timeout: Duration::from_secs(30),
-                    downscale_stabilization: Duration::from_secs(5),
-                    assign_timeout: Duration::from_secs(5),
-                    ..ScaleConfig::default()
-                },
+        Self::with(Settings {
+            scale_interval: Duration::from_secs(1),
+            scale: ScaleConfig {
+                heartbeat_timeout: Duration::from_secs(30),
+                downscale_stabilization: Duration::from_secs(5),
+                assign_timeout: Duration::from_secs(5),
+                ..ScaleConfig::default()
             },
+        })
+    }
+
+    /// A cluster whose controller started now, with `settings`.
+    fn with(settings: Settings) -> Arc<Self> {
+        Arc::new(Self {
+            settings,
             epoch: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
             origin: Instant::now(),
             owner: AtomicBool::new(true),
@@ -340,4 +345,117 @@ async fn stopping_answers_waiting_commands_and_frees_every_handle() {
             .await,
         Err(Error::SupervisorStopped)
     ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_scale_only_change_keeps_the_instance_and_a_metadata_change_replaces_it() {
+    let ctx = Fake::new();
+    let reg = registry(&ctx);
+    let f = function("warm");
+    let h = reg.get_or_spawn(&f, true).await;
+    beat(&ctx, &h, 0);
+    h.scale(
+        Decision::new(1, ScaleReason::NoReadyInstances),
+        Instant::now() + Duration::from_secs(5),
+    )
+    .await
+    .unwrap();
+    let names = || {
+        ctx.instances
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|i| i.name.clone())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(names(), ["pod-0"]);
+    // Another caller's header for the same tenant: other scale settings.
+    let mut wider = f.clone();
+    wider.scale = Some(Scale {
+        min_instances: Some(0),
+        max_instances: Some(3),
+        target_cpu_usage_milli: Some(500),
+        target_in_flight_requests: Some(10),
+        ..Scale::default()
+    });
+    reg.get_or_spawn(&wider, true).await;
+    assert_eq!(*h.shared.spec(), wider, "the supervisor follows the new scale");
+    for _ in 0..10 {
+        beat(&ctx, &h, 0);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    settle().await;
+    assert_eq!(names(), ["pod-0"], "ten ticks later the same pod serves");
+    assert!(ctx.deleted.lock().unwrap().is_empty());
+    assert!(!ctx.events().contains(&EventType::StaleReplacement));
+    // New metadata: what the pod got at assignment no longer holds.
+    let mut relabelled = wider.clone();
+    relabelled.metadata = Some("v2".into());
+    reg.get_or_spawn(&relabelled, true).await;
+    beat(&ctx, &h, 0);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    settle().await;
+    assert_eq!(names(), ["pod-1"]);
+    assert_eq!(*ctx.deleted.lock().unwrap(), ["pod-0"]);
+    assert!(ctx.events().contains(&EventType::StaleReplacement));
+    let replacement = ctx.instances.lock().unwrap()[0].function.clone();
+    assert_eq!(replacement.metadata.as_deref(), Some("v2"));
+}
+
+/// An idle function's pod goes at the first tick once `--heartbeat-timeout`
+/// has passed since its last activity, and never within the start-up
+/// protection, `max(--hpa-downscale-stabilization, --heartbeat-timeout)`
+/// after the controller started (spec §5.5).
+#[tokio::test(start_paused = true)]
+async fn an_idle_pod_goes_a_heartbeat_timeout_after_its_last_activity_once_the_protection_is_over() {
+    let s = Duration::from_secs;
+    // (stabilization, last activity, the pod goes within [from, to]), in
+    // seconds after the controller started; 30 s timeout, 5 s ticks.
+    let table = [
+        // `skipper dev`: the window is the heartbeat timeout.
+        (30, 5, 35, 41),
+        (30, 60, 90, 96),
+        // The product's default 90 s window: a tenant used soon after the
+        // controller started waits out the protection.
+        (90, 5, 90, 96),
+        (90, 100, 130, 136),
+    ];
+    for (stabilization, active, from, to) in table {
+        let ctx = Fake::with(Settings {
+            scale_interval: s(5),
+            scale: ScaleConfig {
+                heartbeat_timeout: s(30),
+                downscale_stabilization: s(stabilization),
+                assign_timeout: s(5),
+                ..ScaleConfig::default()
+            },
+        });
+        let reg = registry(&ctx);
+        tokio::time::sleep(s(active)).await;
+        let f = function("idle");
+        let h = reg.get_or_spawn(&f, false).await;
+        beat(&ctx, &h, 0);
+        h.scale(
+            Decision::new(1, ScaleReason::NoReadyInstances),
+            Instant::now() + s(5),
+        )
+        .await
+        .unwrap();
+        // Step the paused clock until the pod is deleted.
+        let gone = loop {
+            if !ctx.deleted.lock().unwrap().is_empty() {
+                break ctx.origin.elapsed();
+            }
+            assert!(
+                ctx.origin.elapsed() < s(to + 30),
+                "window {stabilization}s, active at {active}s: the pod stays"
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        assert!(
+            gone >= s(from) && gone <= s(to),
+            "window {stabilization}s, active at {active}s: the pod went {gone:?} after the start, not within {from}–{to}s"
+        );
+        assert!(ctx.events().contains(&EventType::HeartbeatTimeout));
+    }
 }

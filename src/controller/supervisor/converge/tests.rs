@@ -39,8 +39,6 @@ fn inst(name: &str, cpu: u32) -> Observed {
         ready_at: Some(t0() - secs(600)),
         cpu_milli: cpu,
         memory_mib: 0,
-        target_cpu_milli: 100,
-        target_memory_mib: 0,
     }
 }
 
@@ -100,18 +98,62 @@ fn scale_down_with_missing_metrics_assumes_full_target() {
 }
 
 #[test]
-fn memory_uses_instances_targets() {
+fn targets_are_the_current_specs() {
     let mut a = inst("a", 0);
     a.memory_mib = 512;
-    a.target_memory_mib = 128;
-    let d = desire(
-        &func(0, 10, 0, 128, 0),
-        active(),
-        &[a],
-        t0(),
-        &ScaleConfig::default(),
-    );
-    assert_eq!((d.desired, d.reason), (4, ScaleReason::Memory));
+    let d = |target| {
+        let d = desire(
+            &func(0, 10, 0, target, 0),
+            active(),
+            std::slice::from_ref(&a),
+            t0(),
+            &ScaleConfig::default(),
+        );
+        (d.desired, d.reason)
+    };
+    assert_eq!(d(128), (4, ScaleReason::Memory));
+    // The same instance under a raised target (a scale-only change keeps it).
+    assert_eq!(d(256), (2, ScaleReason::Memory));
+}
+
+#[test]
+fn only_metadata_identity_and_retired_replica_sets_make_an_instance_stale() {
+    let base = func(0, 1, 0, 0, 0);
+    let with = |edit: fn(&mut Function)| {
+        let mut f = base.clone();
+        edit(&mut f);
+        f
+    };
+    let wider = with(|f| f.scale.as_mut().unwrap().max_instances = Some(2));
+    let targets = with(|f| {
+        let s = f.scale.as_mut().unwrap();
+        s.min_instances = Some(1);
+        s.target_cpu_usage_milli = Some(250);
+        s.target_memory_usage_mib = Some(64);
+        s.target_in_flight_requests = Some(5);
+    });
+    let no_scale = with(|f| f.scale = None);
+    let metadata = with(|f| f.metadata = Some("v2".into()));
+    let tenant = with(|f| f.tenant = "other".into());
+    // (assigned for, current, ready, replica set retired) → stale?
+    let table: [(&Function, &Function, bool, bool, Option<Stale>); 9] = [
+        (&base, &base, true, false, None),
+        (&base, &wider, true, false, None),
+        (&base, &targets, true, false, None),
+        (&base, &no_scale, true, false, None),
+        (&base, &metadata, true, false, Some(Stale::Assignment)),
+        (&base, &tenant, true, false, Some(Stale::Assignment)),
+        (&base, &wider, true, true, Some(Stale::RetiredReplicaSet)),
+        (&base, &base, true, true, Some(Stale::RetiredReplicaSet)),
+        (&base, &metadata, false, true, None),
+    ];
+    for (i, (assigned, current, ready, retired, want)) in table.into_iter().enumerate() {
+        assert_eq!(
+            staleness(assigned, current, ready, retired),
+            want,
+            "row {i}: {assigned:?} → {current:?}, ready {ready}, retired {retired}"
+        );
+    }
 }
 
 #[test]
