@@ -2,7 +2,8 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: build dist test test-real e2e e2e-real chaos fuzz fuzz-smoke lint fmt bench bench-router bench-sim bench-controller clean control-plane
+.PHONY: build dist test test-real e2e e2e-real chaos fuzz fuzz-smoke lint fmt bench bench-router bench-sim bench-controller clean control-plane \
+	helm helm-lint nodes image image-check
 
 ## build: the release binary at target/release/skipper
 build:
@@ -35,6 +36,92 @@ control-plane:
 	@test -n "$(K8S_VERSION)" || { echo "tools/k8s/go.mod names no k8s.io/kubernetes version" >&2; exit 1; }
 	cd tools/k8s && CGO_ENABLED=0 nice -n 10 go build -buildvcs=false -mod=readonly \
 		-ldflags '$(K8S_LDFLAGS)' -o ../../target/control-plane/ ./cmd/...
+
+## nodes: what kubelet nodes run, from tools/nodes (Go modules) into target/nodes/: kubelet at the
+## control plane's pin, containerd with its runc shim and ctr (without cgo or the btrfs, devmapper
+## and zfs snapshotters), metrics-server, and the pods' pause image (target/nodes/pause.oci.tar, a
+## static C program from scratch); runc and the CNI plugins come from Debian (`.ci/run` installs them)
+NODES_K8S_VERSION := $(shell sed -n 's/^\tk8s.io\/kubernetes v\([0-9.]*\)$$/\1/p' tools/nodes/kubelet/go.mod)
+CONTAINERD_VERSION := $(shell sed -n 's/^\(require \|\t\)github.com\/containerd\/containerd\/v2 v\([0-9.]*\)$$/\2/p' tools/nodes/containerd/go.mod)
+METRICS_SERVER_VERSION := $(shell sed -n 's/^\tsigs.k8s.io\/metrics-server v\([0-9.]*\)$$/\1/p' tools/nodes/metrics-server/go.mod)
+CONTAINERD_LDFLAGS := -s -w -X github.com/containerd/containerd/v2/version.Version=$(CONTAINERD_VERSION)
+METRICS_SERVER_LDFLAGS := -s -w -X k8s.io/client-go/pkg/version.gitVersion=v$(METRICS_SERVER_VERSION)
+NODES_GO_BUILD := CGO_ENABLED=0 nice -n 10 go build -buildvcs=false -mod=readonly
+NODES_DIR := $(CURDIR)/target/nodes
+# buildah keeps its images and layers under target/ (vfs: plain directories, no mounts) and
+# leaves nothing in the host's container storage.
+BUILDAH = buildah --root $(CURDIR)/target/buildah/root --runroot $(CURDIR)/target/buildah/run --storage-driver vfs
+PAUSE_IMAGE := localhost/skipper/pause:1
+nodes:
+	@test -n "$(NODES_K8S_VERSION)" -a -n "$(CONTAINERD_VERSION)" -a -n "$(METRICS_SERVER_VERSION)" || { \
+		echo "tools/nodes: a go.mod names no k8s.io/kubernetes, containerd or metrics-server version" >&2; exit 1; }
+	@test "$(NODES_K8S_VERSION)" = "$(K8S_VERSION)" || { echo "tools/nodes/kubelet pins k8s.io/kubernetes \
+		v$(NODES_K8S_VERSION), the control plane (tools/k8s) v$(K8S_VERSION): they must match" >&2; exit 1; }
+	cd tools/nodes/kubelet && $(NODES_GO_BUILD) -ldflags '$(K8S_LDFLAGS)' -o $(NODES_DIR)/ ./cmd/kubelet
+	cd tools/nodes/containerd && $(NODES_GO_BUILD) -tags 'no_btrfs no_devmapper no_zfs' \
+		-ldflags '$(CONTAINERD_LDFLAGS)' -o $(NODES_DIR)/ ./cmd/...
+	cd tools/nodes/metrics-server && $(NODES_GO_BUILD) -ldflags '$(METRICS_SERVER_LDFLAGS)' \
+		-o $(NODES_DIR)/ ./cmd/metrics-server
+	@command -v buildah >/dev/null || { echo "make nodes: the pause image needs buildah (apt-get install -y buildah)" >&2; exit 1; }
+	rm -rf target/nodes/pause-context && mkdir -p target/nodes/pause-context
+	gcc -static -Os -s -Wall -Werror -o target/nodes/pause tools/nodes/pause/pause.c
+	cp target/nodes/pause target/nodes/pause-context/pause
+	$(BUILDAH) bud --quiet --timestamp 0 --isolation chroot -f $(CURDIR)/tools/nodes/pause/Containerfile \
+		-t $(PAUSE_IMAGE) target/nodes/pause-context >/dev/null
+	rm -f target/nodes/pause.oci.tar
+	$(BUILDAH) push --quiet $(PAUSE_IMAGE) oci-archive:target/nodes/pause.oci.tar:$(PAUSE_IMAGE)
+	$(BUILDAH) rmi --all >/dev/null
+	@ls target/nodes
+
+## image: the container image, built without a daemon: `make dist`'s static product binary with CA
+## certificates and a numeric non-root user, FROM scratch (Containerfile), into
+## target/image/skipper.oci.tar (reference localhost/skipper:VERSION); prints its size
+VERSION := $(shell sed -n 's/^version = "\(.*\)"$$/\1/p' Cargo.toml | head -1)
+REVISION := $(shell git rev-parse HEAD 2>/dev/null || echo unknown)
+IMAGE := localhost/skipper:$(VERSION)
+IMAGE_SOURCE ?= $(shell git remote get-url origin 2>/dev/null)
+CA_CERTIFICATES ?= /etc/ssl/certs/ca-certificates.crt
+image: dist
+	@command -v buildah >/dev/null || { echo "make image: needs buildah (apt-get install -y buildah)" >&2; exit 1; }
+	@test -s $(CA_CERTIFICATES) || { echo "make image: no CA certificates at $(CA_CERTIFICATES) \
+		(apt-get install -y ca-certificates, or set CA_CERTIFICATES)" >&2; exit 1; }
+	rm -rf target/image/context && mkdir -p target/image/context
+	cp target/dist/skipper target/image/context/skipper
+	cp $(CA_CERTIFICATES) target/image/context/ca-certificates.crt
+	$(BUILDAH) bud --quiet --isolation chroot --timestamp $$(git log -1 --format=%ct 2>/dev/null || echo 0) \
+		--build-arg VERSION=$(VERSION) --build-arg REVISION=$(REVISION) --build-arg SOURCE=$(IMAGE_SOURCE) \
+		-f $(CURDIR)/Containerfile -t $(IMAGE) target/image/context >/dev/null
+	rm -f target/image/skipper.oci.tar
+	$(BUILDAH) push --quiet $(IMAGE) oci-archive:target/image/skipper.oci.tar:$(IMAGE)
+	$(BUILDAH) rmi --all >/dev/null
+	@echo "image $(IMAGE): target/image/skipper.oci.tar, $$(du -k target/image/skipper.oci.tar | cut -f1) KiB"
+
+## image-check: the image under podman with runc as an operator runs it (any UID, read-only root,
+## no capabilities): `skipper controller --help`, `skipper fixture` answering HTTP, `skipper router`
+## answering /livez
+image-check:
+	tools/image-check target/image/skipper.oci.tar
+
+## helm: the helm command from tools/helm (helm.sh/helm/v3, Go modules) into target/helm/helm,
+## versioned as the module it is built from; the chart's lint, golden and install tests use it
+HELM_VERSION := $(shell sed -n 's/^\thelm.sh\/helm\/v3 v\([0-9.]*\).*$$/\1/p' tools/helm/go.mod)
+HELM_K8S_MINOR := $(shell sed -n 's/^\tk8s.io\/client-go v0\.\([0-9]*\)\..*$$/\1/p' tools/helm/go.mod)
+HELM_LDFLAGS := -s -w \
+	-X helm.sh/helm/v3/internal/version.version=v$(HELM_VERSION) \
+	-X helm.sh/helm/v3/internal/version.gitTreeState=clean \
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMajor=1 \
+	-X helm.sh/helm/v3/pkg/lint/rules.k8sVersionMinor=$(HELM_K8S_MINOR) \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMajor=1 \
+	-X helm.sh/helm/v3/pkg/chartutil.k8sVersionMinor=$(HELM_K8S_MINOR)
+helm:
+	@test -n "$(HELM_VERSION)" || { echo "tools/helm/go.mod names no helm.sh/helm/v3 version" >&2; exit 1; }
+	cd tools/helm && CGO_ENABLED=0 nice -n 10 go build -buildvcs=false -mod=readonly \
+		-ldflags '$(HELM_LDFLAGS)' -o ../../target/helm/helm helm.sh/helm/v3/cmd/helm
+
+## helm-lint: `helm lint --strict` of charts/skipper with its defaults and every value file in charts/skipper/ci/
+helm-lint: helm
+	target/helm/helm lint --strict charts/skipper
+	for f in charts/skipper/ci/*-values.yaml; do target/helm/helm lint --strict charts/skipper -f $$f || exit 1; done
 
 ## test: every unit, integration and doc test (the e2e suite runs in `make e2e`)
 test:

@@ -3,11 +3,20 @@
 
 use clap::{Parser, Subcommand};
 
+/// `skipper --version`: the release and the commit it is built from
+/// (`SKIPPER_REVISION` at build time, else the checkout's, else `unknown`).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (revision ",
+    env!("SKIPPER_REVISION"),
+    ")"
+);
+
 /// One binary, every Skipper role.
 #[derive(Debug, Parser)]
 #[command(
     name = "skipper",
-    version,
+    version = VERSION,
     about = "On-demand per-tenant servers on Kubernetes",
     long_about = "On-demand per-tenant servers on Kubernetes.\n\nEvery flag also reads the environment variable SKIPPER_<FLAG> (e.g. --heartbeat-timeout reads SKIPPER_HEARTBEAT_TIMEOUT); a flag on the command line wins.",
     propagate_version = true,

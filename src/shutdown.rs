@@ -41,6 +41,17 @@ impl Shutdown {
         self.token.is_cancelled()
     }
 
+    /// A root of its own for tasks that outlive the start of this one's
+    /// shutdown: cancelled by `token`, owned by the same tracker (so
+    /// [`Shutdown::drain`] still waits for them).
+    #[must_use]
+    pub fn with_token(&self, token: CancellationToken) -> Self {
+        Self {
+            token,
+            tracker: self.tracker.clone(),
+        }
+    }
+
     /// Begins shutdown.
     pub fn trigger(&self) {
         self.token.cancel();

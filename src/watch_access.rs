@@ -21,10 +21,25 @@ use kube::client::Body;
 use tokio::sync::watch;
 
 /// The refused watches of a process: what each watches (`pods in namespace
-/// skipper-functions`) → the API server's last answer (`403 Forbidden`).
+/// skipper-functions`) → the API server's last answer.
 #[derive(Debug, Clone)]
 pub struct Refusals {
-    tx: Arc<watch::Sender<BTreeMap<String, String>>>,
+    tx: Arc<watch::Sender<BTreeMap<String, Refusal>>>,
+}
+
+/// The API server's answer to a refused request of a watch, and what the
+/// request asked (the verb the caller lacks when it is 403).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Refusal {
+    pub status: StatusCode,
+    /// `list` or `watch`.
+    pub verb: &'static str,
+}
+
+impl std::fmt::Display for Refusal {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}", self.status)
+    }
 }
 
 impl Default for Refusals {
@@ -61,7 +76,10 @@ impl Refusals {
     /// Records the answer to a request of the watch of `what`.
     pub fn record(&self, what: &str, watch: bool, status: StatusCode) {
         if matches!(status, StatusCode::UNAUTHORIZED | StatusCode::FORBIDDEN) {
-            let why = status.to_string();
+            let why = Refusal {
+                status,
+                verb: if watch { "watch" } else { "list" },
+            };
             self.tx.send_if_modified(|m| {
                 if m.get(what) == Some(&why) {
                     return false;
@@ -76,22 +94,30 @@ impl Refusals {
 
     /// The watches refused now.
     #[must_use]
-    pub fn current(&self) -> BTreeMap<String, String> {
+    pub fn current(&self) -> BTreeMap<String, Refusal> {
         self.tx.borrow().clone()
     }
 
     /// Follows the refused watches (changes only).
     #[must_use]
-    pub fn subscribe(&self) -> watch::Receiver<BTreeMap<String, String>> {
+    pub fn subscribe(&self) -> watch::Receiver<BTreeMap<String, Refusal>> {
         self.tx.subscribe()
     }
 
-    /// One line naming every refused watch, for health logs and answers.
+    /// One line naming every refused watch and what it lacks, for health
+    /// logs and answers.
     #[must_use]
-    pub fn describe(refused: &BTreeMap<String, String>) -> String {
+    pub fn describe(refused: &BTreeMap<String, Refusal>) -> String {
         refused
             .iter()
-            .map(|(what, why)| format!("watch of {what} refused ({why})"))
+            .map(|(what, why)| {
+                let lacks = if why.status == StatusCode::FORBIDDEN {
+                    format!(": the `{}` verb is not granted", why.verb)
+                } else {
+                    ": the credential is not accepted".to_owned()
+                };
+                format!("watch of {what} refused ({why}){lacks}")
+            })
             .collect::<Vec<_>>()
             .join("; ")
     }
@@ -145,7 +171,13 @@ mod tests {
         r.record(PODS, false, StatusCode::OK);
         assert!(r.current().is_empty());
         r.record(PODS, true, StatusCode::FORBIDDEN);
-        assert_eq!(r.current().get(PODS).map(String::as_str), Some("403 Forbidden"));
+        assert_eq!(
+            r.current().get(PODS),
+            Some(&Refusal {
+                status: StatusCode::FORBIDDEN,
+                verb: "watch"
+            })
+        );
         assert!(rx.has_changed().unwrap());
         rx.mark_unchanged();
         // The same refusal again is no change; a list does not clear it.
@@ -169,8 +201,8 @@ mod tests {
         r.record("replicasets in namespace fn", true, StatusCode::UNAUTHORIZED);
         assert_eq!(
             Refusals::describe(&r.current()),
-            "watch of pods in namespace fn refused (403 Forbidden); \
-             watch of replicasets in namespace fn refused (401 Unauthorized)"
+            "watch of pods in namespace fn refused (403 Forbidden): the `list` verb is not granted; \
+             watch of replicasets in namespace fn refused (401 Unauthorized): the credential is not accepted"
         );
     }
 

@@ -18,7 +18,6 @@ use rand::seq::IndexedRandom;
 use tokio::time::Instant;
 use tracing::Instrument as _;
 
-use super::error::Error;
 use super::events;
 use super::kube::pods::WriteError;
 use super::kube::stores::Namespace;
@@ -79,6 +78,33 @@ pub enum AssignError {
     /// The pod accepted but cannot be read as an instance.
     #[error(transparent)]
     Instance(#[from] InvalidPod),
+}
+
+/// Why an assignment produced no instance ([`super::error`] gives each its
+/// gRPC code).
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("no unassigned pod of deployment {namespace}/{deployment} became available before the deadline")]
+    NoPoolPod { namespace: String, deployment: String },
+    #[error("failed to assign pod {pod}: {source}")]
+    AssignFailed {
+        pod: String,
+        #[source]
+        source: AssignError,
+    },
+    #[error(
+        "deployment {namespace}/{deployment} is backing off after {failures} consecutive failed assignments; next attempt in {retry_in:?}; last: {last}"
+    )]
+    AssignBackoff {
+        namespace: String,
+        deployment: String,
+        failures: u32,
+        retry_in: Duration,
+        last: String,
+    },
+    /// The claim's write failed.
+    #[error(transparent)]
+    Write(#[from] WriteError),
 }
 
 /// Consecutive failures of one deployment's assignments.
@@ -250,7 +276,7 @@ impl Assigner {
     /// [`Error::AssignFailed`] when the pod refused or did not answer (the
     /// pod is deleted), [`Error::AssignBackoff`] while the deployment backs
     /// off after [`FAILURES_BEFORE_BACKOFF`] consecutive failures,
-    /// [`Error::Kube`] when the API server fails.
+    /// [`Error::Write`] when the API server fails.
     #[tracing::instrument(name = "controller.assign", skip_all, fields(function = %function.id(), deployment = %function.deployment))]
     pub async fn assign(
         &self,
@@ -361,7 +387,12 @@ impl Assigner {
                 .collect();
             let pick = candidates.choose(&mut rand::rng()).cloned();
             if let Some(name) = pick {
-                match ns.writer.claim(&name, function, SystemTime::now()).await {
+                let owner = ns.pods.get(&name).and_then(|p| pool_deployment(ns, &p));
+                match ns
+                    .writer
+                    .claim(&name, function, SystemTime::now(), owner.as_ref())
+                    .await
+                {
                     Ok(pod) => return Ok(pod),
                     Err(WriteError::Conflict(_)) => {
                         tracing::debug!(pod = %name, "pod no longer claimable, trying another");
@@ -466,6 +497,24 @@ impl Assigner {
 }
 
 /// Whether the pod's first owner is a ReplicaSet (claimable pool pod).
+/// The ownerReference a claim of `pod` gives it: to the Deployment that owns
+/// the pod's ReplicaSet (as the ReplicaSet cache knows it); `None` for a
+/// ReplicaSet without one.
+fn pool_deployment(
+    ns: &Namespace,
+    pod: &k8s_openapi::api::core::v1::Pod,
+) -> Option<k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference> {
+    let rs = pod.metadata.owner_references.as_ref()?.first()?;
+    let rs = ns.replica_sets.get(&rs.name)?;
+    let d = rs
+        .metadata
+        .owner_references
+        .iter()
+        .flatten()
+        .find(|o| o.kind == "Deployment" && o.controller == Some(true))?;
+    Some(super::kube::pods::pool_owner(&d.name, &d.uid))
+}
+
 fn is_pool_owned(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
     pod.metadata
         .owner_references
@@ -493,7 +542,7 @@ mod tests {
         drop(b.attempt(key(), t0).unwrap());
         assert_eq!(b.failed(&key(), "401".into(), t0), Some(BACKOFF_MIN));
         let err = b.attempt(key(), t0 + Duration::from_millis(500)).err().unwrap();
-        assert_eq!(err.code(), tonic::Code::ResourceExhausted);
+        assert!(matches!(err, Error::AssignBackoff { failures: 3, .. }), "{err}");
         assert!(err.to_string().contains("401"), "{err}");
         // After the period exactly one attempt goes ahead at a time.
         let later = t0 + BACKOFF_MIN;

@@ -9,16 +9,16 @@
 //!   [`MAX_CONCURRENT_REVIEWS`] at once), and the answer is cached by the
 //!   token's SHA-256 — a pass until the token expires or [`PASS_TTL`], a
 //!   refusal for [`REFUSAL_TTL`] — in at most [`MAX_CACHED`] entries.
-//! - [`Layer`] puts it in front of `skipper.ControllerService` (the health
-//!   service stays open for probes) and hands the [`Caller`] to the handlers
-//!   as a request extension.
+//! - [`super::grpc::AuthLayer`] puts it in front of
+//!   `skipper.ControllerService` (the health service stays open for probes)
+//!   and hands the [`Caller`] to the handlers as a request extension
+//!   ([`Caller::of`]); [`super::error`] gives each [`AuthError`] its code.
 //! - With `--allow-unauthenticated` a call without a token is admitted as
 //!   [`Caller::Anonymous`] (Go routers during a migration); a token that is
 //!   presented is still verified.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
-use std::task::{Context, Poll};
+use std::sync::Mutex;
 use std::time::{Duration, SystemTime};
 
 use base64::Engine as _;
@@ -80,6 +80,17 @@ impl Caller {
             Self::ServiceAccount { role, .. } => *role == Role::Controller,
         }
     }
+
+    /// Who sent `request` (set by [`super::grpc::AuthLayer`]; a service
+    /// used without it sees [`Caller::Anonymous`]).
+    #[must_use]
+    pub fn of<T>(request: &tonic::Request<T>) -> Self {
+        request
+            .extensions()
+            .get::<Self>()
+            .cloned()
+            .unwrap_or(Self::Anonymous)
+    }
 }
 
 /// Why a call was not admitted.
@@ -100,18 +111,6 @@ pub enum AuthError {
 }
 
 impl AuthError {
-    /// The gRPC code: `UNAUTHENTICATED` for missing, malformed or refused
-    /// tokens, `PERMISSION_DENIED` for a valid token of another identity,
-    /// `UNAVAILABLE` when the review itself failed (retry).
-    #[must_use]
-    pub fn code(&self) -> tonic::Code {
-        match self {
-            Self::Missing { .. } | Self::Malformed(_) | Self::Refused(_) => tonic::Code::Unauthenticated,
-            Self::Forbidden { .. } => tonic::Code::PermissionDenied,
-            Self::Unavailable(_) => tonic::Code::Unavailable,
-        }
-    }
-
     /// The failure metric's `reason` label (a fixed set).
     #[must_use]
     pub fn reason(&self) -> &'static str {
@@ -465,80 +464,6 @@ impl Authenticator {
             name: sa.name,
             pod,
             role,
-        })
-    }
-}
-
-/// Puts an [`Authenticator`] in front of a gRPC service.
-#[derive(Debug, Clone)]
-pub struct Layer {
-    auth: Arc<Authenticator>,
-}
-
-impl Layer {
-    /// A layer checking calls with `auth`.
-    #[must_use]
-    pub fn new(auth: Arc<Authenticator>) -> Self {
-        Self { auth }
-    }
-}
-
-impl<S> tower::Layer<S> for Layer {
-    type Service = Authenticated<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Authenticated {
-            inner,
-            auth: self.auth.clone(),
-        }
-    }
-}
-
-/// A gRPC service whose calls are authenticated first; the [`Caller`] is a
-/// request extension.
-#[derive(Debug, Clone)]
-pub struct Authenticated<S> {
-    inner: S,
-    auth: Arc<Authenticator>,
-}
-
-impl<S: tonic::server::NamedService> tonic::server::NamedService for Authenticated<S> {
-    const NAME: &'static str = S::NAME;
-}
-
-impl<S, B> tower::Service<http::Request<B>> for Authenticated<S>
-where
-    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-    B: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = S::Error;
-    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        self.inner.poll_ready(cx)
-    }
-
-    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
-        // The clone is ready only after poll_ready; keep the ready one.
-        let clone = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, clone);
-        let auth = self.auth.clone();
-        Box::pin(async move {
-            match auth.authenticate(req.headers()).await {
-                Ok(caller) => {
-                    req.extensions_mut().insert(caller);
-                    inner.call(req).await
-                }
-                Err(e) => {
-                    let status = tonic::Status::from(super::error::Error::from(e));
-                    Ok(status.into_http())
-                }
-            }
         })
     }
 }

@@ -6,6 +6,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use super::auth::{Policy, ServiceAccount};
+use super::supervisor::converge::ScaleConfig;
 use crate::config::{format_duration, parse_duration, parse_positive_duration, split_list};
 use crate::token::{SigningKey, Version};
 
@@ -138,7 +139,7 @@ pub struct Args {
     #[arg(long, env = "SKIPPER_TOKEN_FILE", default_value = crate::credentials::DEFAULT_TOKEN_FILE)]
     pub token_file: String,
 
-    /// Skip a function namespace that answers Forbidden at start-up instead of failing
+    /// Leave out a function namespace that answers Forbidden at start-up (without it, the namespace is retried until its Role allows the watches)
     #[arg(long, env = "SKIPPER_SKIP_FORBIDDEN_NAMESPACES", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
     pub skip_forbidden_namespaces: bool,
 
@@ -210,37 +211,6 @@ fn service_account(flag: &'static str, value: &str, namespace: &str) -> Result<S
         namespace: ns.to_owned(),
         name: name.to_owned(),
     })
-}
-
-/// Autoscaler settings used by the pure converge plan.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct ScaleConfig {
-    pub heartbeat_timeout: Duration,
-    pub tolerance: f64,
-    pub initial_readiness_delay: Duration,
-    pub downscale_stabilization: Duration,
-    pub assign_timeout: Duration,
-}
-
-impl Default for ScaleConfig {
-    fn default() -> Self {
-        Self {
-            heartbeat_timeout: Duration::from_secs(90),
-            tolerance: 0.1,
-            initial_readiness_delay: Duration::from_secs(30),
-            downscale_stabilization: Duration::from_secs(90),
-            assign_timeout: Duration::from_secs(30),
-        }
-    }
-}
-
-impl ScaleConfig {
-    /// How long a freshly started controller never scales down:
-    /// `max(downscale stabilization, heartbeat timeout)`.
-    #[must_use]
-    pub fn protection_period(&self) -> Duration {
-        self.downscale_stabilization.max(self.heartbeat_timeout)
-    }
 }
 
 /// Bounds on what callers can make a controller hold.
@@ -638,7 +608,7 @@ impl Config {
             (
                 "skip-forbidden-namespaces",
                 self.skip_forbidden_namespaces.to_string(),
-                "Skip a function namespace that answers Forbidden at start-up",
+                "Leave out a function namespace that answers Forbidden at start-up",
             ),
             (
                 "web-port",

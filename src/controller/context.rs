@@ -1,5 +1,6 @@
 //! [`Cluster`]: the supervisors' [`Context`] over the controller's caches,
-//! the API server, the assigner, the ring, the event log and the metrics.
+//! the API server, the assigner, the ring, the instance feeds, the event log
+//! and the metrics. [`super::core::Core`] holds it for the RPC handlers.
 
 use std::sync::Arc;
 use std::time::{Duration, SystemTime};
@@ -10,11 +11,11 @@ use tokio::time::Instant;
 use super::assign::Assigner;
 use super::error::{Error, Result};
 use super::events;
+use super::feeds::{Drained, Feeds};
+use super::kube::Instance;
 use super::kube::stores::{Namespace, State};
-use super::kube::{Instance, is_running};
 use super::metrics::Metrics;
 use super::supervisor::{Context, Scaled, Settings};
-use super::watch::{Drained, Feeds};
 use crate::api::{EventSeverity, EventType};
 use crate::domain::{Function, FunctionId};
 use crate::ring::RingHandle;
@@ -40,14 +41,29 @@ pub struct Cluster {
 }
 
 impl Cluster {
-    /// A managed namespace.
+    /// A managed namespace whose caches follow the cluster.
     ///
     /// # Errors
-    /// [`Error::UnmanagedNamespace`].
+    /// [`Error::UnmanagedNamespace`]; [`Error::NamespaceNotReady`] while its
+    /// watches have not listed or are refused.
     pub fn namespace(&self, ns: &str) -> Result<&Namespace> {
-        self.state
+        let n = self
+            .state
             .namespace(ns)
-            .ok_or_else(|| Error::UnmanagedNamespace(ns.to_owned()))
+            .ok_or_else(|| Error::UnmanagedNamespace(ns.to_owned()))?;
+        match self.state.not_ready(ns) {
+            None => Ok(n),
+            Some(why) => Err(Error::NamespaceNotReady {
+                namespace: ns.to_owned(),
+                why,
+            }),
+        }
+    }
+
+    /// Whether this controller owns `id` on its ring.
+    #[must_use]
+    pub fn is_owner(&self, id: FunctionId) -> bool {
+        self.ring.current().owner(id) == Some(self.pod_ip.as_str())
     }
 
     /// The running instances of a function from the pod cache (spec §4.3).
@@ -57,28 +73,16 @@ impl Cluster {
     /// [`Error::UnmanagedNamespace`].
     pub async fn read_instances(&self, f: &Function, mutate: bool) -> Result<Vec<Instance>> {
         let ns = self.namespace(&f.namespace)?;
-        let mut out = Vec::new();
-        for (pod, function) in ns.pods.of_function(f.id()) {
-            if !is_running(&pod) {
-                continue;
-            }
-            match Instance::from_pod(&pod, function) {
-                Ok(mut i) => {
-                    (i.cpu_milli, i.memory_mib) = self.state.usage.get(&i.namespace, &i.name);
-                    out.push(i);
-                }
-                Err(e) => {
-                    let name = pod.metadata.name.clone().unwrap_or_default();
-                    if mutate {
-                        tracing::warn!(pod = %name, error = %e, "failed to get instance from pod, deleting invalid pod");
-                        if let Err(e) = ns.writer.delete(&name).await {
-                            tracing::warn!(pod = %name, error = %e, "failed to delete invalid pod");
-                        }
-                    }
+        let (instances, invalid) = self.state.instances(f).unwrap_or_default();
+        if mutate {
+            for (name, e) in invalid {
+                tracing::warn!(pod = %name, error = %e, "failed to get instance from pod, deleting invalid pod");
+                if let Err(e) = ns.writer.delete(&name).await {
+                    tracing::warn!(pod = %name, error = %e, "failed to delete invalid pod");
                 }
             }
         }
-        Ok(out)
+        Ok(instances)
     }
 }
 
@@ -96,7 +100,7 @@ impl Context for Cluster {
     }
 
     fn is_owner(&self, id: FunctionId) -> bool {
-        self.ring.current().owner(id) == Some(self.pod_ip.as_str())
+        Cluster::is_owner(self, id)
     }
 
     async fn instances(&self, f: &Function) -> Result<Vec<Instance>> {
@@ -115,7 +119,7 @@ impl Context for Cluster {
 
     async fn assign(&self, f: &Function, deadline: Instant) -> Result<Instance> {
         let ns = self.namespace(&f.namespace)?;
-        self.assigner.assign(ns, f, deadline).await
+        Ok(self.assigner.assign(ns, f, deadline).await?)
     }
 
     async fn delete(&self, f: &Function, name: &str) -> Result<bool> {

@@ -1,6 +1,9 @@
 //! [`Core`]: what the RPC handlers share, and the controller's operations
 //! (get an instance, scale via the ring owner, record heartbeats, release,
-//! snapshot the state). Supervisors see only [`Cluster`], their context.
+//! snapshot the state). Core holds the [`Cluster`] (the caches, the ring,
+//! the assigner, events and metrics), which is all the supervisors see of
+//! the controller, and adds what only the RPCs need: the configuration,
+//! the peers, the supervisors' registry and the routers' heartbeat counts.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -16,14 +19,12 @@ use super::error::{Error, Result};
 use super::events;
 use super::heartbeat::{Refused, Report, Routers, forward_plan};
 use super::kube::Instance;
-use super::kube::stores::{Namespace, State};
 use super::metrics::{HeartbeatRefusedLabels, Metrics};
 use super::peers::Peers;
 use super::supervisor::converge::Decision;
 use super::supervisor::{Handle, Registry};
 use crate::api::{self, ScaleReason};
 use crate::domain::{Function, FunctionId, LABEL_TENANT};
-use crate::ring::RingHandle;
 use crate::shutdown::Shutdown;
 
 /// How many controllers a `Scale` may travel through before the receiver
@@ -39,13 +40,9 @@ const FORWARD_DEADLINE: Duration = Duration::from_secs(5);
 #[derive(Debug)]
 pub struct Core {
     pub config: Arc<Config>,
-    pub state: State,
-    pub ring: RingHandle,
-    /// The supervisors' context (also the assigner and the instance reads).
+    /// The caches, the ring, the assigner, the feeds, events and metrics:
+    /// the supervisors' context.
     pub cluster: Arc<Cluster>,
-    pub events: Arc<events::Log>,
-    pub metrics: Metrics,
-    pub started_at: SystemTime,
     pub shutdown: Shutdown,
     pub peers: Peers,
     pub supervisors: Registry<Cluster>,
@@ -54,26 +51,10 @@ pub struct Core {
 }
 
 impl Core {
-    /// A managed namespace.
-    ///
-    /// # Errors
-    /// [`Error::UnmanagedNamespace`].
-    pub fn namespace(&self, ns: &str) -> Result<&Namespace> {
-        self.state
-            .namespace(ns)
-            .ok_or_else(|| Error::UnmanagedNamespace(ns.to_owned()))
-    }
-
-    /// Whether this controller owns `id` on its ring.
-    #[must_use]
-    pub fn is_owner(&self, id: FunctionId) -> bool {
-        self.ring.current().owner(id) == Some(self.config.pod_ip.as_str())
-    }
-
     /// # Errors
     /// [`Error::NotSynced`] until every cache has listed once.
     pub(crate) fn ensure_synced(&self) -> Result<()> {
-        if self.state.is_synced() {
+        if self.cluster.state.is_synced() {
             Ok(())
         } else {
             Err(Error::NotSynced)
@@ -90,7 +71,7 @@ impl Core {
     pub fn admit(&self, f: Option<&api::Function>) -> Result<Function> {
         let f: Function = f.ok_or(Error::MissingFunction)?.into();
         f.validate()?;
-        let ns = self.namespace(&f.namespace)?;
+        let ns = self.cluster.namespace(&f.namespace)?;
         self.ensure_synced()?;
         if !ns.replica_sets.knows_deployment(&f.deployment)
             && ns.pods.pool(&f.deployment).is_empty()
@@ -109,15 +90,6 @@ impl Core {
         self.supervisors.get_or_spawn(f, update_spec).await
     }
 
-    /// The running instances of a function from the pod cache (spec §4.3).
-    /// With `mutate`, pods that cannot be read as instances are deleted.
-    ///
-    /// # Errors
-    /// [`Error::UnmanagedNamespace`].
-    pub async fn read_instances(&self, f: &Function, mutate: bool) -> Result<Vec<Instance>> {
-        self.cluster.read_instances(f, mutate).await
-    }
-
     /// `GetInstance` (spec §2.4, §5.10).
     ///
     /// # Errors
@@ -132,9 +104,9 @@ impl Core {
         // Every function in use has a supervisor (for oneshot functions it
         // is the safety net that deletes orphans).
         self.supervisor(&f, true).await;
-        let ns = self.namespace(&f.namespace)?;
+        let ns = self.cluster.namespace(&f.namespace)?;
         if f.is_oneshot() {
-            return self.cluster.assigner.assign(ns, &f, deadline).await;
+            return Ok(self.cluster.assigner.assign(ns, &f, deadline).await?);
         }
         let mut changes = ns.pods.subscribe();
         loop {
@@ -142,6 +114,7 @@ impl Core {
             // Instances about to be deleted are not handed out.
             let draining = self.cluster.feeds.draining(f.id());
             let ready: Vec<Instance> = self
+                .cluster
                 .read_instances(&f, true)
                 .await?
                 .into_iter()
@@ -179,7 +152,11 @@ impl Core {
         deadline: Instant,
         hops: u32,
     ) -> Result<Vec<Instance>> {
-        let ring = self.ring.wait_non_empty(self.config.hash_ring_wait_time).await?;
+        let ring = self
+            .cluster
+            .ring
+            .wait_non_empty(self.config.hash_ring_wait_time)
+            .await?;
         let owner = ring.owner(f.id()).map(str::to_owned);
         match owner {
             Some(o) if o != self.config.pod_ip && hops < MAX_SCALE_HOPS => {
@@ -274,7 +251,8 @@ impl Core {
                     continue;
                 }
             };
-            self.metrics
+            self.cluster
+                .metrics
                 .heartbeats_total
                 .get_or_create(&Metrics::function(&f.deployment))
                 .inc();
@@ -323,7 +301,8 @@ impl Core {
 
     /// Counts `n` refused heartbeat entries and the error answering them.
     fn refused(&self, n: usize, got: usize, reason: Refused) -> Error {
-        self.metrics
+        self.cluster
+            .metrics
             .heartbeats_refused_total
             .get_or_create(&HeartbeatRefusedLabels {
                 reason: reason.reason(),
@@ -338,7 +317,7 @@ impl Core {
     }
 
     fn forward_heartbeats(self: &Arc<Self>, req: api::HeartbeatRequest, router: String) {
-        let ring = self.ring.current();
+        let ring = self.cluster.ring.current();
         let (targets, chain) = forward_plan(ring.sorted_members(), &req.forwarded_for, &self.config.pod_ip);
         if targets.is_empty() {
             return;
@@ -398,7 +377,7 @@ impl Core {
                 (Some(_), None) => true,
                 (None, _) => false,
             };
-        let ns = self.namespace(&namespace)?;
+        let ns = self.cluster.namespace(&namespace)?;
         let pod = match ns.pods.get(&name).filter(|p| belongs(p)) {
             Some(p) => p,
             None => match ns.writer.fetch(&name).await? {
@@ -421,7 +400,7 @@ impl Core {
     /// This controller's state: the supervisors it owns (all of them when
     /// `all`), its ring, events and configuration.
     pub async fn local_state(&self, all: bool) -> api::ClusterState {
-        let ring = self.ring.current();
+        let ring = self.cluster.ring.current();
         let mut supervisors = Vec::new();
         for h in self.supervisors.handles() {
             let f = h.shared.spec();
@@ -429,7 +408,7 @@ impl Core {
             if !all && owner != self.config.pod_ip {
                 continue;
             }
-            let instances = self.read_instances(&f, false).await.unwrap_or_default();
+            let instances = self.cluster.read_instances(&f, false).await.unwrap_or_default();
             let router_heartbeats = h.shared.with_heartbeats(|s| {
                 s.iter()
                     .map(|(router, r)| api::HeartbeatState {
@@ -443,6 +422,7 @@ impl Core {
                     .collect()
             });
             let active = self
+                .cluster
                 .state
                 .namespace(&f.namespace)
                 .and_then(|ns| ns.replica_sets.active_for(&f.deployment));
@@ -461,6 +441,7 @@ impl Core {
             });
         }
         let events = self
+            .cluster
             .events
             .snapshot()
             .into_iter()
@@ -474,7 +455,7 @@ impl Core {
             .collect();
         api::ClusterState {
             pod_ip: Some(self.config.pod_ip.clone()),
-            started_at: Some(self.started_at.into()),
+            started_at: Some(self.cluster.started_at.into()),
             controller_ips: ring.sorted_members().iter().map(|s| s.to_string()).collect(),
             supervisors,
             events,
@@ -499,7 +480,7 @@ impl Core {
             return self.local_state(true).await;
         }
         let mut state = self.local_state(false).await;
-        let ring = self.ring.current();
+        let ring = self.cluster.ring.current();
         let peers: Vec<String> = ring
             .sorted_members()
             .iter()

@@ -1,12 +1,20 @@
 //! The controller's error type and its one mapping to `tonic::Status`.
 //!
+//! The leaves own their errors ([`assign::Error`], [`AuthError`],
+//! [`WriteError`], [`Refused`]); this umbrella wraps them for the RPC
+//! handlers and gives every one its code in [`Error::code`], the only table
+//! of codes (the auth layer, the service and the instance streams all answer
+//! through it).
+//!
 //! Codes are chosen for what a client can do about them: `UNAVAILABLE` for
 //! transient conditions (not synced, ring empty, API server or peer down) —
 //! the client retry policy keys on it; `ABORTED` for a pod that refused or
 //! failed its assignment (retrying at once would burn the next pod, so
 //! clients do not retry it transparently); `INVALID_ARGUMENT` for bad
 //! requests, including functions in a namespace this controller does not
-//! manage; `NOT_FOUND` for a Deployment that does not exist;
+//! manage, and a stream without its subscription; `ABORTED` too for an
+//! instance stream whose function moved on the ring (routers subscribe
+//! again at once); `NOT_FOUND` for a Deployment that does not exist;
 //! `FAILED_PRECONDITION` for releasing a pod Skipper did not assign;
 //! `RESOURCE_EXHAUSTED` when no pool pod arrived before the deadline, a
 //! deployment backs off, a function's supervisor has its mailbox full, or a
@@ -14,7 +22,13 @@
 //! malformed or refused token and `PERMISSION_DENIED` for a valid token of
 //! an identity that may not call; `INTERNAL` only for bugs.
 
-use crate::domain::ValidationError;
+use std::time::Duration;
+
+use super::assign;
+use super::auth::AuthError;
+use super::heartbeat::Refused;
+use super::kube::pods::WriteError;
+use crate::domain::{FunctionId, ValidationError};
 
 /// A failed controller operation.
 #[derive(Debug, thiserror::Error)]
@@ -29,6 +43,8 @@ pub enum Error {
     MissingInstance,
     #[error("namespace {0} is not managed by this controller (not in --function-namespaces or skipped)")]
     UnmanagedNamespace(String),
+    #[error("namespace {namespace} is not served yet: {why}")]
+    NamespaceNotReady { namespace: String, why: String },
     #[error("pod {namespace}/{name} is not a Skipper-assigned pod of this function")]
     NotAssigned { namespace: String, name: String },
     #[error(
@@ -44,34 +60,17 @@ pub enum Error {
         refused: usize,
         got: usize,
         #[source]
-        reason: super::heartbeat::Refused,
+        reason: Refused,
     },
     #[error("controller is starting: the Kubernetes caches have not synced yet")]
     NotSynced,
     #[error(transparent)]
     Ring(#[from] crate::ring::RingError),
-    #[error("kubernetes API: {0}")]
-    Kube(#[source] Box<kube::Error>),
-    #[error("no unassigned pod of deployment {namespace}/{deployment} became available before the deadline")]
-    NoPoolPod { namespace: String, deployment: String },
-    #[error("failed to assign pod {pod}: {source}")]
-    AssignFailed {
-        pod: String,
-        #[source]
-        source: super::assign::AssignError,
-    },
-    #[error("pod {name} is no longer claimable")]
-    Conflict { name: String },
-    #[error(
-        "deployment {namespace}/{deployment} is backing off after {failures} consecutive failed assignments; next attempt in {retry_in:?}; last: {last}"
-    )]
-    AssignBackoff {
-        namespace: String,
-        deployment: String,
-        failures: u32,
-        retry_in: std::time::Duration,
-        last: String,
-    },
+    /// A pod write (delete, fetch) failed.
+    #[error(transparent)]
+    Write(#[from] WriteError),
+    #[error(transparent)]
+    Assign(#[from] assign::Error),
     #[error("scale did not produce a ready instance before the deadline")]
     NoReadyInstance,
     #[error("peer controller {peer}: {source}")]
@@ -94,54 +93,89 @@ pub enum Error {
     #[error("controller is shutting down")]
     ShuttingDown,
     #[error(transparent)]
-    Auth(#[from] super::auth::AuthError),
-}
-
-impl From<super::kube::pods::WriteError> for Error {
-    fn from(e: super::kube::pods::WriteError) -> Self {
-        match e {
-            super::kube::pods::WriteError::Api(k) => Self::Kube(k),
-            super::kube::pods::WriteError::Conflict(name) => Self::Conflict { name },
-        }
-    }
+    Auth(#[from] AuthError),
+    /// A `WatchInstances` call sent no subscription in time.
+    #[error("no subscription message within {0:?}")]
+    NoSubscription(Duration),
+    /// The function of an instance stream moved to another controller.
+    #[error("function {id} moved on the hash ring (owner was {owner}); subscribe again")]
+    Moved { id: FunctionId, owner: String },
+    #[error("{limit} instance streams are open, the most this controller serves")]
+    TooManyStreams { limit: usize },
+    /// The owner refused or failed a forwarded instance stream.
+    #[error("peer controller {peer}: {message}")]
+    PeerStream {
+        peer: String,
+        code: tonic::Code,
+        message: String,
+    },
 }
 
 /// Result of controller operations.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
-    /// The gRPC code of this error.
+    /// The gRPC code of this error: the controller's one table of codes.
     #[must_use]
     pub fn code(&self) -> tonic::Code {
         use tonic::Code;
+        // A write the API server refused as a conflict: the pod changed
+        // under the claim, asking again at once would not help.
+        let write = |e: &WriteError| match e {
+            WriteError::Conflict(_) => Code::Aborted,
+            WriteError::Api(_) => Code::Unavailable,
+        };
+        // A peer's internal failure is this controller's unavailability.
+        let peer = |c: Code| match c {
+            Code::Internal | Code::Unknown => Code::Unavailable,
+            c => c,
+        };
         match self {
             Self::MissingFunction
             | Self::InvalidFunction(_)
             | Self::MissingRouterIp
             | Self::MissingInstance
-            | Self::UnmanagedNamespace(_) => Code::InvalidArgument,
+            | Self::UnmanagedNamespace(_)
+            | Self::NoSubscription(_) => Code::InvalidArgument,
             Self::NotAssigned { .. } => Code::FailedPrecondition,
             Self::DeploymentNotFound { .. } => Code::NotFound,
             Self::HeartbeatBatchTooLarge { .. } | Self::HeartbeatsRefused { .. } => Code::ResourceExhausted,
             // The function has more scale requests waiting than its actor
             // queues: one more caller would not be served sooner.
-            Self::MailboxFull { .. } => Code::ResourceExhausted,
-            // A pod refused or failed its assignment (it is deleted): asking
-            // again at once would only burn the next pod, so clients must
-            // not retry this transparently.
-            Self::AssignFailed { .. } => Code::Aborted,
-            Self::Conflict { .. } => Code::Aborted,
+            Self::MailboxFull { .. } | Self::TooManyStreams { .. } => Code::ResourceExhausted,
+            Self::Assign(e) => match e {
+                // A pod refused or failed its assignment (it is deleted):
+                // asking again at once would only burn the next pod, so
+                // clients must not retry this transparently.
+                assign::Error::AssignFailed { .. } => Code::Aborted,
+                assign::Error::NoPoolPod { .. } | assign::Error::AssignBackoff { .. } => {
+                    Code::ResourceExhausted
+                }
+                assign::Error::Write(w) => write(w),
+            },
+            Self::Write(w) => write(w),
+            // Routers subscribe again at once.
+            Self::Moved { .. } => Code::Aborted,
             Self::NotSynced
+            | Self::NamespaceNotReady { .. }
             | Self::Ring(_)
-            | Self::Kube(_)
             | Self::SupervisorStopped
             | Self::ShuttingDown => Code::Unavailable,
-            Self::NoPoolPod { .. } | Self::AssignBackoff { .. } => Code::ResourceExhausted,
             Self::NoReadyInstance => Code::DeadlineExceeded,
-            Self::Auth(e) => e.code(),
-            Self::Peer { source, .. } => match source.code() {
-                Code::Internal | Code::Unknown => Code::Unavailable,
-                c => c,
+            // Missing, malformed or refused tokens are unauthenticated, a
+            // valid token of another identity is denied, a review that
+            // failed is unavailable (retry).
+            Self::Auth(e) => match e {
+                AuthError::Missing { .. } | AuthError::Malformed(_) | AuthError::Refused(_) => {
+                    Code::Unauthenticated
+                }
+                AuthError::Forbidden { .. } => Code::PermissionDenied,
+                AuthError::Unavailable(_) => Code::Unavailable,
+            },
+            Self::Peer { source, .. } => peer(source.code()),
+            Self::PeerStream { code, .. } => match code {
+                Code::DeadlineExceeded => Code::Unavailable,
+                c => peer(*c),
             },
         }
     }
@@ -155,8 +189,14 @@ impl From<Error> for tonic::Status {
 
 #[cfg(test)]
 mod tests {
-    use super::*;
     use tonic::Code;
+
+    use super::*;
+    use crate::controller::assign::{AssignError, PostError};
+
+    fn nd() -> (String, String) {
+        ("n".into(), "d".into())
+    }
 
     #[test]
     fn codes_are_actionable() {
@@ -165,63 +205,139 @@ mod tests {
             (s.code(), s.message()),
             (Code::InvalidArgument, "invalid function: missing tenant")
         );
-        assert_eq!(
-            Error::UnmanagedNamespace("x".into()).code(),
-            Code::InvalidArgument
-        );
-        assert_eq!(Error::NotSynced.code(), Code::Unavailable);
-        assert_eq!(
-            Error::Ring(crate::ring::RingError::Empty(std::time::Duration::ZERO)).code(),
-            Code::Unavailable
-        );
-        assert_eq!(
-            Error::NoPoolPod {
-                namespace: "n".into(),
-                deployment: "d".into()
-            }
-            .code(),
-            Code::ResourceExhausted
-        );
-        let peer = Error::Peer {
+        let (namespace, deployment) = nd();
+        let refused = || {
+            AssignError::Post(PostError::Refused {
+                status: 401,
+                body: "expired".into(),
+            })
+        };
+        let peer = |code| Error::PeerStream {
             peer: "p".into(),
-            source: Box::new(crate::client::Error::NoEndpoints {
-                method: crate::client::Method::Scale,
-            }),
+            code,
+            message: "m".into(),
         };
-        assert_eq!(peer.code(), Code::Unavailable);
-        let refused = Error::AssignFailed {
-            pod: "p".into(),
-            source: crate::controller::assign::AssignError::Post(
-                crate::controller::assign::PostError::Refused {
-                    status: 401,
-                    body: "expired".into(),
+        let api = || WriteError::Api(Box::new(kube::Error::LinesCodecMaxLineLengthExceeded));
+        let table: Vec<(Error, Code)> = vec![
+            (Error::UnmanagedNamespace("x".into()), Code::InvalidArgument),
+            (Error::NotSynced, Code::Unavailable),
+            (
+                Error::NamespaceNotReady {
+                    namespace: "n".into(),
+                    why: "refused".into(),
                 },
+                Code::Unavailable,
             ),
-        };
-        assert_ne!(
-            refused.code(),
-            Code::Unavailable,
-            "refusals are not retried by clients"
-        );
+            (
+                Error::Ring(crate::ring::RingError::Empty(Duration::ZERO)),
+                Code::Unavailable,
+            ),
+            (
+                assign::Error::NoPoolPod {
+                    namespace: namespace.clone(),
+                    deployment: deployment.clone(),
+                }
+                .into(),
+                Code::ResourceExhausted,
+            ),
+            (
+                assign::Error::AssignBackoff {
+                    namespace: namespace.clone(),
+                    deployment: deployment.clone(),
+                    failures: 3,
+                    retry_in: Duration::from_secs(2),
+                    last: "refused".into(),
+                }
+                .into(),
+                Code::ResourceExhausted,
+            ),
+            // Refusals are not retried by clients.
+            (
+                assign::Error::AssignFailed {
+                    pod: "p".into(),
+                    source: refused(),
+                }
+                .into(),
+                Code::Aborted,
+            ),
+            (
+                assign::Error::Write(WriteError::Conflict("p".into())).into(),
+                Code::Aborted,
+            ),
+            (assign::Error::Write(api()).into(), Code::Unavailable),
+            (WriteError::Conflict("p".into()).into(), Code::Aborted),
+            (api().into(), Code::Unavailable),
+            (
+                Error::Peer {
+                    peer: "p".into(),
+                    source: Box::new(crate::client::Error::NoEndpoints {
+                        method: crate::client::Method::Scale,
+                    }),
+                },
+                Code::Unavailable,
+            ),
+            (
+                Error::DeploymentNotFound {
+                    namespace: namespace.clone(),
+                    deployment: deployment.clone(),
+                },
+                Code::NotFound,
+            ),
+            // A full mailbox is not a missing instance.
+            (
+                Error::MailboxFull {
+                    namespace,
+                    deployment,
+                    tenant: "t".into(),
+                    capacity: 1024,
+                },
+                Code::ResourceExhausted,
+            ),
+            (Error::NoReadyInstance, Code::DeadlineExceeded),
+            (
+                AuthError::Missing { audience: "a".into() }.into(),
+                Code::Unauthenticated,
+            ),
+            (AuthError::Malformed("m").into(), Code::Unauthenticated),
+            (AuthError::Refused("r".into()).into(), Code::Unauthenticated),
+            (
+                AuthError::Forbidden {
+                    user: "u".into(),
+                    allowed: "a".into(),
+                }
+                .into(),
+                Code::PermissionDenied,
+            ),
+            (AuthError::Unavailable("u".into()).into(), Code::Unavailable),
+            (
+                Error::NoSubscription(Duration::from_secs(10)),
+                Code::InvalidArgument,
+            ),
+            (
+                Error::Moved {
+                    id: FunctionId(9),
+                    owner: "10.0.0.1".into(),
+                },
+                Code::Aborted,
+            ),
+            (Error::TooManyStreams { limit: 2 }, Code::ResourceExhausted),
+            (peer(Code::Internal), Code::Unavailable),
+            (peer(Code::DeadlineExceeded), Code::Unavailable),
+            (peer(Code::NotFound), Code::NotFound),
+        ];
+        for (e, code) in table {
+            let message = e.to_string();
+            let s = tonic::Status::from(e);
+            assert_eq!((s.code(), s.message()), (code, message.as_str()));
+        }
         assert_eq!(
-            Error::DeploymentNotFound {
+            Error::from(assign::Error::NoPoolPod {
                 namespace: "n".into(),
                 deployment: "d".into()
-            }
-            .code(),
-            Code::NotFound
-        );
-        let full = Error::MailboxFull {
-            namespace: "n".into(),
-            deployment: "d".into(),
-            tenant: "t".into(),
-            capacity: 1024,
-        };
-        assert_eq!(full.code(), Code::ResourceExhausted);
-        assert_ne!(
-            full.code(),
-            Error::NoReadyInstance.code(),
-            "a full mailbox is not a missing instance"
+            })
+            .to_string(),
+            "no unassigned pod of deployment n/d became available before the deadline",
+            "a leaf's message is the answer's"
         );
     }
 }

@@ -1,16 +1,20 @@
 //! `skipper.ControllerService`: decode, delegate to [`Core`], encode. Errors
 //! become `tonic::Status` through the one mapping in [`super::error`].
+//! [`AuthLayer`] authenticates every call before it reaches the service.
 
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
+use futures::future::BoxFuture;
 use tokio::time::Instant;
 use tonic::{Request, Response, Status};
 use tracing::Instrument as _;
 
-use super::auth::Caller;
+use super::auth::Authenticator;
 use super::core::Core;
-use super::peers::HOPS_METADATA;
+use super::error::Error;
+use super::peers::forwarded_hops;
 use super::supervisor::converge::Decision;
 use crate::api::{self, ScaleReason};
 use crate::domain::ASSIGN_TIMING_METADATA;
@@ -43,16 +47,6 @@ impl Service {
             .map_or(cap, |d| d.saturating_sub((d / 10).min(Duration::from_millis(50))));
         Instant::now() + asked.min(cap)
     }
-}
-
-/// Who sent `request` (set by [`super::auth::Layer`]; a service used
-/// without it sees [`Caller::Anonymous`]).
-pub(super) fn caller<T>(request: &Request<T>) -> Caller {
-    request
-        .extensions()
-        .get::<Caller>()
-        .cloned()
-        .unwrap_or(Caller::Anonymous)
 }
 
 /// Parses a `grpc-timeout` header value (`100m`, `5S`, ...).
@@ -153,18 +147,7 @@ impl Service {
         request: Request<api::ScaleRequest>,
     ) -> Result<Response<api::ScaleResponse>, Status> {
         let deadline = self.deadline(&request);
-        // Only a peer controller forwards: a router cannot make a
-        // non-owner scale by claiming hops.
-        let hops = if caller(&request).may_forward() {
-            request
-                .metadata()
-                .get(HOPS_METADATA)
-                .and_then(|v| v.to_str().ok())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or(0)
-        } else {
-            0
-        };
+        let hops = forwarded_hops(&request);
         let req = request.into_inner();
         let f = self.core.admit(req.function.as_ref())?;
         let reason = req
@@ -230,6 +213,81 @@ fn with_timing<'a, T>(
     };
     if let Ok(v) = tonic::metadata::MetadataValue::try_from(t.encode()) {
         resp.metadata_mut().insert(ASSIGN_TIMING_METADATA, v);
+    }
+}
+
+/// Puts an [`Authenticator`] in front of a gRPC service; a refused call is
+/// answered with its [`AuthError`](super::auth::AuthError)'s status.
+#[derive(Debug, Clone)]
+pub struct AuthLayer {
+    auth: Arc<Authenticator>,
+}
+
+impl AuthLayer {
+    /// A layer checking calls with `auth`.
+    #[must_use]
+    pub fn new(auth: Arc<Authenticator>) -> Self {
+        Self { auth }
+    }
+}
+
+impl<S> tower::Layer<S> for AuthLayer {
+    type Service = Authenticated<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        Authenticated {
+            inner,
+            auth: self.auth.clone(),
+        }
+    }
+}
+
+/// A gRPC service whose calls are authenticated first; the [`Caller`] is a
+/// request extension.
+#[derive(Debug, Clone)]
+pub struct Authenticated<S> {
+    inner: S,
+    auth: Arc<Authenticator>,
+}
+
+impl<S: tonic::server::NamedService> tonic::server::NamedService for Authenticated<S> {
+    const NAME: &'static str = S::NAME;
+}
+
+impl<S, B> tower::Service<http::Request<B>> for Authenticated<S>
+where
+    S: tower::Service<http::Request<B>, Response = http::Response<tonic::body::Body>>
+        + Clone
+        + Send
+        + 'static,
+    S::Future: Send + 'static,
+    B: Send + 'static,
+{
+    type Response = S::Response;
+    type Error = S::Error;
+    type Future = BoxFuture<'static, Result<Self::Response, Self::Error>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, mut req: http::Request<B>) -> Self::Future {
+        // The clone is ready only after poll_ready; keep the ready one.
+        let clone = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, clone);
+        let auth = self.auth.clone();
+        Box::pin(async move {
+            match auth.authenticate(req.headers()).await {
+                Ok(caller) => {
+                    req.extensions_mut().insert(caller);
+                    inner.call(req).await
+                }
+                Err(e) => {
+                    let status = Status::from(Error::from(e));
+                    Ok(status.into_http())
+                }
+            }
+        })
     }
 }
 

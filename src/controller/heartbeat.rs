@@ -15,7 +15,14 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
 
-use crate::controller::supervisor::converge::Combined;
+/// The activity of a function across every router.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Combined {
+    /// Newest router activity or instance assignment; `None` when neither exists.
+    pub timestamp: Option<SystemTime>,
+    /// Sum of the routers' in-flight request counts.
+    pub in_flight: u32,
+}
 
 /// One router's latest report for a function.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -24,6 +24,13 @@ pub struct AssignFailureLabels {
     pub reason: &'static str,
 }
 
+/// Label set of per-function-namespace metrics (`namespace` is the
+/// scraper's label for the controller's own).
+#[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct FunctionNamespaceLabels {
+    pub function_namespace: String,
+}
+
 /// Label set of refused heartbeat entries: which limit refused them.
 #[derive(Debug, Clone, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct HeartbeatRefusedLabels {
@@ -63,6 +70,9 @@ pub struct Metrics {
     pub assignment_failures_total: Family<AssignFailureLabels, Counter>,
     pub heartbeats_refused_total: Family<HeartbeatRefusedLabels, Counter>,
     pub authentication_failures_total: Family<AuthFailureLabels, Counter>,
+    pub ring_members: Gauge,
+    pub function_namespace_ready: Family<FunctionNamespaceLabels, Gauge>,
+    pub instances: Family<FunctionLabels, Gauge>,
 }
 
 /// `(name without the skipper_controller_ prefix, help)` of every metric, in
@@ -109,6 +119,18 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
         "authentication_failures",
         "Calls refused before reaching the service: missing, malformed, refused or forbidden credentials.",
     ),
+    (
+        "ring_members",
+        "Controllers in the hash ring as this controller sees it (0: no cold request can be served).",
+    ),
+    (
+        "function_namespace_ready",
+        "1 while this controller serves the function namespace, 0 while its watches are refused or unlisted.",
+    ),
+    (
+        "instances",
+        "Running assigned pods of the functions this controller owns on the ring, by deployment.",
+    ),
 ];
 
 impl Metrics {
@@ -126,6 +148,9 @@ impl Metrics {
             assignment_failures_total: Family::default(),
             heartbeats_refused_total: Family::default(),
             authentication_failures_total: Family::default(),
+            ring_members: Gauge::default(),
+            function_namespace_ready: Family::default(),
+            instances: Family::default(),
         };
         let sub = registry
             .sub_registry_with_prefix("skipper")
@@ -154,6 +179,9 @@ impl Metrics {
             help(10),
             m.authentication_failures_total.clone(),
         );
+        sub.register(DESCRIPTIONS[11].0, help(11), m.ring_members.clone());
+        sub.register(DESCRIPTIONS[12].0, help(12), m.function_namespace_ready.clone());
+        sub.register(DESCRIPTIONS[13].0, help(13), m.instances.clone());
         m
     }
 

@@ -3,18 +3,28 @@
 //!
 //! Layout:
 //! - [`config`]: flags and the validated [`Config`].
-//! - [`error`]: the error type and its one mapping to gRPC status codes.
 //! - [`kube`]: watches and caches (reads) and [`kube::pods`] (all writes).
 //! - [`assign`]: claiming a pool pod and the assign request.
+//! - [`auth`]: who may call (token reviews, the callers' roles).
 //! - [`supervisor`]: one actor per function over a narrow
 //!   [`supervisor::Context`]; [`supervisor::converge`] is the pure scaling
-//!   core; [`context`] is the controller's implementation of the context.
+//!   core with its settings; [`context`] is the controller's implementation
+//!   of the context.
 //! - [`heartbeat`], [`events`], [`metrics`], [`peers`]: router activity, the
 //!   event log, Prometheus metrics, and clients of the other controllers.
-//! - [`core`]: the operations behind the RPCs; [`grpc`]: the service;
-//!   [`watch`]: the `WatchInstances` streams that feed routers' tables, and
+//! - [`feeds`]: the instance views routers' tables are made of, and
 //!   draining before a scale-down.
+//! - [`core`]: the operations behind the RPCs; [`grpc`]: the service and
+//!   its authentication layer; [`watch`]: the `WatchInstances` streams.
+//! - [`error`]: the operations' error, wrapping the leaves' own errors, and
+//!   the one mapping of all of them to gRPC status codes.
 //! - [`web`]: the operator's web UI (`--web-port`).
+//!
+//! The modules import each other without a circle (the `imports` contract
+//! test reads them): leaves (`assign`, `auth`, `heartbeat`, `kube`,
+//! `supervisor::converge`) own their settings and errors and know nothing of
+//! the RPCs; `error` wraps them; `context`, `feeds` and `supervisor` build
+//! on the leaves; `core`, `watch`, `grpc` and `web` on all of them.
 
 pub mod assign;
 pub mod auth;
@@ -23,6 +33,7 @@ pub mod context;
 pub mod core;
 pub mod error;
 pub mod events;
+pub mod feeds;
 pub mod grpc;
 pub mod heartbeat;
 pub mod kube;
@@ -32,7 +43,7 @@ pub mod supervisor;
 pub mod watch;
 pub mod web;
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::SystemTime;
@@ -88,10 +99,12 @@ pub struct Running {
 
 /// Runs the controller on `listener` until `shutdown` fires.
 ///
-/// Order: start the watches (a namespace probe failure is fatal), serve gRPC
-/// with health `NOT_SERVING`, wait for every cache to list once, start
-/// discovery, then report `SERVING` (as the Go implementation does), and
-/// `NOT_SERVING` again while the API server refuses one of the watches. Health
+/// Order: start the watches, serve gRPC with health `NOT_SERVING`, wait for
+/// every cache to list once (a function namespace the API server refuses
+/// does not hold this up: it is retried with back-off), start discovery,
+/// then report `SERVING` (as the Go implementation does), and `NOT_SERVING`
+/// again while the API server refuses the ring's watch or the watches of
+/// every function namespace (see [`start_health`]). Health
 /// does not wait for the ring: a controller joins the ring only once its pod
 /// is Ready, and readiness is this health, so a fresh install would never
 /// come up. Requests that need the ring wait for a member instead (at most
@@ -168,11 +181,11 @@ pub async fn run(
         ring: ring.clone(),
         pod_ip: config.pod_ip.clone(),
         assigner,
-        events: events.clone(),
+        events,
         metrics: metrics.clone(),
         stale_permits: Arc::new(Semaphore::new(config.max_concurrent_stale_replacements)),
         started_at,
-        feeds: Arc::new(watch::Feeds::default()),
+        feeds: Arc::new(feeds::Feeds::default()),
         drain_timeout: config.drain_timeout,
     });
     let supervisors = supervisor::Registry::new(
@@ -182,12 +195,7 @@ pub async fn run(
     );
     let core = Arc::new(Core {
         config: config.clone(),
-        state: state.clone(),
-        ring: ring.clone(),
         cluster,
-        events,
-        metrics,
-        started_at,
         shutdown: shutdown.clone(),
         peers: peers::Peers::new(config.port, credentials),
         supervisors,
@@ -216,9 +224,9 @@ pub async fn run(
     let authenticator = Arc::new(auth::Authenticator::new(
         config.auth.clone(),
         auth::KubeReviewer(client.clone()),
-        core.metrics.clone(),
+        metrics,
     ));
-    let service = tower::Layer::layer(&auth::Layer::new(authenticator), api_server(core.clone()));
+    let service = tower::Layer::layer(&grpc::AuthLayer::new(authenticator), api_server(core.clone()));
     let token = shutdown.token().clone();
     let incoming = crate::net::grpc_incoming(listener);
     // HTTP/2 pings keep long-lived instance streams honest: a router that
@@ -258,7 +266,8 @@ fn api_server(
 
 /// Every `--scale-interval`, ensures a supervisor for every function with
 /// assigned pods; deletes tenant-labelled pods whose function annotation is
-/// missing or invalid.
+/// missing or invalid; counts the instances of the functions this
+/// controller owns (the `instances` metric, summed over controllers).
 fn start_discovery(core: &Arc<Core>) {
     let core2 = core.clone();
     let token = core.shutdown.token().clone();
@@ -266,12 +275,16 @@ fn start_discovery(core: &Arc<Core>) {
         let core = core2;
         let mut ticker = tokio::time::interval(core.config.scale_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut counted: HashMap<String, i64> = HashMap::new();
         loop {
             tokio::select! {
                 () = token.cancelled() => return,
                 _ = ticker.tick() => {}
             }
-            for ns in core.state.namespaces.values() {
+            for n in counted.values_mut() {
+                *n = 0;
+            }
+            for ns in core.cluster.state.namespaces.values() {
                 let mut seen = HashSet::new();
                 for (pod, function) in ns.pods.assigned() {
                     if !is_running(&pod) {
@@ -280,6 +293,9 @@ fn start_discovery(core: &Arc<Core>) {
                     let name = pod.metadata.name.clone().unwrap_or_default();
                     match function {
                         Some(f) => {
+                            if core.cluster.is_owner(f.id()) {
+                                *counted.entry(f.deployment.clone()).or_default() += 1;
+                            }
                             if seen.insert(f.id()) {
                                 core.supervisor(&f, false).await;
                             }
@@ -293,52 +309,137 @@ fn start_discovery(core: &Arc<Core>) {
                     }
                 }
             }
+            counted.retain(|deployment, n| {
+                core.cluster
+                    .metrics
+                    .instances
+                    .get_or_create(&Metrics::function(deployment))
+                    .set(*n);
+                *n > 0
+            });
         }
     });
 }
 
-/// Drops peer clients of controllers that left the ring.
-/// Keeps the health service's status: `SERVING` while every watch runs,
-/// `NOT_SERVING` (logged with the refused watches) while the API server
-/// refuses one, as the caches it feeds no longer follow the cluster.
+/// Keeps the health service's statuses. Each function namespace has a
+/// service of its own, `namespace/<name>` ([`namespace_service`]): `SERVING`
+/// while its watches run. The overall status (readiness) is `SERVING` while
+/// the ring's watch runs and some function namespace is served: a namespace
+/// the API server refuses (its Role is not there yet, or lacks a verb) does
+/// not take the controller out of the ring for the others. Every change is
+/// logged, naming what each namespace lacks.
 fn start_health(core: &Arc<Core>, reporter: tonic_health::server::HealthReporter) {
-    let mut refused = core.state.refusals.subscribe();
+    let state = core.cluster.state.clone();
+    let metrics = core.cluster.metrics.clone();
     let token = core.shutdown.token().clone();
     let pod_ip = core.config.pod_ip.clone();
     core.shutdown.spawn("health", async move {
+        let mut refused = state.refusals.subscribe();
+        let mut last: Option<(bool, BTreeMap<String, String>, String)> = None;
         loop {
-            let now = refused.borrow_and_update().clone();
-            if now.is_empty() {
-                reporter.set_service_status("", ServingStatus::Serving).await;
-                tracing::info!(%pod_ip, "controller serving");
-            } else {
-                reporter.set_service_status("", ServingStatus::NotServing).await;
-                tracing::error!(
-                    %pod_ip,
-                    refused = %crate::watch_access::Refusals::describe(&now),
-                    "controller not serving: the API server refuses a watch (grant the verb), its cache would \
-                     not follow the cluster"
-                );
+            refused.borrow_and_update();
+            let unready: BTreeMap<String, String> = state
+                .namespaces
+                .keys()
+                .filter_map(|ns| state.not_ready(ns).map(|why| (ns.clone(), why)))
+                .collect();
+            let ring_refused = crate::watch_access::Refusals::describe(&state.ring_refusals());
+            let serving = ring_refused.is_empty()
+                && (state.namespaces.is_empty() || unready.len() < state.namespaces.len());
+            let now = (serving, unready, ring_refused);
+            if last.as_ref() != Some(&now) {
+                let (serving, unready, ring_refused) = &now;
+                for ns in state.namespaces.keys() {
+                    let ready = !unready.contains_key(ns);
+                    let status = if ready {
+                        ServingStatus::Serving
+                    } else {
+                        ServingStatus::NotServing
+                    };
+                    reporter.set_service_status(&namespace_service(ns), status).await;
+                    metrics
+                        .function_namespace_ready
+                        .get_or_create(&self::metrics::FunctionNamespaceLabels {
+                            function_namespace: ns.clone(),
+                        })
+                        .set(i64::from(ready));
+                }
+                let status = if *serving {
+                    ServingStatus::Serving
+                } else {
+                    ServingStatus::NotServing
+                };
+                reporter.set_service_status("", status).await;
+                log_health(&pod_ip, *serving, unready, ring_refused);
+                last = Some(now);
             }
             tokio::select! {
                 () = token.cancelled() => return,
-                r = refused.changed() => if r.is_err() { return },
+                () = state.readiness_changed(&mut refused) => {}
             }
         }
     });
 }
 
+/// The gRPC health service of function namespace `ns`: `SERVING` while the
+/// controller's watches of it run.
+#[must_use]
+pub fn namespace_service(ns: &str) -> String {
+    format!("namespace/{ns}")
+}
+
+fn log_health(pod_ip: &str, serving: bool, unready: &BTreeMap<String, String>, ring_refused: &str) {
+    let lacking = unready
+        .iter()
+        .map(|(ns, why)| format!("{ns}: {why}"))
+        .collect::<Vec<_>>()
+        .join("; ");
+    if !ring_refused.is_empty() {
+        tracing::error!(
+            %pod_ip,
+            refused = %ring_refused,
+            "controller not serving: the API server refuses the ring's watch (grant the verb), ring membership \
+             would not follow the cluster"
+        );
+    } else if !serving {
+        tracing::error!(
+            %pod_ip,
+            refused = %lacking,
+            "controller not serving: the API server refuses a watch of every function namespace (grant the \
+             verb in each namespace's Role); retrying with back-off"
+        );
+    } else if unready.is_empty() {
+        tracing::info!(%pod_ip, "controller serving");
+    } else {
+        tracing::warn!(
+            %pod_ip,
+            refused = %lacking,
+            "controller serving, but not these function namespaces (grant the verb in each namespace's Role); \
+             retrying with back-off"
+        );
+    }
+}
+
+/// Drops peer clients of controllers that left the ring.
 fn start_peer_pruning(core: &Arc<Core>) {
     let core2 = core.clone();
     let token = core.shutdown.token().clone();
     core.shutdown.spawn("prune-peers", async move {
-        let mut rx = core2.ring.subscribe();
+        let mut rx = core2.cluster.ring.subscribe();
+        let members =
+            |ring: &crate::ring::HashRing| i64::try_from(ring.sorted_members().len()).unwrap_or(i64::MAX);
+        core2
+            .cluster
+            .metrics
+            .ring_members
+            .set(members(&rx.borrow_and_update()));
         loop {
             tokio::select! {
                 () = token.cancelled() => return,
                 r = rx.changed() => if r.is_err() { return },
             }
             let ring = rx.borrow_and_update().clone();
+            core2.cluster.metrics.ring_members.set(members(&ring));
             core2.peers.retain(ring.sorted_members());
         }
     });
@@ -347,8 +448,11 @@ fn start_peer_pruning(core: &Arc<Core>) {
 /// Runs the controller until SIGTERM/SIGINT.
 ///
 /// # Errors
-/// Bad flags, an unreachable API server, or a failed namespace probe (the
-/// process exits non-zero so Kubernetes restarts it).
+/// Bad flags, an unreachable API server, or (with
+/// `--skip-forbidden-namespaces`) a namespace probe that fails for another
+/// reason than Forbidden (the process exits non-zero so Kubernetes restarts
+/// it). A function namespace the API server refuses is not an error: the
+/// controller keeps running and retries it.
 pub async fn main(args: Args) -> Result<ExitCode, RunError> {
     let config = Config::try_from(args)?;
     let traces = crate::telemetry::init_traced(&config.telemetry, "skipper.controller");

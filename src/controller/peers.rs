@@ -8,6 +8,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
+use super::auth::Caller;
 use super::error::{Error, Result};
 use crate::api::{self, controller_service_client::ControllerServiceClient};
 use crate::client::{ChannelSettings, Client, Endpoints, Transport};
@@ -16,6 +17,21 @@ use crate::domain::{ASSIGN_TIMING_METADATA, AssignTiming};
 
 /// Metadata key carrying how many controllers a `Scale` passed through.
 pub const HOPS_METADATA: &str = "x-skipper-forward-hops";
+
+/// Hops a forwarded call (`Scale`, `WatchInstances`) travelled so far.
+/// Only a peer controller forwards: a router cannot make a non-owner serve
+/// the call by claiming hops.
+pub fn forwarded_hops<T>(request: &tonic::Request<T>) -> u32 {
+    if !Caller::of(request).may_forward() {
+        return 0;
+    }
+    request
+        .metadata()
+        .get(HOPS_METADATA)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
 
 /// Deadline of one peer `GetClusterState`.
 const STATE_DEADLINE: Duration = Duration::from_secs(2);

@@ -22,6 +22,10 @@ pub struct Args {
     #[arg(long, env = "SKIPPER_SHUTDOWN_TIMEOUT", default_value = "5s", value_parser = parse_duration)]
     pub shutdown_timeout: Duration,
 
+    /// After SIGTERM, keep serving this long (unready, every response with Connection: close) before closing idle connections and draining
+    #[arg(long, env = "SKIPPER_SHUTDOWN_DELAY", default_value = "0s", value_parser = parse_duration)]
+    pub shutdown_delay: Duration,
+
     /// This router's IP, sent as router_ip in heartbeats (controllers key heartbeat state by it)
     #[arg(long, env = "SKIPPER_POD_IP")]
     pub pod_ip: String,
@@ -125,6 +129,9 @@ pub enum Discovery {
 pub struct Config {
     pub pod_ip: String,
     pub shutdown_timeout: Duration,
+    /// How long the router keeps serving after shutdown begins, answering
+    /// every request with `Connection: close`, before it stops accepting.
+    pub shutdown_delay: Duration,
     pub heartbeat_interval: Duration,
     pub max_round_trip_attempts: u32,
     pub retry_min: Duration,
@@ -153,6 +160,7 @@ impl Config {
         Self {
             pod_ip: pod_ip.to_owned(),
             shutdown_timeout: Duration::from_secs(5),
+            shutdown_delay: Duration::ZERO,
             heartbeat_interval: Duration::from_secs(5),
             max_round_trip_attempts: 6,
             retry_min: Duration::from_millis(100),
@@ -266,6 +274,7 @@ impl TryFrom<&Args> for Config {
         let c = Self {
             pod_ip: a.pod_ip.trim().to_owned(),
             shutdown_timeout: a.shutdown_timeout,
+            shutdown_delay: a.shutdown_delay,
             heartbeat_interval: a.heartbeat_interval,
             max_round_trip_attempts: a.max_round_trip_attempts,
             retry_min: a.round_trip_retry_min_timeout,

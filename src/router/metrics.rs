@@ -50,6 +50,8 @@ const HELP_HEARTBEATS: &str = "Heartbeats sent to the controller";
 const HELP_CONTROLLER_CALLS: &str = "Controller RPCs made to serve requests (GetInstance, ReleaseInstance), by method; zero while tables are warm";
 const HELP_DURATION: &str =
     "Time from a request's arrival to the response headers, by deployment and status class";
+const HELP_GET_INSTANCE_DURATION: &str =
+    "Time a GetInstance call took to give a request an instance (cold starts), by deployment";
 
 /// Duration buckets in seconds: 1 ms to about 65 s.
 fn duration_buckets() -> impl Iterator<Item = f64> {
@@ -63,6 +65,7 @@ pub struct Metrics {
     pub in_flight: Family<DeploymentLabel, Gauge>,
     pub heartbeats: Family<DeploymentLabel, Counter>,
     pub duration: Family<DurationLabels, Histogram>,
+    pub get_instance_duration: Family<DeploymentLabel, Histogram>,
     pub controller_calls: Family<MethodLabel, Counter>,
     /// Deployments with series of their own. A std lock: a set lookup or
     /// insert, never across an await.
@@ -77,6 +80,7 @@ impl Metrics {
             in_flight: Family::default(),
             heartbeats: Family::default(),
             duration: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
+            get_instance_duration: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
             controller_calls: Family::default(),
             known: Arc::default(),
         };
@@ -91,6 +95,11 @@ impl Metrics {
             "skipper_router_request_duration_seconds",
             HELP_DURATION,
             m.duration.clone(),
+        );
+        registry.register(
+            "skipper_router_get_instance_duration_seconds",
+            HELP_GET_INSTANCE_DURATION,
+            m.get_instance_duration.clone(),
         );
         registry.register(
             "skipper_router_controller_calls",
@@ -208,6 +217,7 @@ mod tests {
         m.in_flight.get_or_create(&label).inc();
         m.heartbeats.get_or_create(&label).inc();
         m.controller_call("GetInstance");
+        m.get_instance_duration.get_or_create(&label).observe(0.2);
         let text = render(&r);
         for line in text.lines().filter(|l| l.starts_with("# HELP")) {
             assert!(
@@ -223,6 +233,8 @@ mod tests {
             "# HELP skipper_router_heartbeats Heartbeats sent to the controller.",
             "skipper_router_heartbeats_total{function_deployment=\"app\"} 1",
             "skipper_router_controller_calls_total{method=\"GetInstance\"} 1",
+            "# HELP skipper_router_get_instance_duration_seconds Time a GetInstance call took to give a request an instance (cold starts), by deployment.",
+            "skipper_router_get_instance_duration_seconds_count{function_deployment=\"app\"} 1",
         ] {
             assert!(text.contains(line), "missing {line:?} in\n{text}");
         }

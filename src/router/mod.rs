@@ -119,9 +119,19 @@ pub async fn main(args: Args) -> Result<ExitCode, Error> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Serves on `listener` until `shutdown` begins, then stops accepting,
-/// drains in-flight requests up to the shutdown timeout and closes tunnels.
-/// Metrics are served on `config.metrics_addr` when set.
+/// Serves on `listener` until `shutdown` begins, then drains in three steps
+/// so that clients move to another router without a failed request:
+///
+/// 1. For `--shutdown-delay`, `/healthz` answers 503 (endpoints drop the
+///    router) while requests are still served, new connections included,
+///    each response with `Connection: close`: a client on a kept-alive
+///    connection gets its answer and reconnects elsewhere.
+/// 2. The listener closes, idle connections are closed and in-flight
+///    requests finish, for up to `--shutdown-timeout`.
+/// 3. What remains (tunnels, stuck requests) is cut.
+///
+/// Heartbeats, controller discovery and the instance tables keep running
+/// until step 2. Metrics are served on `config.metrics_addr` when set.
 ///
 /// # Errors
 /// See [`Error`].
@@ -150,32 +160,35 @@ pub async fn serve(
     shutdown: Shutdown,
 ) -> Result<(), Error> {
     config.validate()?;
+    // Cancelled when the listener closes (step 2): everything requests need
+    // keeps running through the shutdown delay.
+    let background = shutdown.with_token(CancellationToken::new());
     let mut registry = Registry::default();
     let metrics = Metrics::register(&mut registry);
     crate::telemetry::process::register(&mut registry);
     if let Some(l) = metrics_listener {
-        metrics::serve(l, Arc::new(registry), &shutdown);
+        metrics::serve(l, Arc::new(registry), &background);
     }
 
     let credentials = match &config.controller_token_file {
         Some(path) => crate::credentials::Credentials::from_file(path)?,
         None => crate::credentials::Credentials::none(),
     };
-    credentials.keep_fresh(&shutdown);
+    credentials.keep_fresh(&background);
     let endpoints = Endpoints::new(ChannelSettings::default()).with_credentials(credentials);
     let refusals = Refusals::new();
-    start_discovery(&config, &endpoints, &refusals, &shutdown).await?;
+    start_discovery(&config, &endpoints, &refusals, &background).await?;
     let client = Client::new(endpoints);
 
     let activity = Activity::new(metrics.clone());
-    shutdown.spawn(
+    background.spawn(
         "heartbeats",
         activity::run_heartbeats(
             activity.clone(),
             client.clone(),
             config.pod_ip.clone(),
             config.heartbeat_interval,
-            shutdown.token().clone(),
+            background.token().clone(),
         ),
     );
 
@@ -201,8 +214,8 @@ pub async fn serve(
         hard_stop.clone(),
     );
     let sweeper = pool.clone();
-    let sweep_stop = shutdown.token().clone();
-    shutdown.spawn("instance-pool-sweep", async move {
+    let sweep_stop = background.token().clone();
+    background.spawn("instance-pool-sweep", async move {
         let mut every = tokio::time::interval(POOL_SWEEP_INTERVAL);
         loop {
             tokio::select! {
@@ -222,18 +235,22 @@ pub async fn serve(
     });
 
     let connections = TaskTracker::new();
-    let token = shutdown.token().clone();
+    // Cancelled at the end of the shutdown delay: the listener closes and
+    // every connection shuts down gracefully.
+    let closing = CancellationToken::new();
     let idle_timeout = config.idle_timeout;
+    let stop_accepting = stop_accepting(shutdown.token().clone(), config.shutdown_delay);
+    let mut stop_accepting = std::pin::pin!(stop_accepting);
     loop {
         let (stream, remote) = tokio::select! {
-            () = token.cancelled() => break,
+            () = &mut stop_accepting => break,
             r = listener.accept() => match r {
                 Ok(pair) => pair,
                 Err(e) => {
                     // Typically out of file descriptors: pause instead of spinning.
                     tracing::warn!(error = %e, "accept failed");
                     tokio::select! {
-                        () = token.cancelled() => break,
+                        () = &mut stop_accepting => break,
                         () = tokio::time::sleep(ACCEPT_ERROR_PAUSE) => continue,
                     }
                 }
@@ -256,7 +273,7 @@ pub async fn serve(
             .max_header_size(MAX_REQUEST_HEAD_BYTES)
             .serve_connection(TokioIo::new(stream), svc)
             .with_upgrades();
-        let drain = token.clone();
+        let drain = closing.clone();
         let hard = hard_stop.clone();
         connections.spawn(async move {
             futures::pin_mut!(conn);
@@ -276,6 +293,8 @@ pub async fn serve(
         });
     }
     drop(listener);
+    closing.cancel();
+    background.trigger();
     connections.close();
     let drained = tokio::time::timeout(config.shutdown_timeout, connections.wait())
         .await
@@ -290,6 +309,18 @@ pub async fn serve(
     pool.clear();
     let _ = tokio::time::timeout(config.shutdown_timeout, connections.wait()).await;
     Ok(())
+}
+
+/// Resolves `delay` after `shutdown` is cancelled (the end of step 1).
+async fn stop_accepting(shutdown: CancellationToken, delay: std::time::Duration) {
+    shutdown.cancelled().await;
+    if !delay.is_zero() {
+        tracing::info!(
+            ?delay,
+            "router draining: unready, answering with Connection: close"
+        );
+        tokio::time::sleep(delay).await;
+    }
 }
 
 async fn start_discovery(
@@ -361,8 +392,20 @@ fn log_refusals(refusals: &Refusals, shutdown: &Shutdown) {
     });
 }
 
-/// One request: health check, header, activity, proxy, metrics.
+/// One request; once shutdown has begun its response closes the connection
+/// (`Connection: close`), so the client's next request opens a connection
+/// to another router.
 async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+    let mut resp = respond(state, remote, req).await;
+    if state.shutdown.is_cancelled() && resp.status() != StatusCode::SWITCHING_PROTOCOLS {
+        resp.headers_mut()
+            .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
+    }
+    resp
+}
+
+/// One request: health check, header, activity, proxy, metrics.
+async fn respond(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Response<Body> {
     let start = Instant::now();
     let parsed = match state.cache.function(req.headers()) {
         Ok(p) => p,
@@ -429,7 +472,7 @@ fn request_span<B>(req: &Request<B>) -> tracing::Span {
 
 /// `GET /healthz`: 200; 503 once shutdown has begun, or while the API
 /// server refuses a watch (the body names it).
-fn health(shutting_down: bool, refused: &BTreeMap<String, String>) -> Response<Body> {
+fn health(shutting_down: bool, refused: &BTreeMap<String, crate::watch_access::Refusal>) -> Response<Body> {
     let (status, body) = if shutting_down {
         (StatusCode::SERVICE_UNAVAILABLE, Body::empty())
     } else if !refused.is_empty() {
@@ -470,7 +513,7 @@ mod tests {
         let body = r.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(
             body,
-            "watch of EndpointSlices of service c in namespace s refused (403 Forbidden)\n"
+            "watch of EndpointSlices of service c in namespace s refused (403 Forbidden): the `watch` verb is not granted\n"
         );
     }
 }

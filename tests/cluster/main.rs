@@ -11,6 +11,7 @@ mod control_plane;
 mod fixture;
 mod kubectl;
 mod kubelet_conformance;
+mod kubelet_nodes;
 mod metrics_api;
 mod pool;
 mod rbac;

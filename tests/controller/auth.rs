@@ -52,6 +52,7 @@ fn token_file(name: &str, token: &str) -> PathBuf {
 
 fn failures(ctl: &Ctl, reason: &'static str) -> u64 {
     ctl.core
+        .cluster
         .metrics
         .authentication_failures_total
         .get_or_create(&AuthFailureLabels { reason })
@@ -241,8 +242,8 @@ async fn peer_controllers_authenticate_to_each_other() {
     };
     let (a, b) = tokio::join!(Ctl::start(&sim, ring(&ip1), la), Ctl::start(&sim, ring(&ip2), lb));
     eventually(Duration::from_secs(5), "both rings complete", || async {
-        (a.core.ring.current().sorted_members().len() == 2
-            && b.core.ring.current().sorted_members().len() == 2)
+        (a.core.cluster.ring.current().sorted_members().len() == 2
+            && b.core.cluster.ring.current().sorted_members().len() == 2)
             .then_some(())
     })
     .await;

@@ -105,7 +105,7 @@ async fn cold_and_warm_get_instance_latency() {
         .await;
         // Let the controller's cache see it too.
         eventually(Duration::from_secs(5), "cache shows a free pod", || async {
-            let ns = ctl.core.namespace(NS).unwrap();
+            let ns = ctl.core.cluster.namespace(NS).unwrap();
             ns.pods
                 .pool("bench")
                 .iter()

@@ -55,8 +55,8 @@ async fn two_controllers_share_a_ring_forward_heartbeats_and_take_over() {
     let mut a = a;
     let b = b;
     eventually(Duration::from_secs(5), "both rings complete", || async {
-        (a.core.ring.current().sorted_members().len() == 2
-            && b.core.ring.current().sorted_members().len() == 2)
+        (a.core.cluster.ring.current().sorted_members().len() == 2
+            && b.core.cluster.ring.current().sorted_members().len() == 2)
             .then_some(())
     })
     .await;
@@ -93,6 +93,7 @@ async fn two_controllers_share_a_ring_forward_heartbeats_and_take_over() {
     .await;
     let forwarded = b
         .core
+        .cluster
         .metrics
         .heartbeats_total
         .get_or_create(&skipper::controller::metrics::Metrics::function("pool"))
@@ -136,13 +137,13 @@ async fn two_controllers_share_a_ring_forward_heartbeats_and_take_over() {
     );
 
     // B's pod goes away: A owns everything.
-    assert!(!a.core.is_owner(f.id()));
+    assert!(!a.core.cluster.is_owner(f.id()));
     sim.delete_pod(CTL_NS, "controller-b").await;
     eventually(Duration::from_secs(10), "A takes over", || async {
-        a.core.is_owner(f.id()).then_some(())
+        a.core.cluster.is_owner(f.id()).then_some(())
     })
     .await;
-    assert_eq!(&*a.core.ring.current().sorted_members()[0], ip1.as_str());
+    assert_eq!(&*a.core.cluster.ring.current().sorted_members()[0], ip1.as_str());
     let _ = NS;
     a.stop().await;
     b.stop().await;
@@ -222,7 +223,7 @@ async fn ring_inspect_reads_live_membership() {
     let (la, _lb) = listeners(&ip1, &ip2).await;
     let a = Ctl::start(&sim, ring_config(&sim, CTL_NS, &ip1), la).await;
     eventually(Duration::from_secs(5), "ring complete", || async {
-        (a.core.ring.current().sorted_members().len() == 2).then_some(())
+        (a.core.cluster.ring.current().sorted_members().len() == 2).then_some(())
     })
     .await;
     let mut expected = vec![ip1.clone(), ip2.clone()];

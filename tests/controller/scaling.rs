@@ -72,12 +72,13 @@ async fn in_flight_load_scales_up_and_clamps_at_max() {
     }
     let ups = ctl
         .core
+        .cluster
         .metrics
         .scale_ups_total
         .get_or_create(&Metrics::function("load"))
         .get();
     assert_eq!(ups, 2);
-    let events = ctl.core.events.snapshot();
+    let events = ctl.core.cluster.events.snapshot();
     assert!(
         events
             .iter()
@@ -109,7 +110,7 @@ async fn idle_function_scales_to_zero_after_the_heartbeat_timeout() {
         ctl.core.supervisors.get(f.id()).is_none().then_some(())
     })
     .await;
-    let events = ctl.core.events.snapshot();
+    let events = ctl.core.cluster.events.snapshot();
     assert!(
         events
             .iter()
@@ -136,7 +137,7 @@ async fn stabilization_keeps_the_maximum_before_scaling_down() {
     })
     .await;
     // Let the protection period pass, then drop the load.
-    let started = ctl.core.started_at;
+    let started = ctl.core.cluster.started_at;
     eventually(Duration::from_secs(5), "protection period over", || async {
         (started.elapsed().unwrap_or_default() > Duration::from_secs(2)).then_some(())
     })
@@ -204,6 +205,7 @@ async fn template_rollout_replaces_stale_instances_one_for_one() {
     assert_ne!(replaced.metadata.name, inst.name);
     assert!(
         ctl.core
+            .cluster
             .events
             .snapshot()
             .iter()
@@ -226,6 +228,7 @@ async fn stuck_instance_is_cleaned_up() {
     let ops = skipper::controller::kube::pods::claim_ops(
         &f,
         std::time::SystemTime::now() - Duration::from_secs(3600),
+        None,
     );
     let patch: Patch<()> = Patch::Json(serde_json::from_value(ops).unwrap());
     Api::<Pod>::namespaced(sim.client.clone(), NS)
@@ -236,7 +239,7 @@ async fn stuck_instance_is_cleaned_up() {
     // a tick that saw the heartbeat but not the claim would assign a second
     // pod, and with two instances (scaling down) the start-up protection
     // period holds the stuck cleanup back for 30 s.
-    let ns = ctl.core.state.namespace(NS).unwrap();
+    let ns = ctl.core.cluster.state.namespace(NS).unwrap();
     eventually(Duration::from_secs(10), "the claim in the pod cache", || async {
         ns.pods
             .get(&victim)
@@ -256,6 +259,7 @@ async fn stuck_instance_is_cleaned_up() {
         || async {
             let event = ctl
                 .core
+                .cluster
                 .events
                 .snapshot()
                 .iter()
@@ -344,7 +348,7 @@ async fn no_ready_instance_at_max_plus_one_waits_instead_of_spinning() {
     let f = function("full", "jammed", 1);
     // Two claimed, never-ready instances (max 1 → max + 1 = 2 exist).
     for pod in sim.free_pods("full").await.into_iter().take(2) {
-        let ops = skipper::controller::kube::pods::claim_ops(&f, std::time::SystemTime::now());
+        let ops = skipper::controller::kube::pods::claim_ops(&f, std::time::SystemTime::now(), None);
         let patch: Patch<()> = Patch::Json(serde_json::from_value(ops).unwrap());
         Api::<Pod>::namespaced(sim.client.clone(), NS)
             .patch(&pod, &PatchParams::default(), &patch)
@@ -352,7 +356,7 @@ async fn no_ready_instance_at_max_plus_one_waits_instead_of_spinning() {
             .unwrap();
     }
     eventually(Duration::from_secs(5), "cache shows both", || async {
-        let ns = ctl.core.namespace(NS).unwrap();
+        let ns = ctl.core.cluster.namespace(NS).unwrap();
         (ns.pods.of_function(f.id()).len() == 2).then_some(())
     })
     .await;
@@ -373,6 +377,7 @@ async fn no_ready_instance_at_max_plus_one_waits_instead_of_spinning() {
     assert!(started.elapsed() >= Duration::from_millis(600));
     let assigned = ctl
         .core
+        .cluster
         .metrics
         .assignments_total
         .get_or_create(&Metrics::function("full"))

@@ -1,5 +1,6 @@
-//! Controller start-up against the simulator: the per-namespace probe with
-//! and without `--skip-forbidden-namespaces`, and gRPC health that says
+//! Controller start-up against the simulator: a function namespace the API
+//! server refuses is retried while the others are served (and left out with
+//! `--skip-forbidden-namespaces`), and gRPC health that says
 //! `SERVING` once the caches have synced, before the ring has a member (a
 //! controller joins the ring only when its pod is Ready, and readiness is
 //! this health).
@@ -12,14 +13,22 @@ use std::time::Duration;
 
 use harness::{CTL_NS, Ctl, NS, Sim, eventually, function};
 use skipper::api;
-use skipper::controller::RunError;
+use skipper::controller::namespace_service;
 use skipper::shutdown::Shutdown;
 use tokio::net::TcpListener;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 
+/// A second function namespace.
+const OTHER: &str = "other";
+
 async fn health_of(addr: std::net::SocketAddr) -> Option<i32> {
+    status_of(addr, "").await
+}
+
+/// The status of health service `service`.
+async fn status_of(addr: std::net::SocketAddr, service: &str) -> Option<i32> {
     let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect_timeout(Duration::from_millis(500))
@@ -28,7 +37,7 @@ async fn health_of(addr: std::net::SocketAddr) -> Option<i32> {
         .ok()?;
     let resp = HealthClient::new(channel)
         .check(HealthCheckRequest {
-            service: String::new(),
+            service: service.to_owned(),
         })
         .await
         .ok()?;
@@ -36,7 +45,70 @@ async fn health_of(addr: std::net::SocketAddr) -> Option<i32> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_forbidden_namespace_fails_start_up_unless_skipped() {
+async fn a_forbidden_namespace_is_retried_while_the_others_are_served_and_served_once_allowed() {
+    let Some(sim) = Sim::simulator_only(
+        "it forbids a namespace by the simulator's fault injection (the controller runs as the administrator)",
+    )
+    .await
+    else {
+        return;
+    };
+    sim.deploy_pool("pool", 2, &[]).await;
+    sim.cluster().forbid_namespace(OTHER);
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut config = sim.config("127.0.0.1");
+    config.function_namespaces = vec![NS.to_owned(), OTHER.to_owned()];
+    let mut ctl = Ctl::start(&sim, config, listener).await;
+    let other = namespace_service(OTHER);
+    // Running and Ready: it serves NS, not OTHER, and says so.
+    assert_eq!(status_of(addr, "").await, Some(ServingStatus::Serving as i32));
+    assert_eq!(
+        status_of(addr, &namespace_service(NS)).await,
+        Some(ServingStatus::Serving as i32)
+    );
+    assert_eq!(
+        status_of(addr, &other).await,
+        Some(ServingStatus::NotServing as i32)
+    );
+    let served = ctl
+        .instance(&function("pool", "tenant-a", 1), Duration::from_secs(10))
+        .await;
+    assert!(served.name.is_some());
+    let refused = ctl
+        .grpc
+        .get_instance(api::GetInstanceRequest {
+            function: Some(
+                (&skipper::domain::Function {
+                    namespace: OTHER.to_owned(),
+                    ..function("pool", "tenant-b", 1)
+                })
+                    .into(),
+            ),
+            exclude_instance_names: vec![],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unavailable, "{refused:?}");
+    assert!(
+        refused.message().contains(&format!(
+            "namespace {OTHER} is not served yet: watch of pods in namespace {OTHER} refused (403 Forbidden)"
+        )),
+        "{refused:?}"
+    );
+    // Allowed: the next retry of its watches lists it, and it is served.
+    sim.cluster().allow_namespace(OTHER);
+    eventually(
+        Duration::from_secs(60),
+        "the namespace served once allowed",
+        || async { (status_of(addr, &other).await == Some(ServingStatus::Serving as i32)).then_some(()) },
+    )
+    .await;
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_controller_whose_only_namespace_is_forbidden_keeps_running_not_ready_and_skips_it_when_told() {
     let Some(sim) = Sim::simulator_only(
         "it forbids a namespace by the simulator's fault injection (the controller runs as the administrator)",
     )
@@ -46,25 +118,51 @@ async fn a_forbidden_namespace_fails_start_up_unless_skipped() {
     };
     sim.cluster().forbid_namespace(NS);
 
-    // Without the flag: start-up fails, naming the namespace.
+    // Without the flag: running, alive, not ready; it retries.
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let config = sim.config("127.0.0.1");
+    let addr = listener.local_addr().unwrap();
+    let mut config = sim.config("127.0.0.1");
+    config.port = addr.port();
     let shutdown = Shutdown::new();
-    let result = tokio::time::timeout(
+    let task = tokio::spawn(skipper::controller::run(
+        config,
+        sim.client.clone(),
+        listener,
+        shutdown.clone(),
+        |_| {},
+    ));
+    eventually(
         Duration::from_secs(15),
-        skipper::controller::run(config, sim.client.clone(), listener, shutdown.clone(), |_| {}),
+        "the namespace reported not served",
+        || async {
+            (status_of(addr, &namespace_service(NS)).await == Some(ServingStatus::NotServing as i32))
+                .then_some(())
+        },
     )
-    .await
-    .expect("start-up ends");
-    let err = result.expect_err("a forbidden namespace is fatal without --skip-forbidden-namespaces");
-    assert!(matches!(err, RunError::Start(_)), "{err:?}");
-    assert!(
-        err.to_string().contains(NS),
-        "the error names the namespace: {err}"
+    .await;
+    assert_eq!(status_of(addr, "").await, Some(ServingStatus::NotServing as i32));
+    assert_eq!(
+        status_of(addr, skipper::controller::LIVENESS_SERVICE).await,
+        Some(ServingStatus::Serving as i32)
     );
+    assert!(!task.is_finished(), "the controller keeps running");
+    sim.cluster().allow_namespace(NS);
+    eventually(
+        Duration::from_secs(60),
+        "ready once the namespace is allowed",
+        || async { (status_of(addr, "").await == Some(ServingStatus::Serving as i32)).then_some(()) },
+    )
+    .await;
+    shutdown.trigger();
+    let result = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("stops")
+        .unwrap();
+    assert!(result.is_ok(), "{result:?}");
     shutdown.drain(Duration::from_secs(5)).await;
 
     // With the flag: the controller serves, and the skipped namespace is unmanaged.
+    sim.cluster().forbid_namespace(NS);
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut config = sim.config("127.0.0.1");
     config.skip_forbidden_namespaces = true;
@@ -110,14 +208,14 @@ async fn health_is_serving_once_caches_sync_before_the_ring_forms() {
         .expect("ready");
     assert_eq!(health_of(addr).await, Some(ServingStatus::Serving as i32));
     assert!(
-        running.core.ring.current().sorted_members().is_empty(),
+        running.core.cluster.ring.current().sorted_members().is_empty(),
         "no ring yet"
     );
 
     // A controller pod becomes Ready: the ring forms.
     sim.controller_pod(CTL_NS, "controller-0").await;
     eventually(Duration::from_secs(10), "the ring has a member", || async {
-        (!running.core.ring.current().sorted_members().is_empty()).then_some(())
+        (!running.core.cluster.ring.current().sorted_members().is_empty()).then_some(())
     })
     .await;
     assert_eq!(health_of(addr).await, Some(ServingStatus::Serving as i32));

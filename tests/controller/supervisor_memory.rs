@@ -12,10 +12,10 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use skipper::api::{EventSeverity, EventType};
-use skipper::controller::config::ScaleConfig;
-use skipper::controller::error::{Error, Result};
+use skipper::controller::error::Result;
 use skipper::controller::heartbeat::{Report, Routers};
 use skipper::controller::kube::Instance;
+use skipper::controller::supervisor::converge::ScaleConfig;
 use skipper::controller::supervisor::{Context, Registry, Scaled, Settings};
 use skipper::domain::{Function, FunctionId, Scale};
 use tokio::sync::OwnedSemaphorePermit;
@@ -67,10 +67,11 @@ impl Context for Idle {
         false
     }
     async fn assign(&self, f: &Function, _: Instant) -> Result<Instance> {
-        Err(Error::NoPoolPod {
+        Err(skipper::controller::assign::Error::NoPoolPod {
             namespace: f.namespace.clone(),
             deployment: f.deployment.clone(),
-        })
+        }
+        .into())
     }
     async fn delete(&self, _: &Function, _: &str) -> Result<bool> {
         Ok(false)

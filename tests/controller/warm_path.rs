@@ -165,8 +165,8 @@ async fn instances_change_under_load_and_no_request_fails_or_crosses_tenants() {
     );
     let mut b = b;
     eventually(LIMIT, "both rings complete", || async {
-        (a.core.ring.current().sorted_members().len() == 2
-            && b.core.ring.current().sorted_members().len() == 2)
+        (a.core.cluster.ring.current().sorted_members().len() == 2
+            && b.core.cluster.ring.current().sorted_members().len() == 2)
             .then_some(())
     })
     .await;
@@ -212,8 +212,8 @@ async fn instances_change_under_load_and_no_request_fails_or_crosses_tenants() {
     let lc = TcpListener::bind((ip_c.as_str(), port)).await.unwrap();
     let c = Ctl::start(&sim, ring_config(&sim, &ip_c), lc).await;
     eventually(LIMIT, "B and C form the ring", || async {
-        let m = b.core.ring.current().sorted_members().len();
-        (m == 2 && c.core.ring.current().sorted_members().len() == 2).then_some(())
+        let m = b.core.cluster.ring.current().sorted_members().len();
+        (m == 2 && c.core.cluster.ring.current().sorted_members().len() == 2).then_some(())
     })
     .await;
     more_requests(&seen, 200, "requests after the controller was replaced").await;
@@ -357,6 +357,7 @@ async fn a_rolling_update_replaces_stale_instances(backend: &Backend) {
             if old_present_at_replacement.is_none()
                 && ctl
                     .core
+                    .cluster
                     .events
                     .snapshot()
                     .iter()
@@ -387,6 +388,7 @@ async fn a_rolling_update_replaces_stale_instances(backend: &Backend) {
     assert!(coexisted, "the old and the new ReplicaSet never had pods at once");
     let replacements: Vec<String> = ctl
         .core
+        .cluster
         .events
         .snapshot()
         .iter()

@@ -293,8 +293,8 @@ async fn a_non_owner_forwards_the_stream_and_a_ring_change_aborts_it() {
     );
     let (mut a, b) = (a, b);
     eventually(LIMIT, "both rings complete", || async {
-        (a.core.ring.current().sorted_members().len() == 2
-            && b.core.ring.current().sorted_members().len() == 2)
+        (a.core.cluster.ring.current().sorted_members().len() == 2
+            && b.core.cluster.ring.current().sorted_members().len() == 2)
             .then_some(())
     })
     .await;
@@ -323,7 +323,7 @@ async fn a_non_owner_forwards_the_stream_and_a_ring_change_aborts_it() {
     // ready-at annotation of the instance (A has it in memory at once; B
     // sees it once the patch comes back through its watch).
     eventually(LIMIT, "B's cache has the instance ready", || async {
-        let ns = b.core.namespace(&f.namespace).ok()?;
+        let ns = b.core.cluster.namespace(&f.namespace).ok()?;
         let pod = ns.pods.get(&name)?;
         pod.metadata
             .annotations
@@ -339,7 +339,7 @@ async fn a_non_owner_forwards_the_stream_and_a_ring_change_aborts_it() {
     assert_eq!(via_b.ended().await.code(), Code::Aborted);
     assert_eq!(on_a.ended().await.code(), Code::Aborted);
     eventually(LIMIT, "B owns the function", || async {
-        b.core.is_owner(f.id()).then_some(())
+        b.core.cluster.is_owner(f.id()).then_some(())
     })
     .await;
     let mut again = Watcher::open(&b.grpc, &f).await;

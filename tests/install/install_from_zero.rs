@@ -8,7 +8,10 @@
 //! On both backends: the simulator, and the real control plane (kube-apiserver,
 //! kube-controller-manager's controllers, kube-scheduler, real RBAC) with the
 //! node agent as its node and pods on a bridge network (skipped with a message
-//! when `make control-plane` has not built it; a failure under `CI=true`).
+//! when `make control-plane` has not built it; a failure under `CI=true`);
+//! and the real control plane with kubelet nodes (`make nodes`) running
+//! Skipper's image (`make image`), as an operator's cluster runs it: the
+//! manifests' image set to the imported one, as `kustomization.yaml` sets it.
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -46,7 +49,7 @@ mod manifests_install_from_zero_with_three_controllers_and_serve_a_request {
         let cluster = common::cluster_with(&[], |_| {}).await;
         let client = cluster.client().unwrap();
         let begin = Instant::now();
-        install_and_serve(&client).await;
+        install_and_serve(&client, None).await;
         println!("install from zero on the simulator: {:?}", begin.elapsed());
         cluster.shutdown().await;
     }
@@ -71,11 +74,63 @@ mod manifests_install_from_zero_with_three_controllers_and_serve_a_request {
         .unwrap_or_else(|e| panic!("start the real cluster: {e}"));
         let client = cluster.client().await.unwrap();
         let begin = Instant::now();
-        install_and_serve(&client).await;
+        install_and_serve(&client, None).await;
         println!(
             "install from zero on the real control plane: {:?}",
             begin.elapsed()
         );
+        cluster.shutdown().await;
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn kubelet_nodes() {
+        let Some(nodes) = backend::kubelet_nodes_config(3) else {
+            return;
+        };
+        let Some(control_plane) = backend::control_plane_config() else {
+            return;
+        };
+        let cluster = RealCluster::start(real_cluster::Config {
+            control_plane,
+            skipper_exe: env!("CARGO_BIN_EXE_skipper").into(),
+            nodes: (0..3)
+                .map(|i| skipper_devcluster::kubelet::NodeSpec {
+                    name: format!("node-{i}"),
+                    zone: format!("zone-{i}"),
+                })
+                .collect(),
+            node_kind: real_cluster::Nodes::Kubelet(nodes),
+            metrics_api: true,
+            ..real_cluster::Config::default()
+        })
+        .await
+        .unwrap_or_else(|e| panic!("start the real cluster with kubelet nodes: {e}"));
+        let image = cluster
+            .kubelet_nodes()
+            .unwrap()
+            .image_names(&backend::image_archive())
+            .first()
+            .cloned()
+            .unwrap();
+        let client = cluster.client().await.unwrap();
+        let begin = Instant::now();
+        install_and_serve(&client, Some(&image)).await;
+        println!(
+            "install from zero on kubelet nodes ({image}): {:?}",
+            begin.elapsed()
+        );
+        // Every running Skipper container runs in containerd.
+        let pods: Api<Pod> = Api::all(client.clone());
+        let mut running = 0;
+        for p in pods.list(&ListParams::default()).await.unwrap().items {
+            for c in p.status.and_then(|s| s.container_statuses).unwrap_or_default() {
+                if let Some(id) = c.container_id.filter(|_| c.ready) {
+                    assert!(id.starts_with("containerd://"), "{id}");
+                    running += 1;
+                }
+            }
+        }
+        assert!(running >= 8, "3 controllers, 2 routers, 3 pool pods: {running}");
         cluster.shutdown().await;
     }
 }
@@ -100,11 +155,35 @@ async fn ready_ips(client: &kube::Client, ns: &str, selector: &str) -> BTreeSet<
         .collect()
 }
 
-async fn install_and_serve(client: &kube::Client) {
+/// Points every container of a Deployment that names `skipper` at `image`,
+/// never pulled (there is no registry), as `kustomization.yaml`'s `images:`
+/// does for an operator's registry.
+/// On kubelet nodes Namespaces also enforce Pod Security `restricted`, as
+/// the README's `kubectl label namespace` does.
+fn with_image(mut d: Value, image: Option<&str>) -> Value {
+    if image.is_some() && d["kind"] == "Namespace" {
+        d["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] = json!("restricted");
+    }
+    if let (Some(image), "Deployment") = (image, d["kind"].as_str().unwrap_or_default()) {
+        for c in d["spec"]["template"]["spec"]["containers"]
+            .as_array_mut()
+            .into_iter()
+            .flatten()
+        {
+            if c["image"] == "skipper" {
+                c["image"] = json!(image);
+                c["imagePullPolicy"] = json!("Never");
+            }
+        }
+    }
+    d
+}
+
+async fn install_and_serve(client: &kube::Client, image: Option<&str>) {
     let key = SigningKey::generate();
     // kubectl apply -f manifests/namespace.yaml; the PASETO Secret; kubectl apply -k manifests/
     for d in docs(NAMESPACE_YAML) {
-        create_object(client, &d).await.unwrap();
+        create_object(client, &with_image(d, image)).await.unwrap();
     }
     create_object(
         client,
@@ -119,7 +198,7 @@ async fn install_and_serve(client: &kube::Client) {
             if d["kind"] == "Deployment" && d["metadata"]["name"] == "skipper-controller" {
                 d["spec"]["replicas"] = json!(CONTROLLERS);
             }
-            create_object(client, &d).await.unwrap();
+            create_object(client, &with_image(d, image)).await.unwrap();
         }
     }
     // The pool: its namespace, the public key, then the pool itself.
@@ -131,7 +210,9 @@ async fn install_and_serve(client: &kube::Client) {
         .unwrap()
         .to_owned();
     for d in pool.iter().filter(|d| d["kind"] == "Namespace") {
-        create_object(client, d).await.unwrap();
+        create_object(client, &with_image(d.clone(), image))
+            .await
+            .unwrap();
     }
     create_object(
         client,
@@ -142,7 +223,9 @@ async fn install_and_serve(client: &kube::Client) {
     .await
     .unwrap();
     for d in pool.iter().filter(|d| d["kind"] != "Namespace") {
-        create_object(client, d).await.unwrap();
+        create_object(client, &with_image(d.clone(), image))
+            .await
+            .unwrap();
     }
 
     let controllers = common::eventually("3 controllers Ready", WAIT, || async {

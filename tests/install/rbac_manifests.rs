@@ -103,8 +103,13 @@ async fn ready_controller_pod_named(b: &Backend, name: &str, ip: &str) {
     let pod: Pod = serde_json::from_value(json!({
         "metadata": {"name": name, "labels": {
             "app.kubernetes.io/name": "skipper", "app.kubernetes.io/component": "controller"}},
+        // Namespace `skipper` enforces Pod Security `restricted` (manifests/namespace.yaml).
         "spec": {"nodeName": "node-a", "serviceAccountName": SA,
-                 "containers": [{"name": "controller", "image": "skipper", "command": ["sleep", "3600"]}]},
+                 "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
+                                     "seccompProfile": {"type": "RuntimeDefault"}},
+                 "containers": [{"name": "controller", "image": "skipper", "command": ["sleep", "3600"],
+                                 "securityContext": {"allowPrivilegeEscalation": false,
+                                                     "capabilities": {"drop": ["ALL"]}}}]},
     }))
     .unwrap();
     pods.create(&PostParams::default(), &pod).await.unwrap();
@@ -540,7 +545,7 @@ async fn router_verbs(b: &Backend) {
                 println!("without {verb}: {r:?}");
                 assert_eq!(
                     skipper::watch_access::Refusals::describe(&refusals.current()),
-                    "watch of EndpointSlices refused (403 Forbidden)"
+                    "watch of EndpointSlices refused (403 Forbidden): the `watch` verb is not granted"
                 );
             }
         }
@@ -653,6 +658,7 @@ async fn claim_path_as_its_service_account(
         ready_pool(b, pool, &key.verifying_key().to_pem()).await;
         tokio::time::timeout(limit, async {
             while !core
+                .cluster
                 .namespace(FN_NS)
                 .is_ok_and(|ns| ns.replica_sets.knows_deployment(pool) && !ns.pods.pool(pool).is_empty())
             {
@@ -692,7 +698,7 @@ async fn claim_path_as_its_service_account(
             .ok_or("GetInstance answered no instance")?;
         let name = instance.name.clone().unwrap_or_default();
         tokio::time::timeout(limit, async {
-            while core.state.usage.get(FN_NS, &name) == (0, 0) {
+            while core.cluster.state.usage.get(FN_NS, &name) == (0, 0) {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
         })
@@ -727,7 +733,7 @@ async fn claim_path_as_its_service_account(
         .map_err(|_| format!("the released pod {name} was not deleted within {limit:?}"))?;
         // A controller that joins later enters the ring (the watch of the
         // controller pods), and leaves it when its pod goes.
-        let members = || core.ring.current().sorted_members().len();
+        let members = || core.cluster.ring.current().sorted_members().len();
         joining_controller_pod(b, "127.0.0.2").await;
         tokio::time::timeout(limit, async {
             while members() != 2 {

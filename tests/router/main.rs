@@ -6,4 +6,5 @@ mod client;
 mod discovery;
 mod profiling;
 mod proxy;
+mod shutdown;
 mod warm;

@@ -117,6 +117,16 @@ pub struct Config {
     /// advertised, and published by the endpoint reconciler as the
     /// `kubernetes` Service's endpoint, as on a real cluster.
     pub bind_address: Ipv4Addr,
+    /// kube-apiserver's port; a free one when `None`.
+    pub secure_port: Option<u16>,
+    /// `--service-cluster-ip-range`; [`SERVICE_CLUSTER_IP_RANGE`] when `None`.
+    pub service_cluster_ip_range: Option<String>,
+    /// Whether kube-apiserver calls kubelets (logs, exec, the node proxy;
+    /// [`super::kubelet_nodes`]): with a client certificate of its own
+    /// (`kube-apiserver-kubelet-client` in `system:masters`, as kubeadm
+    /// issues it), verifying the kubelets' serving certificates with the
+    /// cluster CA, at their `InternalIP`.
+    pub kubelet_client: bool,
 }
 
 impl Default for Config {
@@ -129,6 +139,9 @@ impl Default for Config {
             extra_serving_names: Vec::new(),
             apiserver_args: Vec::new(),
             bind_address: Ipv4Addr::LOCALHOST,
+            secure_port: None,
+            service_cluster_ip_range: None,
+            kubelet_client: false,
         }
     }
 }
@@ -630,10 +643,37 @@ impl ControlPlane {
         write(&proxy_cert, &front_proxy_client.cert_pem, false)?;
         write(&proxy_key, &front_proxy_client.key_pem, true)?;
 
+        let kubelet_client = if config.kubelet_client {
+            let cert = self
+                .pki
+                .ca
+                .issue_client("kube-apiserver-kubelet-client", &["system:masters"])?;
+            let (crt, key) = (
+                pki_dir.join("apiserver-kubelet-client.crt"),
+                pki_dir.join("apiserver-kubelet-client.key"),
+            );
+            write(&crt, &cert.cert_pem, false)?;
+            write(&key, &cert.key_pem, true)?;
+            vec![
+                path_flag("kubelet-client-certificate", &crt),
+                path_flag("kubelet-client-key", &key),
+                path_flag("kubelet-certificate-authority", &self.files.ca_cert),
+                flag("kubelet-preferred-address-types", "InternalIP"),
+            ]
+        } else {
+            Vec::new()
+        };
+        let service_range = config
+            .service_cluster_ip_range
+            .clone()
+            .unwrap_or_else(|| SERVICE_CLUSTER_IP_RANGE.to_owned());
         let bind = config.bind_address;
         let mut attempt = 1;
         loop {
-            let port = free_port_on(bind)?;
+            let port = match config.secure_port {
+                Some(p) => p,
+                None => free_port_on(bind)?,
+            };
             self.addr = SocketAddr::from((bind, port));
             self.server = format!("https://{}", self.addr);
             let mut args = vec![
@@ -653,7 +693,7 @@ impl ControlPlane {
                 ),
                 flag("authorization-mode", "Node,RBAC"),
                 flag("enable-admission-plugins", "NodeRestriction"),
-                flag("service-cluster-ip-range", SERVICE_CLUSTER_IP_RANGE),
+                flag("service-cluster-ip-range", &service_range),
                 flag("allow-privileged", true),
                 flag("profiling", false),
                 path_flag("requestheader-client-ca-file", &self.front_proxy_ca),
@@ -670,6 +710,7 @@ impl ControlPlane {
                 // address from the node agent).
                 args.push(flag("endpoint-reconciler-type", "none"));
             }
+            args.extend(kubelet_client.iter().cloned());
             args.extend(config.apiserver_args.iter().cloned());
             let admin = kubeconfig_text(
                 "admin",

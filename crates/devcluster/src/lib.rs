@@ -118,6 +118,8 @@ pub mod error;
 pub mod https;
 /// The node agent: runs pods as containers.
 pub mod kubelet;
+/// Upstream kubelet and containerd nodes for the real control plane.
+pub mod kubelet_nodes;
 /// `metrics.k8s.io` as an aggregated API (an APIService), as metrics-server.
 pub mod metrics_api;
 /// JSON, merge and strategic-merge patches.
@@ -865,6 +867,9 @@ pub fn pool_deployment_json(namespace: &str, name: &str, replicas: i32, public_k
                 "metadata": {"labels": {"skipper/deployment": name}, "annotations": {"skipper/port": "http"}},
                 "spec": {
                     "terminationGracePeriodSeconds": 5,
+                    // Pod Security `restricted`, as manifests/example-pool.yaml.
+                    "securityContext": {"runAsNonRoot": true, "runAsUser": 65532,
+                                        "seccompProfile": {"type": "RuntimeDefault"}},
                     "containers": [{
                         "name": "fixture",
                         "image": "skipper",
@@ -882,6 +887,8 @@ pub fn pool_deployment_json(namespace: &str, name: &str, replicas: i32, public_k
                                            "periodSeconds": 1, "failureThreshold": 3},
                         "resources": {"requests": {"cpu": "10m", "memory": "32Mi"}},
                         "volumeMounts": [{"name": "tmp", "mountPath": "/tmp"}],
+                        "securityContext": {"readOnlyRootFilesystem": true, "allowPrivilegeEscalation": false,
+                                            "capabilities": {"drop": ["ALL"]}},
                     }],
                     "volumes": [{"name": "tmp", "emptyDir": {}}],
                 },

@@ -353,21 +353,6 @@ pub async fn register_and_serve(
         addr: SocketAddr::from(([127, 0, 0, 1], port)),
         source,
     })?;
-    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
-    let svc: Service = serde_json::from_value(json!({
-        "metadata": {"name": service, "labels": {"app.kubernetes.io/name": "skipper-metrics"}},
-        "spec": {"type": "ExternalName", "externalName": "localhost",
-                 "ports": [{"name": "https", "port": addr.port(), "protocol": "TCP"}]},
-    }))
-    .map_err(|e| MetricsApiError::Tls(e.to_string()))?;
-    services
-        .create(&PostParams::default(), &svc)
-        .await
-        .map_err(|e| MetricsApiError::Create {
-            what: format!("Service {namespace}/{service}"),
-            source: Box::new(e),
-        })?;
-
     let ca = Ca::generate("skipper-metrics-ca")?;
     let serving = ca.issue_serving(
         "skipper-metrics",
@@ -377,6 +362,49 @@ pub async fn register_and_serve(
     let app = router(source, front_proxy);
     let stop_serving = stop.clone();
     tracker.spawn(super::https::serve(listener, tls, app, stop_serving));
+    register(
+        client,
+        namespace,
+        service,
+        addr.port(),
+        ca.cert_pem(),
+        available_within,
+    )
+    .await?;
+    Ok(Registered { addr })
+}
+
+/// Registers `metrics.k8s.io` as served on `localhost:<port>` by a server
+/// whose certificate `ca_pem` issued (for `<service>.<namespace>.svc`): a
+/// Service `namespace/service` of type `ExternalName` (`localhost`, that
+/// port — the aggregation layer dials it without needing endpoints, which
+/// may not be loopback addresses) and the `APIService` trusting that CA;
+/// waits until the APIService is Available.
+///
+/// # Errors
+/// [`MetricsApiError`].
+pub async fn register(
+    client: &kube::Client,
+    namespace: &str,
+    service: &str,
+    port: u16,
+    ca_pem: &str,
+    available_within: Duration,
+) -> Result<(), MetricsApiError> {
+    let services: Api<Service> = Api::namespaced(client.clone(), namespace);
+    let svc: Service = serde_json::from_value(json!({
+        "metadata": {"name": service, "labels": {"app.kubernetes.io/name": "skipper-metrics"}},
+        "spec": {"type": "ExternalName", "externalName": "localhost",
+                 "ports": [{"name": "https", "port": port, "protocol": "TCP"}]},
+    }))
+    .map_err(|e| MetricsApiError::Tls(e.to_string()))?;
+    services
+        .create(&PostParams::default(), &svc)
+        .await
+        .map_err(|e| MetricsApiError::Create {
+            what: format!("Service {namespace}/{service}"),
+            source: Box::new(e),
+        })?;
 
     let api_services: Api<DynamicObject> = Api::all_with(
         client.clone(),
@@ -392,9 +420,9 @@ pub async fn register_and_serve(
     let api_service: DynamicObject = serde_json::from_value(json!({
         "apiVersion": "apiregistration.k8s.io/v1", "kind": "APIService",
         "metadata": {"name": API_SERVICE},
-        "spec": {"service": {"name": service, "namespace": namespace, "port": addr.port()},
+        "spec": {"service": {"name": service, "namespace": namespace, "port": port},
                  "group": "metrics.k8s.io", "version": "v1beta1",
-                 "caBundle": base64::engine::general_purpose::STANDARD.encode(ca.cert_pem()),
+                 "caBundle": base64::engine::general_purpose::STANDARD.encode(ca_pem),
                  "groupPriorityMinimum": 100, "versionPriority": 100},
     }))
     .map_err(|e| MetricsApiError::Tls(e.to_string()))?;
@@ -415,7 +443,7 @@ pub async fn register_and_serve(
                 .unwrap_or_default();
             if let Some(c) = conditions.iter().find(|c| c["type"] == "Available") {
                 if c["status"] == "True" {
-                    return Ok(Registered { addr });
+                    return Ok(());
                 }
                 last = format!("{}: {}", c["reason"], c["message"]);
             }

@@ -12,17 +12,26 @@
 //!    the gateway address, so pods reach it in-cluster
 //!    (`KUBERNETES_SERVICE_HOST`/`PORT`, their ServiceAccount token) and the
 //!    `kubernetes` Service has that endpoint, as on a real cluster;
-//! 3. starts the node agent with one client per node, each authenticated as
-//!    the node (`system:node:<name>` in `system:nodes`: the Node authorizer
-//!    and NodeRestriction limit it to its own Node, Lease and pods);
+//! 3. starts the nodes, each authenticated as the node (`system:node:<name>`
+//!    in `system:nodes`: the Node authorizer and NodeRestriction limit it to
+//!    its own Node, Lease and pods): by default the node agent of
+//!    [`super::kubelet`] with one client per node; with [`Nodes::Kubelet`]
+//!    upstream kubelets and containerd ([`super::kubelet_nodes`]), running
+//!    pods from images, with kube-apiserver serving on port 443 of the
+//!    gateway and the Service cluster IPs in the bridge's first /27, so the
+//!    `kubernetes` Service's cluster IP is the gateway itself (there is no
+//!    kube-proxy; pods find the API server from the variables the kubelet
+//!    derives from that Service);
 //! 4. creates the requested namespaces (once their `default` ServiceAccount
 //!    exists, pods can be admitted there);
-//! 5. optionally serves `metrics.k8s.io` from the agent's samples through an
-//!    APIService ([`super::metrics_api`]), as metrics-server does.
+//! 5. optionally serves `metrics.k8s.io`: from the agent's samples through an
+//!    APIService ([`super::metrics_api`]), as metrics-server does, or, on
+//!    kubelet nodes, by metrics-server itself scraping the kubelets.
 //!
-//! [`RealCluster::shutdown`] stops the pods and the agent, then the control
+//! [`RealCluster::shutdown`] stops the pods and the nodes, then the control
 //! plane, then removes the pod network. Dropping the value does the same
-//! without waiting (processes are SIGKILLed).
+//! without waiting (processes are SIGKILLed; what kubelet nodes leave is
+//! removed when nodes start next, see [`super::kubelet_nodes`]).
 //!
 //! Bridge mode needs root (`CAP_NET_ADMIN`, `CAP_SYS_ADMIN`) and the `ip`
 //! command of iproute2; [`RealCluster::start`] fails with one line naming
@@ -43,6 +52,7 @@ use tokio_util::task::TaskTracker;
 use super::control_plane::{self, ControlPlane, ControlPlaneError};
 use super::kubelet::network::{Bridge, NetworkError};
 use super::kubelet::{self, BackoffPolicy, Capacity, Kubelet, KubeletError, NodeSpec, PodNetwork};
+use super::kubelet_nodes::{self, KubeletNodes, MetricsServer, NodesError};
 use super::metrics_api::{self, MetricsApiError};
 
 /// How long the agent's tasks may take to stop.
@@ -59,8 +69,10 @@ pub struct Config {
     /// The skipper binary: the agent's sandbox shim, and `skipper` in
     /// container commands.
     pub skipper_exe: PathBuf,
-    /// The nodes the agent runs.
+    /// The nodes.
     pub nodes: Vec<NodeSpec>,
+    /// Who runs the pods: the node agent (the default) or kubelet nodes.
+    pub node_kind: Nodes,
     pub capacity: Capacity,
     pub restart_backoff: BackoffPolicy,
     /// How often container CPU and memory are sampled.
@@ -95,9 +107,22 @@ impl Default for Config {
             lease_duration: Duration::from_secs(40),
             namespaces: Vec::new(),
             metrics_api: false,
+            node_kind: Nodes::Agent,
             work_dir: None,
         }
     }
+}
+
+/// Who runs a cluster's pods.
+#[derive(Debug, Clone, Default)]
+pub enum Nodes {
+    /// The node agent of [`super::kubelet`]: pods are processes of the host
+    /// (`skipper` in a command is [`Config::skipper_exe`]); images are ignored.
+    #[default]
+    Agent,
+    /// Upstream kubelets and containerd ([`super::kubelet_nodes`]): pods run
+    /// from the images imported into the nodes.
+    Kubelet(kubelet_nodes::Config),
 }
 
 /// Why the cluster could not start.
@@ -109,6 +134,8 @@ pub enum RealClusterError {
     ControlPlane(#[from] ControlPlaneError),
     #[error("node agent: {0}")]
     Kubelet(#[from] KubeletError),
+    #[error("kubelet nodes: {0}")]
+    KubeletNodes(#[from] NodesError),
     #[error("metrics.k8s.io: {0}")]
     MetricsApi(#[from] MetricsApiError),
     #[error("creating {path}: {source}")]
@@ -124,6 +151,8 @@ pub enum RealClusterError {
 pub struct RealCluster {
     plane: Option<ControlPlane>,
     kubelet: Arc<Kubelet>,
+    kubelet_nodes: Option<KubeletNodes>,
+    metrics_server: Option<MetricsServer>,
     bridge: Arc<Bridge>,
     tracker: TaskTracker,
     stop: CancellationToken,
@@ -205,17 +234,34 @@ impl RealCluster {
             }
             e
         };
+        if let Nodes::Kubelet(nodes) = &config.node_kind {
+            // Before the bridge: a slot is reused only once the pods of a
+            // dead harness's nodes on it are gone.
+            kubelet_nodes::check(nodes, config.nodes.len()).map_err(|e| cleanup(e.into()))?;
+            kubelet_nodes::sweep(nodes.stop_timeout)
+                .await
+                .map_err(|e| cleanup(e.into()))?;
+        }
         let bridge = Arc::new(Bridge::create().map_err(|e| cleanup(e.into()))?);
         let mut cp = config.control_plane.clone();
         cp.bind_address = bridge.gateway();
+        if matches!(config.node_kind, Nodes::Kubelet(_)) {
+            cp.secure_port = Some(kubelet_nodes::API_SERVER_PORT);
+            cp.service_cluster_ip_range = Some(kubelet_nodes::service_range(bridge.subnet().0));
+            cp.kubelet_client = true;
+        }
         if cp.work_dir.is_none() {
             cp.work_dir = Some(work_dir.join("control-plane"));
         }
         let plane = ControlPlane::start(cp).await.map_err(|e| cleanup(e.into()))?;
+        let agent_nodes = match config.node_kind {
+            Nodes::Agent => config.nodes.clone(),
+            Nodes::Kubelet(_) => Vec::new(),
+        };
         let kubelet = Arc::new(Kubelet::new(kubelet::Settings {
             skipper_exe: config.skipper_exe.clone(),
             pod_root: pods,
-            nodes: config.nodes.clone(),
+            nodes: agent_nodes,
             capacity: config.capacity.clone(),
             api_server: plane.addr(),
             backoff: config.restart_backoff,
@@ -228,6 +274,8 @@ impl RealCluster {
         let mut cluster = Self {
             plane: Some(plane),
             kubelet,
+            kubelet_nodes: None,
+            metrics_server: None,
             bridge,
             tracker: TaskTracker::new(),
             stop: CancellationToken::new(),
@@ -236,9 +284,32 @@ impl RealCluster {
             metrics_api: None,
         };
         // From here on, dropping `cluster` undoes everything.
-        cluster.start_agent(&config).await?;
+        match &config.node_kind {
+            Nodes::Agent => cluster.start_agent(&config).await?,
+            Nodes::Kubelet(nodes) => {
+                let started = KubeletNodes::start(
+                    nodes,
+                    &config.nodes,
+                    cluster.bridge.clone(),
+                    cluster.control_plane(),
+                    &cluster.work_dir,
+                )
+                .await?;
+                cluster.kubelet_nodes = Some(started);
+            }
+        }
         cluster.create_namespaces(&config.namespaces).await?;
-        if config.metrics_api {
+        if let (true, Nodes::Kubelet(nodes)) = (config.metrics_api, &config.node_kind) {
+            let server = MetricsServer::start(
+                cluster.control_plane(),
+                &nodes.bin_dir,
+                &cluster.work_dir.join("metrics-server"),
+                Duration::from_secs(60),
+            )
+            .await?;
+            cluster.metrics_api = Some(SocketAddr::from(([127, 0, 0, 1], server.port())));
+            cluster.metrics_server = Some(server);
+        } else if config.metrics_api {
             let registration = metrics_api::Registration {
                 namespace: "kube-system".into(),
                 service: "metrics-server".into(),
@@ -368,10 +439,17 @@ impl RealCluster {
         self.control_plane().server()
     }
 
-    /// The node agent (processes, fault hooks, usage, logs, pod directories).
+    /// The node agent (processes, fault hooks, usage, logs, pod
+    /// directories); it runs no node on a cluster of kubelet nodes.
     #[must_use]
     pub fn kubelet(&self) -> &Arc<Kubelet> {
         &self.kubelet
+    }
+
+    /// The kubelet nodes, on a cluster of them.
+    #[must_use]
+    pub fn kubelet_nodes(&self) -> Option<&KubeletNodes> {
+        self.kubelet_nodes.as_ref()
     }
 
     /// The pod network.
@@ -403,6 +481,12 @@ impl RealCluster {
         {
             tracing::warn!("node agent tasks did not stop within {STOP_TIMEOUT:?}");
         }
+        if let Some(server) = self.metrics_server.take() {
+            server.shutdown(STOP_TIMEOUT).await;
+        }
+        if let Some(nodes) = self.kubelet_nodes.take() {
+            nodes.shutdown().await;
+        }
         if let Some(plane) = self.plane.take() {
             plane.shutdown().await;
         }
@@ -419,6 +503,8 @@ impl RealCluster {
 impl Drop for RealCluster {
     fn drop(&mut self) {
         self.stop_agent();
+        drop(self.metrics_server.take());
+        drop(self.kubelet_nodes.take());
         drop(self.plane.take());
         self.bridge.remove();
         if self.owns_work_dir {

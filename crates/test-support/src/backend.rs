@@ -52,6 +52,45 @@ pub use crate::eventually;
 
 pub use crate::process::process_alive;
 
+/// Whether this process runs as root.
+fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|v| v.split_whitespace().next().map(|u| u == "0"))
+        .unwrap_or(false)
+}
+
+/// The archive of Skipper's image that `make image` writes.
+pub fn image_archive() -> PathBuf {
+    crate::workspace_root().join("target/image/skipper.oci.tar")
+}
+
+/// The configuration of `nodes` kubelet nodes (`make nodes`, with the image
+/// of `make image` imported), or `None` (with a message) when something they
+/// need is missing and nothing demands it: under `CI=true` that is a failure.
+pub fn kubelet_nodes_config(nodes: usize) -> Option<skipper_devcluster::kubelet_nodes::Config> {
+    let config = skipper_devcluster::kubelet_nodes::Config {
+        bin_dir: crate::workspace_root().join("target/nodes"),
+        images: vec![image_archive()],
+        ..skipper_devcluster::kubelet_nodes::Config::default()
+    };
+    let problem = if is_root() {
+        skipper_devcluster::kubelet_nodes::check(&config, nodes)
+            .err()
+            .map(|e| e.to_string())
+    } else {
+        Some("kubelet nodes need root".to_owned())
+    };
+    if let Some(problem) = problem {
+        assert!(std::env::var("CI").map_or(true, |v| v != "true"), "{problem}");
+        eprintln!("skipped: {problem} (`make nodes image`)");
+        return None;
+    }
+    Some(config)
+}
+
 /// A Kubernetes API to test against: the simulator or the real control plane.
 pub enum Backend {
     /// The in-process simulator.

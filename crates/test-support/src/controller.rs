@@ -414,7 +414,7 @@ impl Ctl {
             .expect("controller stopped before becoming ready");
         for ns in &function_namespaces {
             // A namespace the controller skipped (forbidden) has no cache.
-            let Ok(_) = running.core.namespace(ns) else {
+            let Ok(_) = running.core.cluster.namespace(ns) else {
                 continue;
             };
             let deployments = Api::<Deployment>::namespaced(sim.client.clone(), ns)
@@ -485,7 +485,8 @@ impl Ctl {
 pub async fn await_deployment(core: &Core, ns: &str, deployment: &str) {
     let what = format!("the controller's cache to know Deployment {ns}/{deployment}");
     eventually(Duration::from_secs(20), &what, || async {
-        core.namespace(ns)
+        core.cluster
+            .namespace(ns)
             .ok()?
             .replica_sets
             .knows_deployment(deployment)

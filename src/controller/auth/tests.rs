@@ -1,5 +1,6 @@
 //! The authenticator over a scripted reviewer, on paused time.
 
+use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use super::*;
@@ -77,6 +78,15 @@ fn good(who: &str) -> String {
     token(&serde_json::json!(["skipper-controller"]), 3600, who)
 }
 
+/// Missing, malformed or refused: `UNAUTHENTICATED` on the wire (the
+/// codes are [`crate::controller::error`]'s).
+fn unauthenticated(e: &AuthError) -> bool {
+    matches!(
+        e,
+        AuthError::Missing { .. } | AuthError::Malformed(_) | AuthError::Refused(_)
+    )
+}
+
 fn headers(token: &str) -> http::HeaderMap {
     let mut h = http::HeaderMap::new();
     h.insert(
@@ -90,7 +100,7 @@ fn headers(token: &str) -> http::HeaderMap {
 async fn a_call_without_a_token_is_unauthenticated_unless_migration_allows_it() {
     let (a, calls) = authenticator(false);
     let err = a.authenticate(&http::HeaderMap::new()).await.unwrap_err();
-    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    assert!(unauthenticated(&err), "{err}");
     assert!(err.to_string().contains("skipper-controller"), "{err}");
     let (open, _) = authenticator(true);
     assert_eq!(
@@ -99,7 +109,7 @@ async fn a_call_without_a_token_is_unauthenticated_unless_migration_allows_it() 
     );
     // A token that is presented is still checked.
     let err = open.authenticate(&headers(&good("bad"))).await.unwrap_err();
-    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    assert!(unauthenticated(&err), "{err}");
     assert_eq!(calls.load(Ordering::SeqCst), 0);
 }
 
@@ -116,7 +126,7 @@ async fn tokens_that_cannot_pass_are_refused_without_a_review() {
         headers(&token(&serde_json::json!(["skipper-controller"]), -10, "router")),
     ] {
         let err = a.authenticate(&h).await.unwrap_err();
-        assert_eq!(err.code(), tonic::Code::Unauthenticated, "{err}");
+        assert!(unauthenticated(&err), "{err}");
     }
     let err = a
         .authenticate(&headers(&token(&serde_json::json!("other"), 3600, "router")))
@@ -152,11 +162,11 @@ async fn routers_and_controllers_pass_with_their_roles_and_others_are_denied() {
     );
     for who in ["stranger", "person"] {
         let err = a.authenticate(&headers(&good(who))).await.unwrap_err();
-        assert_eq!(err.code(), tonic::Code::PermissionDenied, "{err}");
+        assert!(matches!(err, AuthError::Forbidden { .. }), "{err}");
         assert!(err.to_string().contains("skipper/skipper-router"), "{err}");
     }
     let err = a.authenticate(&headers(&good("bad"))).await.unwrap_err();
-    assert_eq!(err.code(), tonic::Code::Unauthenticated);
+    assert!(unauthenticated(&err), "{err}");
     assert!(err.to_string().contains("invalid bearer token"), "{err}");
 }
 
@@ -190,7 +200,7 @@ async fn a_failed_review_is_unavailable_and_not_cached() {
     let down = good("down");
     for _ in 0..2 {
         let err = a.authenticate(&headers(&down)).await.unwrap_err();
-        assert_eq!(err.code(), tonic::Code::Unavailable, "{err}");
+        assert!(matches!(err, AuthError::Unavailable(_)), "{err}");
     }
     assert_eq!(calls.load(Ordering::SeqCst), 2);
 }

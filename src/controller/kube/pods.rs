@@ -7,6 +7,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
 use kube::api::{Api, DeleteParams, Patch, PatchParams, Preconditions};
 use serde_json::{Value, json};
 
@@ -38,12 +39,19 @@ impl WriteError {
     }
 }
 
-/// The eight claim operations, in the order the wire contract fixes: four
-/// `test`s, the `copy` of the owning ReplicaSet's name, three `add`s. Values
-/// are JSON-encoded by `serde_json`, so any tenant or function text is safe.
+/// The claim operations, in the order the wire contract fixes: four
+/// `test`s, the `copy` of the owning ReplicaSet's name, three `add`s; then,
+/// with `owner` (the pool's Deployment), an ownerReference to it. Values are
+/// JSON-encoded by `serde_json`, so any tenant or function text is safe.
+///
+/// The ReplicaSet releases a claimed pod (its labels no longer match) by
+/// removing its own reference only, so the pod stays owned by the pool's
+/// Deployment, not as its controller: deleting the Deployment deletes its
+/// tenants' pods too (the garbage collector does), and uninstalling a pool
+/// leaves none behind.
 #[must_use]
-pub fn claim_ops(function: &Function, assigned_at: SystemTime) -> Value {
-    json!([
+pub fn claim_ops(function: &Function, assigned_at: SystemTime, owner: Option<&OwnerReference>) -> Value {
+    let mut ops = json!([
         {"op": "test", "path": "/metadata/ownerReferences/0/kind", "value": "ReplicaSet"},
         {"op": "test", "path": "/metadata/labels/skipper~1tenant", "value": null},
         {"op": "test", "path": "/metadata/annotations/skipper~1function", "value": null},
@@ -52,7 +60,28 @@ pub fn claim_ops(function: &Function, assigned_at: SystemTime) -> Value {
         {"op": "add", "path": "/metadata/labels/skipper~1tenant", "value": function.tenant},
         {"op": "add", "path": "/metadata/annotations/skipper~1function", "value": function.to_json()},
         {"op": "add", "path": "/metadata/annotations/skipper~1assigned-at", "value": format_time(assigned_at)},
-    ])
+    ]);
+    if let (Some(owner), Some(list)) = (owner, ops.as_array_mut()) {
+        // The first `test` makes sure the list exists (the ReplicaSet's reference is first).
+        list.push(json!({"op": "add", "path": "/metadata/ownerReferences/-", "value": owner}));
+    }
+    ops
+}
+
+/// The ownerReference a claimed pod gets to its pool's Deployment: not its
+/// controller (the ReplicaSet does not adopt it back, the Deployment
+/// controller ignores it) and not blocking the owner's deletion (which would
+/// need `update` on `deployments/finalizers`).
+#[must_use]
+pub fn pool_owner(deployment: &str, uid: &str) -> OwnerReference {
+    OwnerReference {
+        api_version: "apps/v1".to_owned(),
+        kind: "Deployment".to_owned(),
+        name: deployment.to_owned(),
+        uid: uid.to_owned(),
+        controller: Some(false),
+        block_owner_deletion: Some(false),
+    }
 }
 
 fn params() -> PatchParams {
@@ -99,14 +128,21 @@ impl PodWriter {
         &self.cache
     }
 
-    /// Claims pool pod `name` for `function`.
+    /// Claims pool pod `name` for `function`, owned by `owner` (see
+    /// [`claim_ops`]) when given.
     ///
     /// # Errors
     /// [`WriteError::Conflict`] when the pod is no longer claimable,
     /// [`WriteError::Api`] otherwise.
     #[tracing::instrument(name = "controller.claim", skip_all, fields(pod = name))]
-    pub async fn claim(&self, name: &str, function: &Function, now: SystemTime) -> Result<Pod, WriteError> {
-        let patch = json_patch(claim_ops(function, now))?;
+    pub async fn claim(
+        &self,
+        name: &str,
+        function: &Function,
+        now: SystemTime,
+        owner: Option<&OwnerReference>,
+    ) -> Result<Pod, WriteError> {
+        let patch = json_patch(claim_ops(function, now, owner))?;
         let pod = self
             .api
             .patch(name, &params(), &patch)
@@ -219,7 +255,7 @@ mod tests {
             oneshot: None,
         };
         let t = SystemTime::UNIX_EPOCH + Duration::from_secs(1_705_314_600);
-        let ops = claim_ops(&f, t);
+        let ops = claim_ops(&f, t, None);
         let ops = ops.as_array().unwrap();
         let kinds: Vec<&str> = ops.iter().map(|o| o["op"].as_str().unwrap()).collect();
         assert_eq!(
@@ -236,5 +272,46 @@ mod tests {
         // The patch parses as an RFC 6902 document.
         let text = serde_json::to_string(&Value::Array(ops.clone())).unwrap();
         assert!(serde_json::from_str::<json_patch::Patch>(&text).is_ok());
+    }
+
+    #[test]
+    fn a_claim_with_an_owner_adds_a_non_controller_reference_after_the_contract_ops() {
+        let f = Function {
+            namespace: "ns".into(),
+            deployment: "dep".into(),
+            tenant: "t".into(),
+            metadata: None,
+            scale: None,
+            oneshot: None,
+        };
+        let owner = pool_owner("dep", "uid-1");
+        let ops = claim_ops(&f, SystemTime::UNIX_EPOCH, Some(&owner));
+        let ops = ops.as_array().unwrap();
+        assert_eq!(ops.len(), 9);
+        assert_eq!(
+            ops[..8],
+            claim_ops(&f, SystemTime::UNIX_EPOCH, None).as_array().unwrap()[..]
+        );
+        assert_eq!(
+            ops[8],
+            json!({"op": "add", "path": "/metadata/ownerReferences/-", "value": {
+                "apiVersion": "apps/v1", "kind": "Deployment", "name": "dep", "uid": "uid-1",
+                "controller": false, "blockOwnerDeletion": false}})
+        );
+        // Applied to a pool pod (the `test`s aside: absent members compare
+        // with null on the API server, not in RFC 6902): the ReplicaSet stays
+        // first, the Deployment follows.
+        let mut pod = json!({"metadata": {
+            "labels": {}, "annotations": {},
+            "ownerReferences": [{"apiVersion": "apps/v1", "kind": "ReplicaSet", "name": "dep-abc",
+                                 "uid": "rs-1", "controller": true}]}});
+        let patch: json_patch::Patch = serde_json::from_value(Value::Array(ops[4..].to_vec())).unwrap();
+        json_patch::patch(&mut pod, &patch).unwrap();
+        let refs = pod["metadata"]["ownerReferences"].as_array().unwrap();
+        assert_eq!(
+            (refs[0]["kind"].as_str(), refs[1]["kind"].as_str()),
+            (Some("ReplicaSet"), Some("Deployment"))
+        );
+        assert_eq!(pod["metadata"]["annotations"]["skipper/replica-set"], "dep-abc");
     }
 }

@@ -1,29 +1,33 @@
 //! The controller's watches and start-up: the per-namespace probe
 //! (`--skip-forbidden-namespaces`), function pods and ReplicaSets per managed
 //! namespace, controller pods → ring membership, and pod metrics
-//! (`metrics.k8s.io/v1beta1`). Readiness means every watch has listed once.
+//! (`metrics.k8s.io/v1beta1`). A function namespace is ready once its
+//! watches have listed once and while the API server lets them run; one it
+//! refuses (its Role is not there yet, or lacks a verb) is retried with
+//! back-off and does not hold up the others.
 
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Debug;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, SystemTime};
 
-use futures::StreamExt;
+use futures::{FutureExt as _, StreamExt};
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use kube::core::{ApiResource, DynamicObject, GroupVersionKind};
 use kube::runtime::WatchStreamExt;
+use kube::runtime::reflector::{self, ObjectRef, Store, store::Writer};
 use kube::runtime::watcher::{self, Event};
 use serde::de::DeserializeOwned;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
 
 use super::cache::{Applied, PodCache};
-use super::is_ready;
 use super::pods::PodWriter;
+use super::{Instance, InvalidPod, is_ready, is_running};
 use crate::controller::metrics::Metrics;
-use crate::domain::{LABEL_DEPLOYMENT, LABEL_TENANT};
+use crate::domain::{Function, LABEL_DEPLOYMENT, LABEL_TENANT};
 use crate::ring::{HashRing, RingHandle};
 use crate::shutdown::Shutdown;
 use crate::watch_access::Refusals;
@@ -42,75 +46,33 @@ pub enum StartError {
     },
 }
 
-/// The ReplicaSets of one namespace.
-#[derive(Debug, Default)]
+/// The ReplicaSets of one namespace: a reflector store its watch fills.
+#[derive(Debug, Clone)]
 pub struct ReplicaSets {
-    // A std lock: map updates and lookups only, never held across an await.
-    sets: RwLock<HashMap<String, Arc<ReplicaSet>>>,
-    relist: RwLock<Option<HashMap<String, Arc<ReplicaSet>>>>,
-    synced: watch::Sender<bool>,
+    store: Store<ReplicaSet>,
+    namespace: String,
 }
 
 impl ReplicaSets {
-    fn handle(&self, ev: Event<ReplicaSet>) {
-        let name = |rs: &ReplicaSet| rs.metadata.name.clone().unwrap_or_default();
-        match ev {
-            Event::Apply(rs) => {
-                self.write().insert(name(&rs), Arc::new(rs));
-            }
-            Event::Delete(rs) => {
-                self.write().remove(&name(&rs));
-            }
-            Event::Init => *self.relist_write() = Some(HashMap::new()),
-            Event::InitApply(rs) => {
-                if let Some(m) = self.relist_write().as_mut() {
-                    m.insert(name(&rs), Arc::new(rs));
-                }
-            }
-            Event::InitDone => {
-                let listed = self.relist_write().take().unwrap_or_default();
-                *self.write() = listed;
-                self.synced.send_replace(true);
-            }
-        }
-    }
-
-    fn write(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<String, Arc<ReplicaSet>>> {
-        self.sets
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn relist_write(&self) -> std::sync::RwLockWriteGuard<'_, Option<HashMap<String, Arc<ReplicaSet>>>> {
-        self.relist
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    /// An empty store of `namespace`'s ReplicaSets and the writer its watch
+    /// applies events with.
+    #[must_use]
+    pub fn new(namespace: &str) -> (Self, Writer<ReplicaSet>) {
+        let (store, writer) = reflector::store();
+        let namespace = namespace.to_owned();
+        (Self { store, namespace }, writer)
     }
 
     /// A ReplicaSet by name.
     #[must_use]
     pub fn get(&self, name: &str) -> Option<Arc<ReplicaSet>> {
-        self.sets
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(name)
-            .cloned()
-    }
-
-    /// Inserts a ReplicaSet (tests and simulators without a watch).
-    pub fn insert(&self, rs: ReplicaSet) {
-        let name = rs.metadata.name.clone().unwrap_or_default();
-        self.write().insert(name, Arc::new(rs));
+        self.store.get(&ObjectRef::new(name).within(&self.namespace))
     }
 
     /// Whether some ReplicaSet's pods carry `skipper/deployment=deployment`.
     #[must_use]
     pub fn knows_deployment(&self, deployment: &str) -> bool {
-        let sets = self
-            .sets
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        sets.values().any(|rs| {
+        let labelled = |rs: &ReplicaSet| {
             let template = rs
                 .spec
                 .as_ref()
@@ -121,18 +83,15 @@ impl ReplicaSets {
                 .into_iter()
                 .flatten()
                 .any(|l| l.get(LABEL_DEPLOYMENT).is_some_and(|d| d == deployment))
-        })
+        };
+        self.store.find(labelled).is_some()
     }
 
     /// The newest ReplicaSet with replicas owned by Deployment `deployment`.
     #[must_use]
     pub fn active_for(&self, deployment: &str) -> Option<String> {
-        let sets = self
-            .sets
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        sets.values()
-            .filter(|rs| {
+        self.store
+            .state_filter(|rs| {
                 rs.metadata
                     .owner_references
                     .iter()
@@ -140,6 +99,7 @@ impl ReplicaSets {
                     .any(|o| o.kind == "Deployment" && o.name == deployment)
                     && rs.status.as_ref().is_some_and(|s| s.replicas > 0)
             })
+            .into_iter()
             .max_by_key(|rs| rs.metadata.creation_timestamp.as_ref().map(|t| t.0))
             .and_then(|rs| rs.metadata.name.clone())
     }
@@ -147,8 +107,22 @@ impl ReplicaSets {
     /// Whether the first list has been applied.
     #[must_use]
     pub fn is_synced(&self) -> bool {
-        *self.synced.borrow()
+        store_ready(&self.store)
     }
+
+    /// Resolves once the first list has been applied (or the watch ended).
+    pub async fn wait_synced(&self) {
+        let _ = self.store.wait_until_ready().await;
+    }
+}
+
+/// Whether a reflector store has applied its first list.
+fn store_ready<K>(store: &Store<K>) -> bool
+where
+    K: kube::Resource + Clone + 'static,
+    K::DynamicType: std::hash::Hash + Eq + Clone,
+{
+    matches!(store.wait_until_ready().now_or_never(), Some(Ok(())))
 }
 
 /// A managed function namespace.
@@ -157,6 +131,27 @@ pub struct Namespace {
     pub pods: Arc<PodCache>,
     pub writer: PodWriter,
     pub replica_sets: Arc<ReplicaSets>,
+}
+
+impl Namespace {
+    /// Whether both watches have listed once.
+    #[must_use]
+    pub fn is_synced(&self) -> bool {
+        self.pods.is_synced() && self.replica_sets.is_synced()
+    }
+
+    async fn wait_synced(&self) {
+        self.pods.wait_synced().await;
+        self.replica_sets.wait_synced().await;
+    }
+}
+
+/// What the watches of function namespace `ns` are called in [`Refusals`].
+fn namespace_watches(ns: &str) -> [String; 2] {
+    [
+        format!("pods in namespace {ns}"),
+        format!("replicasets in namespace {ns}"),
+    ]
 }
 
 /// CPU (millicores) and memory (MiB) of assigned pods, by `namespace/name`.
@@ -196,6 +191,10 @@ impl Usage {
     }
 }
 
+/// A function's running instances, and its running pods that cannot be
+/// read as instances (by name, with why).
+pub type Instances = (Vec<Instance>, Vec<(String, InvalidPod)>);
+
 /// Everything the controller reads from Kubernetes.
 #[derive(Debug, Clone)]
 pub struct State {
@@ -203,7 +202,9 @@ pub struct State {
     pub usage: Arc<Usage>,
     /// The watches the API server refuses (their caches stand still).
     pub refusals: Refusals,
-    membership_synced: watch::Receiver<bool>,
+    /// The controller pods the ring is made of (none with
+    /// `--single-controller-mode`).
+    pub controller_pods: Option<Store<Pod>>,
 }
 
 impl State {
@@ -213,24 +214,113 @@ impl State {
         self.namespaces.get(ns)
     }
 
-    /// Whether every watch has listed once.
+    /// The running instances of `f` from the pod cache with their usage
+    /// (spec §4.3); `None` when `f`'s namespace is not managed.
     #[must_use]
-    pub fn is_synced(&self) -> bool {
-        *self.membership_synced.borrow()
-            && self
-                .namespaces
-                .values()
-                .all(|n| n.pods.is_synced() && n.replica_sets.is_synced())
+    pub fn instances(&self, f: &Function) -> Option<Instances> {
+        let ns = self.namespace(&f.namespace)?;
+        let mut instances = Vec::new();
+        let mut invalid = Vec::new();
+        for (pod, function) in ns.pods.of_function(f.id()) {
+            if !is_running(&pod) {
+                continue;
+            }
+            match Instance::from_pod(&pod, function) {
+                Ok(mut i) => {
+                    (i.cpu_milli, i.memory_mib) = self.usage.get(&i.namespace, &i.name);
+                    instances.push(i);
+                }
+                Err(e) => invalid.push((pod.metadata.name.clone().unwrap_or_default(), e)),
+            }
+        }
+        Some((instances, invalid))
     }
 
-    /// Resolves once every watch has listed once.
+    /// Whether the ring's watch has listed once and every function
+    /// namespace has listed once or is refused (see [`State::not_ready`]).
+    #[must_use]
+    pub fn is_synced(&self) -> bool {
+        self.controller_pods.as_ref().is_none_or(store_ready) && self.settled()
+    }
+
+    fn settled(&self) -> bool {
+        let refused = self.refusals.current();
+        self.namespaces
+            .iter()
+            .all(|(name, n)| n.is_synced() || namespace_watches(name).iter().any(|w| refused.contains_key(w)))
+    }
+
+    /// Resolves once [`State::is_synced`] holds.
     pub async fn wait_synced(&self) {
-        let mut rx = self.membership_synced.clone();
-        let _ = rx.wait_for(|s| *s).await;
-        for n in self.namespaces.values() {
-            n.pods.wait_synced().await;
-            let mut rx = n.replica_sets.synced.subscribe();
-            let _ = rx.wait_for(|s| *s).await;
+        if let Some(pods) = &self.controller_pods {
+            let _ = pods.wait_until_ready().await;
+        }
+        let mut refused = self.refusals.subscribe();
+        while !self.settled() {
+            let unsynced: Vec<_> = self
+                .namespaces
+                .values()
+                .filter(|n| !n.is_synced())
+                .map(|n| Box::pin(n.wait_synced()))
+                .collect();
+            tokio::select! {
+                _ = futures::future::select_all(unsynced) => {}
+                r = refused.changed() => if r.is_err() { return },
+            }
+        }
+    }
+
+    /// Why function namespace `ns` cannot be served now: its watches have not
+    /// listed yet, or the API server refuses one (which permission is
+    /// missing). `None` when it is ready or not managed here.
+    #[must_use]
+    pub fn not_ready(&self, ns: &str) -> Option<String> {
+        let n = self.namespaces.get(ns)?;
+        let refused = self.refusals.current();
+        let mine: BTreeMap<String, crate::watch_access::Refusal> = namespace_watches(ns)
+            .into_iter()
+            .filter_map(|w| refused.get(&w).map(|r| (w, r.clone())))
+            .collect();
+        if !mine.is_empty() {
+            Some(Refusals::describe(&mine))
+        } else if !n.is_synced() {
+            Some(format!("the watches of namespace {ns} have not listed yet"))
+        } else {
+            None
+        }
+    }
+
+    /// The refused watches that are not a function namespace's (the ring's).
+    #[must_use]
+    pub fn ring_refusals(&self) -> BTreeMap<String, crate::watch_access::Refusal> {
+        let mut refused = self.refusals.current();
+        for ns in self.namespaces.keys() {
+            for w in namespace_watches(ns) {
+                refused.remove(&w);
+            }
+        }
+        refused
+    }
+
+    /// Resolves at the next change of a namespace's readiness: a refusal
+    /// appears or clears, or a namespace lists for the first time.
+    pub async fn readiness_changed(
+        &self,
+        refused: &mut watch::Receiver<BTreeMap<String, crate::watch_access::Refusal>>,
+    ) {
+        let unsynced: Vec<_> = self
+            .namespaces
+            .values()
+            .filter(|n| !n.is_synced())
+            .map(|n| Box::pin(n.wait_synced()))
+            .collect();
+        if unsynced.is_empty() {
+            let _ = refused.changed().await;
+            return;
+        }
+        tokio::select! {
+            _ = futures::future::select_all(unsynced) => {}
+            _ = refused.changed() => {}
         }
     }
 }
@@ -299,60 +389,43 @@ fn handle_pod_event(cache: &PodCache, metrics: &Metrics, ev: Event<Pod>) {
     }
 }
 
-/// Tracks the Ready controller pods and publishes the ring they form.
+/// Keeps the store of controller pods and publishes the ring their Ready
+/// ones form.
 #[derive(Debug)]
 struct Membership {
-    members: HashMap<String, String>,
-    relist: Option<HashMap<String, String>>,
+    writer: Writer<Pod>,
     ring: RingHandle,
 }
 
 impl Membership {
-    fn member(pod: &Pod) -> Option<(String, String)> {
-        let name = pod.metadata.name.clone()?;
+    /// An empty membership publishing into `ring`, and the store it fills.
+    fn new(ring: RingHandle) -> (Self, Store<Pod>) {
+        let (store, writer) = reflector::store();
+        (Self { writer, ring }, store)
+    }
+
+    fn member(pod: &Pod) -> Option<String> {
         let ip = pod.status.as_ref()?.pod_ip.clone().filter(|ip| !ip.is_empty())?;
-        is_ready(pod).then_some((name, ip))
+        is_ready(pod).then_some(ip)
     }
 
-    fn handle(&mut self, ev: Event<Pod>) -> bool {
-        match ev {
-            Event::Apply(pod) => {
-                let name = pod.metadata.name.clone().unwrap_or_default();
-                match Self::member(&pod) {
-                    Some((n, ip)) => {
-                        self.members.insert(n, ip);
-                    }
-                    None => {
-                        self.members.remove(&name);
-                    }
-                }
-            }
-            Event::Delete(pod) => {
-                self.members
-                    .remove(pod.metadata.name.as_deref().unwrap_or_default());
-            }
-            Event::Init => self.relist = Some(HashMap::new()),
-            Event::InitApply(pod) => {
-                if let (Some(m), Some((n, ip))) = (self.relist.as_mut(), Self::member(&pod)) {
-                    m.insert(n, ip);
-                }
-                return false;
-            }
-            Event::InitDone => {
-                self.members = self.relist.take().unwrap_or_default();
-                self.publish();
-                return true;
-            }
+    /// Applies `ev` and publishes the ring once the store holds a whole
+    /// list (not while a relist is under way).
+    fn handle(&mut self, ev: &Event<Pod>) {
+        self.writer.apply_watcher_event(ev);
+        if let Event::Init | Event::InitApply(_) = ev {
+            return;
         }
-        self.publish();
-        false
-    }
-
-    fn publish(&self) {
-        let mut ips: Vec<&String> = self.members.values().collect();
+        let mut ips: Vec<String> = self
+            .writer
+            .as_reader()
+            .state()
+            .iter()
+            .filter_map(|p| Self::member(p))
+            .collect();
         ips.sort();
         ips.dedup();
-        self.ring.publish(HashRing::new(ips.iter().map(|s| s.as_str())));
+        self.ring.publish(HashRing::new(ips.iter().map(String::as_str)));
     }
 }
 
@@ -432,13 +505,16 @@ async fn refresh_usage(
     Ok(())
 }
 
-/// Probes each function namespace, starts every watch and the pod-metrics
-/// refresh, and returns the state they fill. Does not wait for the first
-/// lists (see [`State::wait_synced`]).
+/// Starts every watch and the pod-metrics refresh, and returns the state
+/// they fill. Does not wait for the first lists (see [`State::wait_synced`]).
+/// With `skip_forbidden`, a function namespace whose pods cannot be listed
+/// at start-up is left out (as the Go implementation does); without it, the
+/// namespace's watches retry with back-off until the API server lets them
+/// run, and [`State::not_ready`] says what is missing meanwhile.
 ///
 /// # Errors
-/// [`StartError::Probe`] when a namespace cannot be listed (Forbidden is
-/// skipped with `skip_forbidden`).
+/// [`StartError::Probe`] when `skip_forbidden` is set and the probe fails
+/// for another reason than Forbidden.
 #[allow(clippy::too_many_arguments)]
 pub async fn start(
     client: &kube::Client,
@@ -454,22 +530,26 @@ pub async fn start(
     let mut namespaces = BTreeMap::new();
     let refusals = Refusals::new();
     for ns in function_namespaces {
-        let probe: Api<Pod> = Api::namespaced(client.clone(), ns);
-        match probe.list(&ListParams::default().limit(1)).await {
-            Ok(_) => {}
-            Err(kube::Error::Api(s)) if s.code == 403 && skip_forbidden => {
-                tracing::warn!(namespace = %ns, "skipping namespace: listing pods is forbidden");
-                continue;
-            }
-            Err(e) => {
-                return Err(StartError::Probe {
-                    namespace: ns.clone(),
-                    source: Box::new(e),
-                });
+        if skip_forbidden {
+            let probe: Api<Pod> = Api::namespaced(client.clone(), ns);
+            match probe.list(&ListParams::default().limit(1)).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(s)) if s.code == 403 => {
+                    tracing::warn!(namespace = %ns, "skipping namespace: listing pods is forbidden");
+                    continue;
+                }
+                Err(e) => {
+                    return Err(StartError::Probe {
+                        namespace: ns.clone(),
+                        source: Box::new(e),
+                    });
+                }
             }
         }
+        let [pods_watch, replica_sets_watch] = namespace_watches(ns);
         let cache = Arc::new(PodCache::new(ns));
-        let replica_sets = Arc::new(ReplicaSets::default());
+        let (replica_sets, mut rs_writer) = ReplicaSets::new(ns);
+        let replica_sets = Arc::new(replica_sets);
         let config = watcher::Config::default().labels(LABEL_DEPLOYMENT);
         {
             let cache = cache.clone();
@@ -477,7 +557,7 @@ pub async fn start(
             shutdown.spawn(
                 "watch-pods",
                 run_watch(
-                    Api::namespaced(refusals.client(client, format!("pods in namespace {ns}")), ns),
+                    Api::namespaced(refusals.client(client, pods_watch), ns),
                     config.clone(),
                     shutdown.token().clone(),
                     "pods",
@@ -488,11 +568,7 @@ pub async fn start(
             );
         }
         {
-            let rs_api: Api<ReplicaSet> = Api::namespaced(
-                refusals.client(client, format!("replicasets in namespace {ns}")),
-                ns,
-            );
-            let sets = replica_sets.clone();
+            let rs_api: Api<ReplicaSet> = Api::namespaced(refusals.client(client, replica_sets_watch), ns);
             let metrics = metrics.clone();
             shutdown.spawn(
                 "watch-replicasets",
@@ -510,7 +586,7 @@ pub async fn start(
                         if let Some(k) = kind {
                             metrics.informer_event("replicasets", k, None);
                         }
-                        sets.handle(ev);
+                        rs_writer.apply_watcher_event(&ev);
                     },
                 ),
             );
@@ -526,10 +602,9 @@ pub async fn start(
         );
     }
 
-    let (membership_tx, membership_synced) = watch::channel(false);
-    if let Some(ip) = single_controller_ip {
+    let controller_pods = if let Some(ip) = single_controller_ip {
         ring.publish(HashRing::new([ip]));
-        membership_tx.send_replace(true);
+        None
     } else {
         let api: Api<Pod> = Api::namespaced(
             refusals.client(
@@ -538,11 +613,7 @@ pub async fn start(
             ),
             controller_namespace,
         );
-        let mut membership = Membership {
-            members: HashMap::new(),
-            relist: None,
-            ring: ring.clone(),
-        };
+        let (mut membership, store) = Membership::new(ring.clone());
         let metrics = metrics.clone();
         shutdown.spawn(
             "watch-controller-pods",
@@ -555,19 +626,18 @@ pub async fn start(
                     if let Event::Apply(_) | Event::Delete(_) = &ev {
                         metrics.informer_event("controller_pods", "update", None);
                     }
-                    if membership.handle(ev) {
-                        membership_tx.send_replace(true);
-                    }
+                    membership.handle(&ev);
                 },
             ),
         );
-    }
+        Some(store)
+    };
 
     let state = State {
         namespaces: Arc::new(namespaces),
         usage: Arc::new(Usage::default()),
         refusals,
-        membership_synced,
+        controller_pods,
     };
     {
         let state = state.clone();
@@ -621,26 +691,34 @@ mod tests {
     #[test]
     fn ring_follows_ready_controller_pods() {
         let ring = RingHandle::default();
-        let mut m = Membership {
-            members: HashMap::new(),
-            relist: None,
-            ring: ring.clone(),
-        };
-        m.handle(Event::Init);
-        m.handle(Event::InitApply(controller_pod("a", "10.0.0.1", true, false)));
-        m.handle(Event::InitApply(controller_pod("b", "10.0.0.2", false, false)));
-        assert!(m.handle(Event::InitDone));
+        let (mut m, store) = Membership::new(ring.clone());
+        m.handle(&Event::Init);
+        m.handle(&Event::InitApply(controller_pod("a", "10.0.0.1", true, false)));
+        m.handle(&Event::InitApply(controller_pod("b", "10.0.0.2", false, false)));
+        assert!(!store_ready(&store));
+        assert!(
+            ring.current().is_empty(),
+            "nothing is published before the list is whole"
+        );
+        m.handle(&Event::InitDone);
+        assert!(store_ready(&store));
         assert_eq!(ring.current().sorted_members().len(), 1);
-        m.handle(Event::Apply(controller_pod("b", "10.0.0.2", true, false)));
+        m.handle(&Event::Apply(controller_pod("b", "10.0.0.2", true, false)));
         assert_eq!(ring.current().sorted_members().len(), 2);
-        m.handle(Event::Apply(controller_pod("a", "10.0.0.1", true, true)));
+        m.handle(&Event::Apply(controller_pod("a", "10.0.0.1", true, true)));
         assert_eq!(
             &*ring.current().sorted_members()[0],
             "10.0.0.2",
             "terminating controller leaves at once"
         );
-        m.handle(Event::Delete(controller_pod("b", "10.0.0.2", true, false)));
+        m.handle(&Event::Delete(controller_pod("b", "10.0.0.2", true, false)));
         assert!(ring.current().is_empty());
+        // A relist replaces the members only once it is whole.
+        m.handle(&Event::Init);
+        m.handle(&Event::InitApply(controller_pod("c", "10.0.0.3", true, false)));
+        assert!(ring.current().is_empty());
+        m.handle(&Event::InitDone);
+        assert_eq!(&*ring.current().sorted_members()[0], "10.0.0.3");
     }
 
     #[test]

@@ -8,7 +8,7 @@ use std::collections::VecDeque;
 use std::time::{Duration, SystemTime};
 
 use crate::api::{EventSeverity, EventType, ScaleReason};
-use crate::controller::config::ScaleConfig;
+pub use crate::controller::heartbeat::Combined;
 use crate::domain::Function;
 
 /// Added to the tolerance when comparing usage ratios (absorbs float error).
@@ -29,13 +29,36 @@ pub struct Observed {
     pub target_memory_mib: u32,
 }
 
-/// The activity of a function across every router.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Combined {
-    /// Newest router activity or instance assignment; `None` when neither exists.
-    pub timestamp: Option<SystemTime>,
-    /// Sum of the routers' in-flight request counts.
-    pub in_flight: u32,
+/// The autoscaler's settings (the controller's `--hpa-*`,
+/// `--heartbeat-timeout` and `--function-assign-timeout` flags).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct ScaleConfig {
+    pub heartbeat_timeout: Duration,
+    pub tolerance: f64,
+    pub initial_readiness_delay: Duration,
+    pub downscale_stabilization: Duration,
+    pub assign_timeout: Duration,
+}
+
+impl Default for ScaleConfig {
+    fn default() -> Self {
+        Self {
+            heartbeat_timeout: Duration::from_secs(90),
+            tolerance: 0.1,
+            initial_readiness_delay: Duration::from_secs(30),
+            downscale_stabilization: Duration::from_secs(90),
+            assign_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+impl ScaleConfig {
+    /// How long a freshly started controller never scales down:
+    /// `max(downscale stabilization, heartbeat timeout)`.
+    #[must_use]
+    pub fn protection_period(&self) -> Duration {
+        self.downscale_stabilization.max(self.heartbeat_timeout)
+    }
 }
 
 /// A scaling decision.

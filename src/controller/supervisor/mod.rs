@@ -37,13 +37,12 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-use super::config::ScaleConfig;
 use super::error::{Error, Result};
 use super::heartbeat;
 use super::kube::Instance;
 use crate::api::{EventSeverity, EventType};
 use crate::domain::{Function, FunctionId};
-use converge::Decision;
+use converge::{Decision, ScaleConfig};
 use mailbox::Mailbox;
 
 pub use mailbox::CAPACITY as MAILBOX_CAPACITY;

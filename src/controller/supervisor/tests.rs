@@ -109,10 +109,11 @@ impl Context for Fake {
                 .await
                 .is_err()
         {
-            return Err(Error::NoPoolPod {
+            return Err(crate::controller::assign::Error::NoPoolPod {
                 namespace: f.namespace.clone(),
                 deployment: f.deployment.clone(),
-            });
+            }
+            .into());
         }
         let n = self.assigned.fetch_add(1, Ordering::SeqCst);
         let i = self.instance(f, &format!("pod-{n}"));

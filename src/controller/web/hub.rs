@@ -153,7 +153,7 @@ impl Hub {
         let mut pools: HashMap<String, Pool> = HashMap::new();
         let mut assigned_by_ns: HashMap<String, HashMap<String, usize>> = HashMap::new();
         for (ns_name, deployment) in seen {
-            let Some(ns) = self.core.state.namespace(&ns_name) else {
+            let Some(ns) = self.core.cluster.state.namespace(&ns_name) else {
                 continue;
             };
             let assigned = assigned_by_ns.entry(ns_name.clone()).or_insert_with(|| {
@@ -190,7 +190,7 @@ impl Hub {
         let mut counts = Vec::new();
         for h in self.core.supervisors.handles() {
             let f = h.shared.spec();
-            if let Ok(instances) = self.core.read_instances(&f, false).await {
+            if let Ok(instances) = self.core.cluster.read_instances(&f, false).await {
                 let ready = instances.iter().filter(|i| i.ready_at.is_some()).count();
                 counts.push((h.id, ready, instances.len()));
             }

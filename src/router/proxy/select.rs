@@ -78,7 +78,12 @@ impl Proxy {
                 self.settings.get_instance_timeout,
             )
             .await;
-        tries.get_instance_time += t0.elapsed();
+        let took = t0.elapsed();
+        tries.get_instance_time += took;
+        self.metrics
+            .get_instance_duration
+            .get_or_create(&self.metrics.deployment(&parsed.function.deployment))
+            .observe(took.as_secs_f64());
         let got = got.map(|(r, timing)| {
             if timing.is_some() {
                 tries.timing = timing;

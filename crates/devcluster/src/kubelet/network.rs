@@ -566,6 +566,35 @@ impl Bridge {
         Ok(link)
     }
 
+    /// Adds `addr` to the bridge as an address of the host (a /32 of the
+    /// bridge's /24: a kubelet node's `InternalIP`); it goes with the bridge.
+    ///
+    /// # Errors
+    /// [`NetworkError::Command`] when `ip` refuses.
+    pub fn add_address(&self, addr: Ipv4Addr) -> Result<(), NetworkError> {
+        match ip(
+            &self.exe,
+            None,
+            &["addr", "add", &format!("{addr}/32"), "dev", &self.name],
+            &[],
+        ) {
+            Err(e) if !exists_error(&e) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Removes an address [`Bridge::add_address`] added (nothing when it is gone).
+    pub fn remove_address(&self, addr: Ipv4Addr) {
+        if !self.removed.load(Ordering::SeqCst) {
+            let _ = ip(
+                &self.exe,
+                None,
+                &["addr", "del", &format!("{addr}/32"), "dev", &self.name],
+                &[],
+            );
+        }
+    }
+
     /// Deletes every pod namespace of this bridge and the bridge, and lets
     /// another agent have its /24. Idempotent.
     pub fn remove(&self) {

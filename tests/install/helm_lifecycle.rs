@@ -1,0 +1,445 @@
+//! The chart's life on the real control plane with the node agent: `helm
+//! install`, `helm upgrade` to a new image tag while warm and cold tenants
+//! send HTTP requests and WebSocket sessions run through the routers (0
+//! failed, 0 answered for another tenant), and `helm uninstall` with the
+//! pool deleted after it (no Skipper object, no tenant pod left).
+//!
+//! Clients reach routers as a Service's clients do: a new connection goes to
+//! one of the Ready router pods (followed every 100 ms, as endpoints are);
+//! kept-alive connections stay with their router until it answers
+//! `Connection: close`.
+//!
+//! [`lifecycle`] takes the backend and the image, so the same scenario runs
+//! on kubelet nodes with two tags of the image imported there.
+//!
+//! Skipped with a message when helm (`make helm`) or the control plane
+//! (`make control-plane`) is not built; a failure under `CI=true`.
+
+// Test code: a failed unwrap is a failed test.
+#![allow(clippy::unwrap_used)]
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use futures::{SinkExt as _, StreamExt as _};
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{Api, ListParams};
+use serde_json::Value;
+use skipper::token::SigningKey;
+use skipper_test_support::backend::Backend;
+use skipper_test_support::{eventually, workspace_root};
+use tokio_util::sync::CancellationToken;
+
+use super::steps::{self, CONTROLLERS, POOL_NS, ROUTERS, WAIT};
+
+fn helm() -> Option<PathBuf> {
+    let helm = workspace_root().join("target/helm/helm");
+    if helm.is_file() {
+        return Some(helm);
+    }
+    assert!(
+        !std::env::var("CI").is_ok_and(|v| v == "true"),
+        "helm is not built at {}: run `make helm`",
+        helm.display()
+    );
+    eprintln!(
+        "skipped: helm is not built at {} (run `make helm`)",
+        helm.display()
+    );
+    None
+}
+
+async fn run_helm(helm: &PathBuf, b: &Backend, args: &[&str]) {
+    let out = tokio::process::Command::new(helm)
+        .args(args)
+        .arg("--kubeconfig")
+        .arg(b.kubeconfig())
+        .current_dir(workspace_root())
+        .env("HELM_CACHE_HOME", std::env::temp_dir().join("skipper-helm-cache"))
+        .env(
+            "HELM_CONFIG_HOME",
+            std::env::temp_dir().join("skipper-helm-config"),
+        )
+        .env("HELM_DATA_HOME", std::env::temp_dir().join("skipper-helm-data"))
+        .output()
+        .await
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "helm {args:?}:\n{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// The chart's values for this test besides the image: short shutdown
+/// timings so the rollout is quick.
+const VALUES: [&str; 6] = [
+    "--set",
+    "controller.preStopSleepSeconds=2",
+    "--set",
+    "router.shutdownDelaySeconds=3",
+    "--set",
+    "controller.flags.heartbeat-timeout=30s",
+];
+
+#[derive(Debug, Default)]
+struct Figures {
+    warm: AtomicUsize,
+    cold: AtomicUsize,
+    sessions: AtomicUsize,
+    failed: AtomicUsize,
+    cross: AtomicUsize,
+}
+
+/// Ready, not terminating router pods: what a Service's endpoints hold.
+async fn router_endpoints(client: &kube::Client) -> Vec<String> {
+    let api: Api<Pod> = Api::namespaced(client.clone(), "skipper");
+    let Ok(list) = api.list(&ListParams::default().labels(ROUTERS)).await else {
+        return Vec::new();
+    };
+    list.items
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none() && steps::ready(p))
+        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
+        .collect()
+}
+
+fn pick(endpoints: &RwLock<Vec<String>>) -> Option<String> {
+    let e = endpoints.read().unwrap();
+    (!e.is_empty()).then(|| e[rand::random_range(0..e.len())].clone())
+}
+
+fn function(tenant: &str) -> String {
+    format!(
+        r#"{{"namespace":"{POOL_NS}","deployment":"fixture","tenant":"{tenant}","scale":{{"max_instances":1}}}}"#
+    )
+}
+
+/// One HTTP request for `tenant`; counts a failure or an answer for another tenant.
+async fn http_once(
+    http: &reqwest::Client,
+    endpoints: &RwLock<Vec<String>>,
+    tenant: &str,
+    f: &Figures,
+) -> bool {
+    let Some(router) = pick(endpoints) else {
+        f.failed.fetch_add(1, Ordering::SeqCst);
+        return false;
+    };
+    let resp = http
+        .get(format!("http://{router}:8080/hello"))
+        .header("X-Skipper-Function", function(tenant))
+        .send()
+        .await;
+    match resp {
+        Ok(r) if r.status() == 200 => match r.json::<Value>().await {
+            Ok(body) if body["tenant"] == tenant => true,
+            Ok(body) => {
+                eprintln!("cross-tenant answer for {tenant}: {body}");
+                f.cross.fetch_add(1, Ordering::SeqCst);
+                false
+            }
+            Err(e) => {
+                eprintln!("{tenant} via {router}: {e}");
+                f.failed.fetch_add(1, Ordering::SeqCst);
+                false
+            }
+        },
+        Ok(r) => {
+            eprintln!("{tenant} via {router}: {}", r.status());
+            f.failed.fetch_add(1, Ordering::SeqCst);
+            false
+        }
+        Err(e) => {
+            eprintln!("{tenant} via {router}: {e}");
+            f.failed.fetch_add(1, Ordering::SeqCst);
+            false
+        }
+    }
+}
+
+/// One WebSocket session through a router: three pings, three pongs.
+async fn ws_session(endpoints: &RwLock<Vec<String>>, tenant: &str, f: &Figures) {
+    use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest as _};
+    let Some(router) = pick(endpoints) else {
+        f.failed.fetch_add(1, Ordering::SeqCst);
+        return;
+    };
+    let mut req = format!("ws://{router}:8080/socket")
+        .into_client_request()
+        .unwrap();
+    req.headers_mut()
+        .insert("x-skipper-function", function(tenant).parse().unwrap());
+    let session = async {
+        let (mut ws, _) = tokio_tungstenite::connect_async(req)
+            .await
+            .map_err(|e| e.to_string())?;
+        for _ in 0..3 {
+            ws.send(Message::text("ping")).await.map_err(|e| e.to_string())?;
+            match ws.next().await {
+                Some(Ok(m)) if m.to_text().ok() == Some("pong") => {}
+                other => return Err(format!("{other:?}")),
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        ws.close(None).await.map_err(|e| e.to_string())
+    };
+    match tokio::time::timeout(Duration::from_secs(10), session).await {
+        Ok(Ok(())) => {
+            f.sessions.fetch_add(1, Ordering::SeqCst);
+        }
+        other => {
+            eprintln!("websocket {tenant} via {router}: {other:?}");
+            f.failed.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Pods of `selector` in `skipper` still running the image `image`.
+async fn with_image(client: &kube::Client, selector: &str, image: &str) -> usize {
+    steps::pods(client, "skipper", selector)
+        .await
+        .iter()
+        .filter(|p| {
+            p.spec
+                .as_ref()
+                .is_some_and(|s| s.containers.iter().any(|c| c.image.as_deref() == Some(image)))
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_install_upgrade_under_load_and_uninstall_on_the_real_control_plane() {
+    let Some(helm) = helm() else { return };
+    let Some(b) = Backend::real_with_pods(&[]).await else {
+        return;
+    };
+    // The node agent runs the test's own binary whatever the image says.
+    lifecycle(&helm, &b, "skipper", ("v1", "v2")).await;
+    b.shutdown().await;
+}
+
+/// Install, upgrade from tag `tags.0` to `tags.1` of `repository` under
+/// load, uninstall (see the module's documentation).
+async fn lifecycle(helm: &PathBuf, b: &Backend, repository: &str, tags: (&str, &str)) {
+    let client = b.client().await;
+    let repository_value = format!("image.repository={repository}");
+    let (old_tag, new_tag) = (format!("image.tag={}", tags.0), format!("image.tag={}", tags.1));
+    let (old_image, new_image) = (
+        format!("{repository}:{}", tags.0),
+        format!("{repository}:{}", tags.1),
+    );
+    let key = SigningKey::generate();
+    // The namespace and its Secret, then the pool (any order works).
+    b.create_namespace("skipper").await;
+    steps::apply(
+        &client,
+        &[serde_json::json!({"apiVersion": "v1", "kind": "Secret",
+            "metadata": {"name": "skipper-controller-paseto", "namespace": "skipper"},
+            "stringData": {"SKIPPER_PASETO_PRIVATE_KEY": key.to_pem()}})],
+    )
+    .await;
+    // The pool's namespace, public key and Deployment; the chart renders the
+    // controller's Role there and the namespace's NetworkPolicy.
+    let mut pool: Vec<Value> = steps::pool(&key)
+        .into_iter()
+        .filter(|d| matches!(d["kind"].as_str(), Some("Namespace" | "ConfigMap" | "Deployment")))
+        .collect();
+    for d in &mut pool {
+        if d["kind"] == "Deployment" {
+            d["spec"]["replicas"] = 6.into();
+        }
+    }
+    steps::apply(&client, &pool).await;
+
+    let begin = Instant::now();
+    let mut install = vec![
+        "install",
+        "skipper",
+        "charts/skipper",
+        "--namespace",
+        "skipper",
+        "--set",
+        &old_tag,
+        "--set",
+        &repository_value,
+    ];
+    install.extend_from_slice(&VALUES);
+    run_helm(helm, b, &install).await;
+    steps::serve(&client, 2, "first").await;
+    let installed = begin.elapsed();
+
+    // Load: warm tenants, a new tenant every 2 s, WebSocket sessions.
+    let endpoints = Arc::new(RwLock::new(router_endpoints(&client).await));
+    let figures = Arc::new(Figures::default());
+    let stop = CancellationToken::new();
+    let mut tasks = tokio::task::JoinSet::new();
+    {
+        let (endpoints, client, stop) = (endpoints.clone(), client.clone(), stop.clone());
+        tasks.spawn(async move {
+            let mut every = tokio::time::interval(Duration::from_millis(100));
+            while !stop.is_cancelled() {
+                every.tick().await;
+                let now = router_endpoints(&client).await;
+                *endpoints.write().unwrap() = now;
+            }
+        });
+    }
+    for w in 0..5 {
+        let (endpoints, figures, stop) = (endpoints.clone(), figures.clone(), stop.clone());
+        tasks.spawn(async move {
+            let http = reqwest::Client::new();
+            let tenant = format!("warm-{w}");
+            let mut every = tokio::time::interval(Duration::from_millis(100));
+            while !stop.is_cancelled() {
+                every.tick().await;
+                if http_once(&http, &endpoints, &tenant, &figures).await {
+                    figures.warm.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+    }
+    {
+        let (endpoints, figures, stop) = (endpoints.clone(), figures.clone(), stop.clone());
+        tasks.spawn(async move {
+            let http = reqwest::Client::new();
+            let mut every = tokio::time::interval(Duration::from_secs(2));
+            let mut n = 0;
+            while !stop.is_cancelled() {
+                every.tick().await;
+                n += 1;
+                if http_once(&http, &endpoints, &format!("cold-{n}"), &figures).await {
+                    figures.cold.fetch_add(1, Ordering::SeqCst);
+                }
+            }
+        });
+    }
+    for s in 0..2 {
+        let (endpoints, figures, stop) = (endpoints.clone(), figures.clone(), stop.clone());
+        tasks.spawn(async move {
+            while !stop.is_cancelled() {
+                ws_session(&endpoints, &format!("socket-{s}"), &figures).await;
+            }
+        });
+    }
+    eventually("warm tenants answered", WAIT, || {
+        let figures = figures.clone();
+        async move { (figures.warm.load(Ordering::SeqCst) >= 50).then_some(()) }
+    })
+    .await;
+
+    let upgrade = Instant::now();
+    let mut up = vec![
+        "upgrade",
+        "skipper",
+        "charts/skipper",
+        "--namespace",
+        "skipper",
+        "--set",
+        &new_tag,
+        "--set",
+        &repository_value,
+    ];
+    up.extend_from_slice(&VALUES);
+    run_helm(helm, b, &up).await;
+    eventually(
+        "every controller and router on the new tag, the old ones gone",
+        WAIT,
+        || async {
+            let old = with_image(&client, CONTROLLERS, &old_image).await
+                + with_image(&client, ROUTERS, &old_image).await;
+            let new = steps::ready_ips(&client, "skipper", CONTROLLERS).await.len() == 2
+                && with_image(&client, CONTROLLERS, &new_image).await == 2
+                && with_image(&client, ROUTERS, &new_image).await == 2
+                && router_endpoints(&client).await.len() == 2;
+            (old == 0 && new).then_some(())
+        },
+    )
+    .await;
+    let rolled = upgrade.elapsed();
+    // Load on the new pods for a while.
+    let at = figures.warm.load(Ordering::SeqCst);
+    eventually("warm tenants answered after the upgrade", WAIT, || {
+        let figures = figures.clone();
+        async move { (figures.warm.load(Ordering::SeqCst) >= at + 50).then_some(()) }
+    })
+    .await;
+    stop.cancel();
+    while let Some(r) = tokio::time::timeout(Duration::from_secs(30), tasks.join_next())
+        .await
+        .unwrap()
+    {
+        r.unwrap();
+    }
+    let (warm, cold, sessions, failed, cross) = (
+        figures.warm.load(Ordering::SeqCst),
+        figures.cold.load(Ordering::SeqCst),
+        figures.sessions.load(Ordering::SeqCst),
+        figures.failed.load(Ordering::SeqCst),
+        figures.cross.load(Ordering::SeqCst),
+    );
+    let restarts = steps::restarts(&client, "skipper", CONTROLLERS).await
+        + steps::restarts(&client, "skipper", ROUTERS).await;
+
+    // Uninstall: the release, then the pool (its namespace kept).
+    let uninstall = Instant::now();
+    run_helm(
+        helm,
+        b,
+        &["uninstall", "skipper", "--namespace", "skipper", "--wait"],
+    )
+    .await;
+    let pool_objects: Vec<Value> = pool
+        .iter()
+        .filter(|d| d["kind"] != "Namespace" && d["kind"] != "ConfigMap")
+        .cloned()
+        .collect();
+    steps::delete(&client, &pool_objects).await;
+    eventually("no Skipper object and no tenant pod left", WAIT, || async {
+        let tenants = steps::pods(&client, POOL_NS, "skipper/tenant").await.len();
+        let skipper = steps::pods(&client, "skipper", "app.kubernetes.io/name=skipper")
+            .await
+            .len();
+        let left = helm_objects(b).await;
+        (tenants == 0
+            && skipper == 0
+            && left.is_empty()
+            && steps::remaining(&client, &pool_objects).await.is_empty())
+        .then_some(())
+    })
+    .await;
+    println!(
+        "helm on the real control plane: install to serving {installed:?}; upgrade {old_image} → {new_image} rolled in {rolled:?} \
+         under load: {warm} warm and {cold} cold requests, {sessions} WebSocket sessions, {failed} failed, \
+         {cross} cross-tenant, {restarts} restarts; uninstall to 0 objects and 0 tenant pods in {:?}",
+        uninstall.elapsed()
+    );
+    assert_eq!(
+        (failed, cross),
+        (0, 0),
+        "failed and cross-tenant answers during the upgrade"
+    );
+    assert!(cold >= 3 && sessions >= 4, "cold {cold}, sessions {sessions}");
+}
+
+/// Objects that carry the release's label, of every kind the chart renders.
+async fn helm_objects(b: &Backend) -> Vec<String> {
+    let kinds = "deployments,services,serviceaccounts,roles,rolebindings,poddisruptionbudgets,networkpolicies,\
+                 secrets,configmaps,horizontalpodautoscalers,clusterroles,clusterrolebindings";
+    let out = b
+        .kubectl(&[
+            "get",
+            kinds,
+            "--all-namespaces",
+            "-l",
+            "app.kubernetes.io/instance=skipper",
+            "-o",
+            "name",
+        ])
+        .await;
+    assert!(out.ok, "{}", out.stderr);
+    out.stdout.lines().map(str::to_owned).collect()
+}
