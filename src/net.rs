@@ -94,7 +94,9 @@ mod tests {
         let mut took = Vec::new();
         for _ in 0..40 {
             let t0 = tokio::time::Instant::now();
-            c.write_all(b"GET /two HTTP/1.1\r\nhost: x\r\n\r\n").await.unwrap();
+            c.write_all(b"GET /two HTTP/1.1\r\nhost: x\r\n\r\n")
+                .await
+                .unwrap();
             let mut got = Vec::new();
             let mut buf = [0u8; 1024];
             while !got.ends_with(b"0\r\n\r\n") {
