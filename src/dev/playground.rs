@@ -30,6 +30,7 @@ use kube::core::{ApiResource, GroupVersionKind};
 use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 
+use super::kubelet::{self, KubeletError, NodeKind};
 use super::startup;
 use crate::config::parse_positive_duration;
 use crate::domain::{Function, Scale};
@@ -210,6 +211,23 @@ pub struct PlaygroundArgs {
     /// control-plane beside the directory of this executable]
     #[arg(long, env = "SKIPPER_CONTROL_PLANE_DIR", value_name = "DIR")]
     pub control_plane_dir: Option<PathBuf>,
+
+    /// Who runs the pods of `--control-plane real`: `agent` (Skipper's node agent, pods are
+    /// processes of the host) or `kubelet` (kubelet and containerd as built by `make nodes`; the
+    /// controllers, the router and the pool are pods from the image of `make image`)
+    #[arg(long, env = "SKIPPER_NODES", value_enum, default_value_t = NodeKind::Agent,
+          value_name = "agent|kubelet", hide_possible_values = true)]
+    pub nodes: NodeKind,
+
+    /// Where the binaries of `--nodes kubelet` are [default: target/nodes, else nodes beside the
+    /// directory of this executable]
+    #[arg(long, env = "SKIPPER_NODES_DIR", value_name = "DIR")]
+    pub nodes_dir: Option<PathBuf>,
+
+    /// The image archive `--nodes kubelet` runs [default: target/image/skipper.oci.tar, else
+    /// image/skipper.oci.tar beside the directory of this executable]
+    #[arg(long, env = "SKIPPER_IMAGE_ARCHIVE", value_name = "PATH")]
+    pub image_archive: Option<PathBuf>,
 
     /// Log level of the playground itself (pods and the router log to files in its work directory)
     #[arg(long, env = "SKIPPER_LOG_LEVEL", default_value = "warn", ignore_case = true)]
@@ -411,6 +429,8 @@ pub enum PlaygroundError {
     Signals(std::io::Error),
     #[error("the router's token: {0}")]
     RouterToken(String),
+    #[error(transparent)]
+    Kubelet(#[from] KubeletError),
 }
 
 /// The tail of a log, indented under the error line; a note when it is empty.
@@ -656,7 +676,7 @@ async fn controller_serving(ip: &str) -> bool {
 }
 
 /// Whether a pod's `Ready` condition is `True`.
-fn pod_ready(pod: &Pod) -> bool {
+pub(crate) fn pod_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -748,6 +768,11 @@ async fn keep_router_token(
     Ok(())
 }
 
+/// The router's heartbeat interval: well inside the heartbeat timeout.
+fn router_heartbeat(args: &PlaygroundArgs) -> Duration {
+    (args.heartbeat_timeout / 3).clamp(Duration::from_millis(200), Duration::from_secs(5))
+}
+
 /// The addresses the router serves on, held by the playground until the
 /// router starts: a busy one fails the start at once, naming its flag.
 struct RouterAddrs {
@@ -759,12 +784,13 @@ struct RouterAddrs {
     pprof: std::net::TcpListener,
 }
 
-/// The router's three addresses as bound.
+/// The router's addresses as bound.
 #[derive(Debug, Clone, Copy)]
 struct RouterPorts {
     listen: SocketAddr,
     metrics: SocketAddr,
-    pprof: SocketAddr,
+    /// `None` when the router runs as pods (on kubelet nodes).
+    pprof: Option<SocketAddr>,
 }
 
 impl RouterAddrs {
@@ -791,7 +817,7 @@ impl RouterAddrs {
         RouterPorts {
             listen: addr(&self.listen, any),
             metrics: addr(&self.metrics, any),
-            pprof: addr(&self.pprof, any),
+            pprof: Some(addr(&self.pprof, any)),
         }
     }
 }
@@ -813,10 +839,10 @@ fn spawn_router(
         source,
     };
     let (out, err) = (open().map_err(start_err)?, open().map_err(start_err)?);
-    // Heartbeats well inside the heartbeat timeout.
-    let heartbeat = (args.heartbeat_timeout / 3).clamp(Duration::from_millis(200), Duration::from_secs(5));
+    let heartbeat = router_heartbeat(args);
     let mut cmd = tokio::process::Command::new(exe);
-    let (listen, metrics, pprof) = (ports.listen, ports.metrics, ports.pprof);
+    let (listen, metrics) = (ports.listen, ports.metrics);
+    let pprof = ports.pprof.unwrap_or(SocketAddr::new(listen.ip(), 0));
     cmd.arg("router")
         .args(["--host", &listen.ip().to_string()])
         .args(["--port", &listen.port().to_string()])
@@ -910,13 +936,14 @@ fn failed_pod(
 }
 
 /// Waits until every controller is Ready and `SERVING`, every pool has its
-/// Ready pods and the router is healthy and serves metrics and profiles;
-/// stops at once when a pod of the playground fails its start or the router
-/// exits.
+/// Ready pods and the router — the process, or with `router` `None` the
+/// router pods behind the forwarder on `--listen` — is healthy and serves
+/// metrics (and profiles); stops at once when a pod of the playground fails
+/// its start or the router exits.
 async fn bring_up(
     args: &PlaygroundArgs,
     cluster: &PlaygroundCluster,
-    router: &mut RouterProcess,
+    mut router: Option<&mut RouterProcess>,
     ports: RouterPorts,
 ) -> Result<Up, PlaygroundError> {
     let deadline = tokio::time::Instant::now() + args.ready_timeout;
@@ -944,13 +971,14 @@ async fn bring_up(
         ) {
             return Err(failed);
         }
-        if let Some(status) = router
-            .child
-            .try_wait()
-            .map_err(|source| PlaygroundError::RouterStart {
-                exe: PathBuf::from("skipper router"),
-                source,
-            })?
+        if let Some(router) = router.as_mut()
+            && let Some(status) = router
+                .child
+                .try_wait()
+                .map_err(|source| PlaygroundError::RouterStart {
+                    exe: PathBuf::from("skipper router"),
+                    source,
+                })?
         {
             return Err(PlaygroundError::RouterExited { status });
         }
@@ -984,7 +1012,12 @@ async fn bring_up(
         }) {
             Some(format!("{} Ready pods of pool {}", pool.replicas, pool.name))
         } else if http_status(ports.listen, "/healthz").await != Some(200) {
-            Some(format!("the router's /healthz on {}", ports.listen))
+            let through = if router.is_none() {
+                " (forwarded to the router pods)"
+            } else {
+                ""
+            };
+            Some(format!("the router's /healthz on {}{through}", ports.listen))
         } else {
             None
         };
@@ -1015,11 +1048,13 @@ async fn router_listeners(ports: RouterPorts) -> Result<(), PlaygroundError> {
             addr: ports.metrics,
         });
     }
-    if http_status(ports.pprof, "/debug/pprof/").await != Some(200) {
+    if let Some(pprof) = ports.pprof
+        && http_status(pprof, "/debug/pprof/").await != Some(200)
+    {
         return Err(PlaygroundError::RouterListener {
             flag: "--listen",
             what: "profiles (a free port on the host of)",
-            addr: ports.pprof,
+            addr: pprof,
         });
     }
     Ok(())
@@ -1051,19 +1086,33 @@ fn print_ready(args: &PlaygroundArgs, cluster: &PlaygroundCluster, up: &Up, took
     println!("  controllers:   {members} (gRPC :{CONTROLLER_PORT}, metrics :{CONTROLLER_METRICS_PORT})");
     println!("  metrics:       curl -s http://{}/metrics", up.router.metrics);
     println!("                 curl -s http://{first}:{CONTROLLER_METRICS_PORT}/metrics");
-    println!(
-        "  profiles:      http://{}/debug/pprof/ (router), http://{first}:6060/debug/pprof/ (controller)",
-        up.router.pprof
-    );
+    match up.router.pprof {
+        Some(pprof) => println!(
+            "  profiles:      http://{pprof}/debug/pprof/ (router), http://{first}:6060/debug/pprof/ (controller)"
+        ),
+        None => println!("  profiles:      http://{first}:6060/debug/pprof/ (controller)"),
+    }
     println!(
         "  ring-inspect:  skipper ring-inspect --controller {first}:{CONTROLLER_PORT} --token-file {} --function '{function}'",
         work_dir.join(ROUTER_TOKEN_FILE).display()
     );
     println!("  pod network:   {}", cluster.pod_network);
-    println!(
-        "  logs:          {} (router.log; pods/<namespace>_<pod>/logs/<container>/<restart>.log)",
-        work_dir.display()
-    );
+    match &cluster.image {
+        None => println!(
+            "  logs:          {} (router.log; pods/<namespace>_<pod>/logs/<container>/<restart>.log)",
+            work_dir.display()
+        ),
+        Some(image) => {
+            println!(
+                "  nodes:         {} kubelet nodes running {image} (kubectl get nodes -o wide)",
+                kubelet::node_count()
+            );
+            println!(
+                "  logs:          kubectl logs, or {} (nodes/<node>/pod-logs/<namespace>_<pod>_<uid>/<container>/<restart>.log)",
+                work_dir.display()
+            );
+        }
+    }
     println!("  started in:    {:.1}s ({describe})", took.as_secs_f64());
     println!("  stop:          Ctrl-C");
 }
@@ -1084,6 +1133,9 @@ struct PlaygroundCluster {
     host_on_pod_network: Option<std::net::Ipv4Addr>,
     /// How pods are networked.
     pod_network: PodNetworkKind,
+    /// On kubelet nodes: the image every Skipper pod runs (its name in the
+    /// nodes). `None` when the node agent runs pods as host processes.
+    image: Option<String>,
 }
 
 /// How the playground's pods are networked.
@@ -1165,27 +1217,40 @@ enum Backend {
 /// The control plane the flags ask for, checked before anything starts.
 enum Target {
     Simulator,
-    Real { bin_dir: PathBuf },
+    /// The real control plane; its nodes are kubelets when `kubelet` is set.
+    Real {
+        bin_dir: PathBuf,
+        kubelet: Option<kubelet::Build>,
+    },
 }
 
 impl Target {
     fn from_args(args: &PlaygroundArgs, exe: &Path) -> Result<Self, PlaygroundError> {
+        if args.nodes == NodeKind::Kubelet && args.control_plane != ControlPlaneKind::Real {
+            return Err(KubeletError::NeedsRealControlPlane.into());
+        }
         match args.control_plane {
             ControlPlaneKind::Sim => Ok(Self::Simulator),
-            ControlPlaneKind::Real => Ok(Self::Real {
-                bin_dir: control_plane_dir(
+            ControlPlaneKind::Real => {
+                let bin_dir = control_plane_dir(
                     args.control_plane_dir.as_deref(),
                     Path::new(DEFAULT_CONTROL_PLANE_DIR),
                     exe,
-                )?,
-            }),
+                )?;
+                let kubelet = match args.nodes {
+                    NodeKind::Agent => None,
+                    NodeKind::Kubelet => Some(kubelet::find_build(args, exe)?),
+                };
+                Ok(Self::Real { bin_dir, kubelet })
+            }
         }
     }
 
     fn describe(&self) -> &'static str {
         match self {
             Self::Simulator => "simulated control plane",
-            Self::Real { .. } => "real control plane",
+            Self::Real { kubelet: None, .. } => "real control plane",
+            Self::Real { kubelet: Some(_), .. } => "real control plane, kubelet nodes",
         }
     }
 }
@@ -1222,10 +1287,15 @@ impl PlaygroundCluster {
                     work_dir,
                     host_on_pod_network,
                     pod_network: kind,
+                    image: None,
                 })
             }
-            Target::Real { bin_dir } => {
+            Target::Real { bin_dir, kubelet } => {
                 let sim = Config::default();
+                let node_kind = match &kubelet {
+                    None => real_cluster::Nodes::Agent,
+                    Some(build) => real_cluster::Nodes::Kubelet(build.nodes_config()),
+                };
                 let cluster = RealCluster::start(real_cluster::Config {
                     control_plane: skipper_devcluster::control_plane::Config {
                         bin_dir,
@@ -1245,11 +1315,16 @@ impl PlaygroundCluster {
                     restart_backoff,
                     metrics_interval: sim.metrics_interval,
                     volume_resync: sim.volume_resync,
+                    node_kind,
                     // The controllers read pod metrics, as from metrics-server.
                     metrics_api: true,
                     ..real_cluster::Config::default()
                 })
                 .await?;
+                let image = match (&kubelet, cluster.kubelet_nodes()) {
+                    (Some(build), Some(nodes)) => Some(kubelet::image_name(nodes, &build.image_archive)?),
+                    _ => None,
+                };
                 let client = cluster.client().await?;
                 let kubeconfig = cluster.admin_kubeconfig().to_path_buf();
                 let work_dir = cluster.work_dir().to_path_buf();
@@ -1262,6 +1337,7 @@ impl PlaygroundCluster {
                     work_dir,
                     host_on_pod_network,
                     pod_network,
+                    image,
                 })
             }
         }
@@ -1349,7 +1425,9 @@ pub async fn run(args: PlaygroundArgs) -> Result<ExitCode, PlaygroundError> {
         }
         other => other,
     };
-    shutdown.trigger();
+    // The playground's own tasks (the router's token, the forwarder) stop
+    // before the cluster does.
+    shutdown.drain(Duration::from_secs(5)).await;
     cluster.shutdown().await;
     result.map(|()| ExitCode::SUCCESS)
 }
@@ -1390,15 +1468,36 @@ async fn serve(
     apply_manifests(args, cluster).await?;
     let work_dir = &cluster.work_dir;
     keep_router_token(cluster.client.clone(), work_dir.join(ROUTER_TOKEN_FILE), shutdown).await?;
-    let (mut router, ports) = spawn_router(args, exe, &cluster.kubeconfig, work_dir, held)?;
-    let up = match bring_up(args, cluster, &mut router, ports).await {
+    // On kubelet nodes the router is a pod; --listen forwards to it.
+    let (mut router, ports) = match &cluster.image {
+        None => {
+            let (router, ports) = spawn_router(args, exe, &cluster.kubeconfig, work_dir, held)?;
+            (Some(router), ports)
+        }
+        Some(_) => {
+            let mut ports = held.ports();
+            // The router pods serve profiles on their own addresses.
+            ports.pprof = None;
+            drop(held);
+            kubelet::forward_to_router_pods(cluster.client.clone(), ports.listen, ports.metrics, shutdown)
+                .await?;
+            (None, ports)
+        }
+    };
+    let up = match bring_up(args, cluster, router.as_mut(), ports).await {
         Ok(up) => up,
         Err(e) => {
-            router.stop(Duration::from_secs(2)).await;
+            if let Some(router) = router {
+                router.stop(Duration::from_secs(2)).await;
+            }
             return Err(e);
         }
     };
     print_ready(args, cluster, &up, started.elapsed(), describe);
+    let Some(mut router) = router else {
+        shutdown.cancelled().await;
+        return Ok(());
+    };
     let exited = tokio::select! {
         () = shutdown.cancelled() => None,
         status = router.child.wait() => Some(status),
@@ -1450,6 +1549,17 @@ fn controller_env(args: &PlaygroundArgs, pods_otlp: Option<&str>) -> Vec<(String
 
 async fn apply_manifests(args: &PlaygroundArgs, cluster: &PlaygroundCluster) -> Result<(), PlaygroundError> {
     let client = cluster.client.clone();
+    let image = cluster.image.as_deref();
+    // On kubelet nodes every object as it runs there (the image, restricted namespaces).
+    let create = |mut d: Value| {
+        let client = client.clone();
+        async move {
+            if let Some(image) = image {
+                kubelet::for_image(&mut d, image);
+            }
+            create_object(&client, &d).await
+        }
+    };
     let pods_otlp = args
         .otlp_endpoint
         .as_deref()
@@ -1457,21 +1567,30 @@ async fn apply_manifests(args: &PlaygroundArgs, cluster: &PlaygroundCluster) -> 
     let key = SigningKey::generate();
     let public_pem = key.verifying_key().to_pem();
     for d in documents("namespace.yaml", NAMESPACE_YAML)? {
-        create_object(&client, &d).await?;
+        create(d).await?;
+    }
+    if image.is_some() {
+        kubelet::enforce_restricted(&client, POOL_NAMESPACE).await?;
     }
     for d in documents("rbac.yaml", RBAC_YAML)? {
-        create_object(&client, &d).await?;
+        create(d).await?;
     }
     for d in documents("network-policy.yaml", NETWORK_POLICY_YAML)? {
-        create_object(&client, &d).await?;
+        create(d).await?;
     }
-    // The router runs as a process of the playground; its ServiceAccount
-    // is the manifest's (its token is requested for it).
-    for d in documents("router.yaml", ROUTER_YAML)?
-        .into_iter()
-        .filter(|d| d["kind"] == "ServiceAccount")
-    {
-        create_object(&client, &d).await?;
+    // The router runs as a process of the playground (its ServiceAccount is
+    // the manifest's, its token requested for it), or on kubelet nodes as
+    // the manifest's pods.
+    for mut d in documents("router.yaml", ROUTER_YAML)? {
+        if image.is_none() && d["kind"] != "ServiceAccount" {
+            continue;
+        }
+        let mut env = Vec::new();
+        if let Some(url) = &pods_otlp {
+            env.push(("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), url.clone()));
+        }
+        kubelet::router_deployment(&mut d, router_heartbeat(args), &env);
+        create(d).await?;
     }
     create_object(
         &client,
@@ -1489,23 +1608,20 @@ async fn apply_manifests(args: &PlaygroundArgs, cluster: &PlaygroundCluster) -> 
     )
     .await?;
     for d in pool_rbac(POOL_NAMESPACE)? {
-        create_object(&client, &d).await?;
+        create(d).await?;
     }
     for pool in &args.pools {
-        create_object(
-            &client,
-            &pool_manifest(
-                POOL_NAMESPACE,
-                pool,
-                args.pod_command.as_deref(),
-                pods_otlp.as_deref(),
-            )?,
-        )
+        create(pool_manifest(
+            POOL_NAMESPACE,
+            pool,
+            args.pod_command.as_deref(),
+            pods_otlp.as_deref(),
+        )?)
         .await?;
     }
     let env = controller_env(args, pods_otlp.as_deref());
     for d in controller_manifests(args.controllers, &env)? {
-        create_object(&client, &d).await?;
+        create(d).await?;
     }
     Ok(())
 }

@@ -26,6 +26,7 @@ fn func(min: u32, max: u32, cpu: u32, mem: u32, inflight: u32) -> Function {
             target_cpu_usage_milli: Some(cpu),
             target_memory_usage_mib: Some(mem),
             target_in_flight_requests: Some(inflight),
+            max_in_flight_requests: None,
         }),
         oneshot: None,
     }
@@ -133,11 +134,13 @@ fn only_metadata_identity_and_retired_replica_sets_make_an_instance_stale() {
         s.target_in_flight_requests = Some(5);
     });
     let no_scale = with(|f| f.scale = None);
+    let capped = with(|f| f.scale.as_mut().unwrap().max_in_flight_requests = Some(4));
     let metadata = with(|f| f.metadata = Some("v2".into()));
     let tenant = with(|f| f.tenant = "other".into());
     // (assigned for, current, ready, replica set retired) → stale?
-    let table: [(&Function, &Function, bool, bool, Option<Stale>); 9] = [
+    let table: [(&Function, &Function, bool, bool, Option<Stale>); 10] = [
         (&base, &base, true, false, None),
+        (&base, &capped, true, false, None),
         (&base, &wider, true, false, None),
         (&base, &targets, true, false, None),
         (&base, &no_scale, true, false, None),
