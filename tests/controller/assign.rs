@@ -40,7 +40,7 @@ async fn get_instance_claims_a_pool_pod_and_the_pod_verifies_the_token() {
     assert_eq!(claims.sub, "tenant-a");
 
     // ready-at lands on the pod in the background.
-    eventually(Duration::from_secs(5), "ready-at annotation", || async {
+    eventually("ready-at annotation", Duration::from_secs(5), || async {
         let p = sim.live_pod(&name).await?;
         p.metadata.annotations?.get("skipper/ready-at").cloned()
     })
@@ -156,7 +156,7 @@ async fn failed_assign_deletes_the_pod_and_reports_the_error() {
             .await
             .unwrap_err();
         assert_eq!(err.code(), Code::Aborted, "not retried by clients: {err:?}");
-        eventually(Duration::from_secs(5), "claimed pod to be deleted", || async {
+        eventually("claimed pod to be deleted", Duration::from_secs(5), || async {
             sim.live_pod(&victim).await.is_none().then_some(())
         })
         .await;
@@ -224,7 +224,7 @@ async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
                 .await;
             (r, tokio::time::Instant::now())
         });
-        eventually(Duration::from_secs(5), "waiting gauge", || async {
+        eventually("waiting gauge", Duration::from_secs(5), || async {
             (gauge() == 1).then_some(())
         })
         .await;
@@ -267,7 +267,6 @@ async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
 
     // With no pool pod at all the wait ends at the deadline with an honest code.
     sim.deploy_pool("drained", 0, &[]).await;
-    ctl.knows("drained").await;
     // A client that sends the deadline (`grpc-timeout`) but does not enforce
     // it itself, so the answer comes from the controller: its handler's
     // code, answered 30 ms before the deadline, or — when a loaded machine
@@ -301,9 +300,11 @@ async fn empty_pool_wait_wakes_when_a_pool_pod_becomes_ready() {
 async fn two_controllers_claim_concurrently_without_double_assignment() {
     // Twice the pool: half the claims race for pods that replace claimed
     // ones. Every replacement is a real process that must pass its
-    // readiness probe, so the last claim waits for all of them.
-    const TENANTS: usize = 100;
-    const POOL: i32 = 50;
+    // readiness probe, so the last claim waits for all of them: 20 of them
+    // keep the race (both controllers claim from one pool at once) within
+    // its deadline on a loaded machine, where 50 took up to two minutes.
+    const TENANTS: usize = 40;
+    const POOL: i32 = 20;
     let sim = std::sync::Arc::new(Sim::start().await);
     sim.deploy_pool("race", POOL, &[]).await;
     sim.wait_pool("race", POOL as usize, Duration::from_secs(60))
@@ -414,7 +415,7 @@ async fn release_deletes_the_pod_whatever_this_controller_has_seen() {
     let a = ctl.instance(&fa, Duration::from_secs(10)).await.name.unwrap();
     ns.pods.remove(&a);
     ctl.grpc.release_instance(release(&a, &fa)).await.unwrap();
-    eventually(Duration::from_secs(5), "released pod to be deleted", || async {
+    eventually("released pod to be deleted", Duration::from_secs(5), || async {
         sim.live_pod(&a).await.is_none().then_some(())
     })
     .await;
@@ -438,7 +439,7 @@ async fn release_deletes_the_pod_whatever_this_controller_has_seen() {
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(sim.live_pod(&b).await.is_some());
     ctl.grpc.release_instance(release(&b, &fb)).await.unwrap();
-    eventually(Duration::from_secs(5), "released pod to be deleted", || async {
+    eventually("released pod to be deleted", Duration::from_secs(5), || async {
         sim.live_pod(&b).await.is_none().then_some(())
     })
     .await;

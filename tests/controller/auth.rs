@@ -193,7 +193,7 @@ async fn an_authenticated_router_is_served_end_to_end() {
     assert_eq!(resp.status(), 200, "{:?}", resp.text().await);
     assert_eq!(sim.tenant_pods("served").await.len(), 1);
     // The router's heartbeats are admitted too.
-    eventually(Duration::from_secs(5), "the router's heartbeat", || async {
+    eventually("the router's heartbeat", Duration::from_secs(5), || async {
         let h = ctl.core.supervisors.get(f.id())?;
         (!h.shared.with_heartbeats(|s| s.is_empty())).then_some(())
     })
@@ -241,7 +241,7 @@ async fn peer_controllers_authenticate_to_each_other() {
         }
     };
     let (a, b) = tokio::join!(Ctl::start(&sim, ring(&ip1), la), Ctl::start(&sim, ring(&ip2), lb));
-    eventually(Duration::from_secs(5), "both rings complete", || async {
+    eventually("both rings complete", Duration::from_secs(5), || async {
         (a.core.cluster.ring.current().sorted_members().len() == 2
             && b.core.cluster.ring.current().sorted_members().len() == 2)
             .then_some(())
@@ -258,7 +258,7 @@ async fn peer_controllers_authenticate_to_each_other() {
         ))
         .await
         .unwrap();
-    eventually(Duration::from_secs(5), "the forwarded heartbeat on B", || async {
+    eventually("the forwarded heartbeat on B", Duration::from_secs(5), || async {
         let h = b.core.supervisors.get(f.id())?;
         (h.shared.with_heartbeats(|s| s.combined([]).in_flight) == 3).then_some(())
     })

@@ -54,7 +54,7 @@ async fn two_controllers_share_a_ring_forward_heartbeats_and_take_over() {
     );
     let mut a = a;
     let b = b;
-    eventually(Duration::from_secs(5), "both rings complete", || async {
+    eventually("both rings complete", Duration::from_secs(5), || async {
         (a.core.cluster.ring.current().sorted_members().len() == 2
             && b.core.cluster.ring.current().sorted_members().len() == 2)
             .then_some(())
@@ -85,7 +85,7 @@ async fn two_controllers_share_a_ring_forward_heartbeats_and_take_over() {
     let tenant = tenant_owned_by(&[&ip1, &ip2], &ip2);
     let f = function("pool", &tenant, 1);
     a.grpc.heartbeat(heartbeat("10.7.7.7", &f, 4)).await.unwrap();
-    eventually(Duration::from_secs(5), "forwarded heartbeat on B", || async {
+    eventually("forwarded heartbeat on B", Duration::from_secs(5), || async {
         let h = b.core.supervisors.get(f.id())?;
         let n = h.shared.with_heartbeats(|s| s.combined([]).in_flight);
         (n == 4).then_some(())
@@ -139,7 +139,7 @@ async fn two_controllers_share_a_ring_forward_heartbeats_and_take_over() {
     // B's pod goes away: A owns everything.
     assert!(!a.core.cluster.is_owner(f.id()));
     sim.delete_pod(CTL_NS, "controller-b").await;
-    eventually(Duration::from_secs(10), "A takes over", || async {
+    eventually("A takes over", Duration::from_secs(10), || async {
         a.core.cluster.is_owner(f.id()).then_some(())
     })
     .await;
@@ -222,7 +222,7 @@ async fn ring_inspect_reads_live_membership() {
     let ip2 = sim.controller_pod(CTL_NS, "controller-b").await;
     let (la, _lb) = listeners(&ip1, &ip2).await;
     let a = Ctl::start(&sim, ring_config(&sim, CTL_NS, &ip1), la).await;
-    eventually(Duration::from_secs(5), "ring complete", || async {
+    eventually("ring complete", Duration::from_secs(5), || async {
         (a.core.cluster.ring.current().sorted_members().len() == 2).then_some(())
     })
     .await;

@@ -57,7 +57,7 @@ async fn in_flight_load_scales_up_and_clamps_at_max() {
     let load = Arc::new(AtomicU32::new(25));
     let stop = keep_alive(&ctl, &f, load);
 
-    eventually(Duration::from_secs(10), "two instances", || async {
+    eventually("two instances", Duration::from_secs(10), || async {
         (sim.tenant_pods("busy").await.len() == 2).then_some(())
     })
     .await;
@@ -102,11 +102,11 @@ async fn idle_function_scales_to_zero_after_the_heartbeat_timeout() {
     let f = function("idle", "sleepy", 1);
     let inst = ctl.instance(&f, Duration::from_secs(10)).await;
     let name = inst.name.unwrap();
-    eventually(Duration::from_secs(10), "idle pod deleted", || async {
+    eventually("idle pod deleted", Duration::from_secs(10), || async {
         sim.live_pod(&name).await.is_none().then_some(())
     })
     .await;
-    eventually(Duration::from_secs(5), "supervisor stopped", || async {
+    eventually("supervisor stopped", Duration::from_secs(5), || async {
         ctl.core.supervisors.get(f.id()).is_none().then_some(())
     })
     .await;
@@ -132,13 +132,13 @@ async fn stabilization_keeps_the_maximum_before_scaling_down() {
     let f = in_flight_function("wave", "surfer", 3, 10);
     let load = Arc::new(AtomicU32::new(20));
     let stop = keep_alive(&ctl, &f, load.clone());
-    eventually(Duration::from_secs(10), "two instances", || async {
+    eventually("two instances", Duration::from_secs(10), || async {
         (sim.tenant_pods("surfer").await.len() == 2).then_some(())
     })
     .await;
     // Let the protection period pass, then drop the load.
     let started = ctl.core.cluster.started_at;
-    eventually(Duration::from_secs(5), "protection period over", || async {
+    eventually("protection period over", Duration::from_secs(5), || async {
         (started.elapsed().unwrap_or_default() > Duration::from_secs(2)).then_some(())
     })
     .await;
@@ -153,7 +153,7 @@ async fn stabilization_keeps_the_maximum_before_scaling_down() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    eventually(Duration::from_secs(10), "scale down to one", || async {
+    eventually("scale down to one", Duration::from_secs(10), || async {
         (sim.tenant_pods("surfer").await.len() == 1).then_some(())
     })
     .await;
@@ -186,8 +186,8 @@ async fn template_rollout_replaces_stale_instances_one_for_one() {
         .await
         .unwrap();
     let replaced = eventually(
-        Duration::from_secs(30),
         "replacement from the new ReplicaSet",
+        Duration::from_secs(30),
         || async {
             let pods = sim.tenant_pods("rider").await;
             assert!(pods.len() <= 3, "never more than max_instances + 1");
@@ -239,23 +239,14 @@ async fn stuck_instance_is_cleaned_up() {
     // a tick that saw the heartbeat but not the claim would assign a second
     // pod, and with two instances (scaling down) the start-up protection
     // period holds the stuck cleanup back for 30 s.
-    let ns = ctl.core.cluster.state.namespace(NS).unwrap();
-    eventually(Duration::from_secs(10), "the claim in the pod cache", || async {
-        ns.pods
-            .get(&victim)
-            .is_some_and(|p| {
-                skipper::controller::kube::label(&p, skipper::domain::LABEL_TENANT) == Some("frozen")
-            })
-            .then_some(())
-    })
-    .await;
+    sim.caught_up().await;
     let stop = keep_alive(&ctl, &f, Arc::new(AtomicU32::new(0)));
     // The event is recorded once the delete has returned, which may be after
     // the test already sees the pod gone: wait for both.
     let message = format!("terminated stuck instance {victim}");
     eventually(
-        Duration::from_secs(10),
         "stuck pod deleted and its event",
+        Duration::from_secs(10),
         || async {
             let event = ctl
                 .core
@@ -269,7 +260,7 @@ async fn stuck_instance_is_cleaned_up() {
     )
     .await;
     // The function is served by a fresh instance.
-    eventually(Duration::from_secs(10), "fresh instance", || async {
+    eventually("fresh instance", Duration::from_secs(10), || async {
         let pods = sim.tenant_pods("frozen").await;
         (pods.len() == 1 && pods[0].metadata.name.as_deref() != Some(victim.as_str())).then_some(())
     })
@@ -300,7 +291,7 @@ async fn oneshot_gets_a_pod_per_request_and_release_deletes_it() {
             .await
             .unwrap();
         let name = inst.name.clone().unwrap();
-        eventually(Duration::from_secs(5), "released pod gone", || async {
+        eventually("released pod gone", Duration::from_secs(5), || async {
             sim.live_pod(&name).await.is_none().then_some(())
         })
         .await;
@@ -355,11 +346,7 @@ async fn no_ready_instance_at_max_plus_one_waits_instead_of_spinning() {
             .await
             .unwrap();
     }
-    eventually(Duration::from_secs(5), "cache shows both", || async {
-        let ns = ctl.core.cluster.namespace(NS).unwrap();
-        (ns.pods.of_function(f.id()).len() == 2).then_some(())
-    })
-    .await;
+    sim.caught_up().await;
     let started = tokio::time::Instant::now();
     let err = ctl
         .grpc
@@ -402,7 +389,7 @@ async fn discovery_deletes_tenant_pods_without_a_valid_function() {
         )
         .await
         .unwrap();
-    eventually(Duration::from_secs(5), "invalid pod deleted", || async {
+    eventually("invalid pod deleted", Duration::from_secs(5), || async {
         sim.live_pod(&victim).await.is_none().then_some(())
     })
     .await;
@@ -426,8 +413,8 @@ async fn pod_metrics_drive_memory_scaling() {
         .await
         .unwrap();
     eventually(
-        Duration::from_secs(20),
         "memory-driven scale up to max",
+        Duration::from_secs(20),
         || async { (sim.tenant_pods("hungry").await.len() == 2).then_some(()) },
     )
     .await;

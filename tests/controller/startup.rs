@@ -99,8 +99,8 @@ async fn a_forbidden_namespace_is_retried_while_the_others_are_served_and_served
     // Allowed: the next retry of its watches lists it, and it is served.
     sim.cluster().allow_namespace(OTHER);
     eventually(
-        Duration::from_secs(60),
         "the namespace served once allowed",
+        Duration::from_secs(60),
         || async { (status_of(addr, &other).await == Some(ServingStatus::Serving as i32)).then_some(()) },
     )
     .await;
@@ -132,8 +132,8 @@ async fn a_controller_whose_only_namespace_is_forbidden_keeps_running_not_ready_
         |_| {},
     ));
     eventually(
-        Duration::from_secs(15),
         "the namespace reported not served",
+        Duration::from_secs(15),
         || async {
             (status_of(addr, &namespace_service(NS)).await == Some(ServingStatus::NotServing as i32))
                 .then_some(())
@@ -148,8 +148,8 @@ async fn a_controller_whose_only_namespace_is_forbidden_keeps_running_not_ready_
     assert!(!task.is_finished(), "the controller keeps running");
     sim.cluster().allow_namespace(NS);
     eventually(
-        Duration::from_secs(60),
         "ready once the namespace is allowed",
+        Duration::from_secs(60),
         || async { (status_of(addr, "").await == Some(ServingStatus::Serving as i32)).then_some(()) },
     )
     .await;
@@ -214,7 +214,7 @@ async fn health_is_serving_once_caches_sync_before_the_ring_forms() {
 
     // A controller pod becomes Ready: the ring forms.
     sim.controller_pod(CTL_NS, "controller-0").await;
-    eventually(Duration::from_secs(10), "the ring has a member", || async {
+    eventually("the ring has a member", Duration::from_secs(10), || async {
         (!running.core.cluster.ring.current().sorted_members().is_empty()).then_some(())
     })
     .await;

@@ -97,7 +97,7 @@ fn start_load(
 
 async fn more_requests(seen: &Arc<Mutex<Seen>>, n: usize, what: &str) {
     let target = seen.lock().unwrap().ok + n;
-    eventually(LIMIT, what, || async {
+    eventually(what, LIMIT, || async {
         (seen.lock().unwrap().ok >= target).then_some(())
     })
     .await;
@@ -164,7 +164,7 @@ async fn instances_change_under_load_and_no_request_fails_or_crosses_tenants() {
         Ctl::start(&sim, ring_config(&sim, &ip_b), lb)
     );
     let mut b = b;
-    eventually(LIMIT, "both rings complete", || async {
+    eventually("both rings complete", LIMIT, || async {
         (a.core.cluster.ring.current().sorted_members().len() == 2
             && b.core.cluster.ring.current().sorted_members().len() == 2)
             .then_some(())
@@ -186,7 +186,7 @@ async fn instances_change_under_load_and_no_request_fails_or_crosses_tenants() {
 
     // Scale up: two more red instances join the router's table.
     b.grpc.scale(scale(&red, 3)).await.unwrap();
-    eventually(LIMIT, "three red instances", || async {
+    eventually("three red instances", LIMIT, || async {
         (sim.tenant_pods("red").await.len() == 3).then_some(())
     })
     .await;
@@ -211,7 +211,7 @@ async fn instances_change_under_load_and_no_request_fails_or_crosses_tenants() {
     let ip_c = sim.controller_pod(CTL_NS, "controller-c").await;
     let lc = TcpListener::bind((ip_c.as_str(), port)).await.unwrap();
     let c = Ctl::start(&sim, ring_config(&sim, &ip_c), lc).await;
-    eventually(LIMIT, "B and C form the ring", || async {
+    eventually("B and C form the ring", LIMIT, || async {
         let m = b.core.cluster.ring.current().sorted_members().len();
         (m == 2 && c.core.cluster.ring.current().sorted_members().len() == 2).then_some(())
     })
@@ -319,7 +319,7 @@ async fn a_rolling_update_replaces_stale_instances(backend: &Backend) {
     let (seen, loaders) = start_load(router.addr, tenants.to_vec(), stop.clone());
     more_requests(&seen, 50, "requests to flow").await;
 
-    let old_rs = eventually(LIMIT, "an instance of each tenant", || async {
+    let old_rs = eventually("an instance of each tenant", LIMIT, || async {
         let mut sets = Vec::new();
         for f in &tenants {
             let pods = sim.tenant_pods(&f.tenant).await;

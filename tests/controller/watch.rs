@@ -292,7 +292,7 @@ async fn a_non_owner_forwards_the_stream_and_a_ring_change_aborts_it() {
         Ctl::start(&sim, ring_config(&sim, &ip2), lb)
     );
     let (mut a, b) = (a, b);
-    eventually(LIMIT, "both rings complete", || async {
+    eventually("both rings complete", LIMIT, || async {
         (a.core.cluster.ring.current().sorted_members().len() == 2
             && b.core.cluster.ring.current().sorted_members().len() == 2)
             .then_some(())
@@ -320,11 +320,11 @@ async fn a_non_owner_forwards_the_stream_and_a_ring_change_aborts_it() {
     );
     assert!(a.core.cluster.feeds.get(f.id()).is_some());
     // A new owner's snapshot comes from its own cache: B must have seen A's
-    // ready-at annotation of the instance (A has it in memory at once; B
-    // sees it once the patch comes back through its watch).
-    eventually(LIMIT, "B's cache has the instance ready", || async {
-        let ns = b.core.cluster.namespace(&f.namespace).ok()?;
-        let pod = ns.pods.get(&name)?;
+    // ready-at annotation of the instance (A has it in memory at once and
+    // patches it in the background; B sees it through its watch): the
+    // patch on the API server, then the barrier.
+    eventually("the instance's ready-at annotation", LIMIT, || async {
+        let pod = sim.live_pod(&name).await?;
         pod.metadata
             .annotations
             .as_ref()?
@@ -332,13 +332,14 @@ async fn a_non_owner_forwards_the_stream_and_a_ring_change_aborts_it() {
             .then_some(())
     })
     .await;
+    sim.caught_up().await;
 
     // A leaves the ring: both streams end with ABORTED, and B serves the
     // function from then on.
     sim.delete_pod(CTL_NS, "controller-a").await;
     assert_eq!(via_b.ended().await.code(), Code::Aborted);
     assert_eq!(on_a.ended().await.code(), Code::Aborted);
-    eventually(LIMIT, "B owns the function", || async {
+    eventually("B owns the function", LIMIT, || async {
         b.core.cluster.is_owner(f.id()).then_some(())
     })
     .await;

@@ -148,7 +148,7 @@ async fn pages_answer_and_a_live_view_shows_a_new_tenant() {
 
     // Router heartbeats and the autoscaler's recommendations show up.
     ctl.grpc.heartbeat(heartbeat("10.9.0.1", &f, 2)).await.unwrap();
-    eventually(Duration::from_secs(10), "the router on /routers", || async {
+    eventually("the router on /routers", Duration::from_secs(10), || async {
         get("/routers")
             .await
             .text()
@@ -159,8 +159,8 @@ async fn pages_answer_and_a_live_view_shows_a_new_tenant() {
     })
     .await;
     eventually(
-        Duration::from_secs(10),
         "a recommendation on the function page",
+        Duration::from_secs(10),
         || async {
             let html = get(&format!("/functions/{key}")).await.text().await.unwrap();
             (!html.contains("No converge tick yet")).then_some(())
