@@ -80,21 +80,7 @@ async fn a_caller_without_a_token_is_unauthenticated_and_health_stays_open() {
     );
     assert_eq!(failures(&ctl, "missing"), 2);
     // Probes need no token.
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", ctl.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let status = tonic_health::pb::health_client::HealthClient::new(channel)
-        .check(tonic_health::pb::HealthCheckRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .status;
-    assert_eq!(
-        status,
-        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-    );
+    assert_eq!(harness::health_status(ctl.addr, "").await, Some(harness::SERVING));
     ctl.stop().await;
 }
 
@@ -234,12 +220,7 @@ async fn peer_controllers_authenticate_to_each_other() {
         c.token_file = Some(file.clone());
         c
     };
-    let (la, lb) = loop {
-        let a = TcpListener::bind((ip1.as_str(), 0)).await.unwrap();
-        if let Ok(b) = TcpListener::bind((ip2.as_str(), a.local_addr().unwrap().port())).await {
-            break (a, b);
-        }
-    };
+    let (la, lb) = harness::listeners(&ip1, &ip2).await;
     let (a, b) = tokio::join!(Ctl::start(&sim, ring(&ip1), la), Ctl::start(&sim, ring(&ip2), lb));
     eventually("both rings complete", Duration::from_secs(5), || async {
         (a.core.cluster.ring.current().sorted_members().len() == 2

@@ -8,26 +8,13 @@ use skipper_test_support::controller as harness;
 
 use std::time::Duration;
 
-use harness::{CTL_NS, Ctl, NS, Sim, eventually, function, heartbeat};
+use harness::{CTL_NS, Ctl, NS, Sim, eventually, function, heartbeat, listeners};
 use skipper::api;
 use skipper::ring::HashRing;
 use tokio::net::TcpListener;
 
-/// Binds `ip1:0` and `ip2:<same port>` (peers are dialled on one port).
-async fn listeners(ip1: &str, ip2: &str) -> (TcpListener, TcpListener) {
-    for _ in 0..20 {
-        let a = TcpListener::bind((ip1, 0)).await.unwrap();
-        let port = a.local_addr().unwrap().port();
-        if let Ok(b) = TcpListener::bind((ip2, port)).await {
-            return (a, b);
-        }
-    }
-    panic!("no common free port on {ip1} and {ip2}");
-}
-
 fn ring_config(sim: &Sim<'_>, namespace: &str, pod_ip: &str) -> skipper::controller::Config {
-    let mut c = sim.config(pod_ip);
-    c.single_controller_mode = false;
+    let mut c = sim.ring_config(pod_ip);
     c.namespace = namespace.into();
     c
 }
@@ -62,24 +49,7 @@ async fn two_controllers_share_a_ring_forward_heartbeats_and_take_over() {
     .await;
 
     // Health reports SERVING once ready.
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", a.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-    let status = health
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status;
-    assert_eq!(
-        status,
-        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-    );
+    assert_eq!(harness::health_status(a.addr, "").await, Some(harness::SERVING));
 
     // A heartbeat sent to A reaches B through forwarding.
     let tenant = tenant_owned_by(&[&ip1, &ip2], &ip2);

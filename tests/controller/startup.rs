@@ -16,33 +16,10 @@ use skipper::api;
 use skipper::controller::namespace_service;
 use skipper::shutdown::Shutdown;
 use tokio::net::TcpListener;
-use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
 
 /// A second function namespace.
 const OTHER: &str = "other";
-
-async fn health_of(addr: std::net::SocketAddr) -> Option<i32> {
-    status_of(addr, "").await
-}
-
-/// The status of health service `service`.
-async fn status_of(addr: std::net::SocketAddr, service: &str) -> Option<i32> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect_timeout(Duration::from_millis(500))
-        .connect()
-        .await
-        .ok()?;
-    let resp = HealthClient::new(channel)
-        .check(HealthCheckRequest {
-            service: service.to_owned(),
-        })
-        .await
-        .ok()?;
-    Some(resp.into_inner().status)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forbidden_namespace_is_retried_while_the_others_are_served_and_served_once_allowed() {
@@ -62,13 +39,16 @@ async fn a_forbidden_namespace_is_retried_while_the_others_are_served_and_served
     let mut ctl = Ctl::start(&sim, config, listener).await;
     let other = namespace_service(OTHER);
     // Running and Ready: it serves NS, not OTHER, and says so.
-    assert_eq!(status_of(addr, "").await, Some(ServingStatus::Serving as i32));
     assert_eq!(
-        status_of(addr, &namespace_service(NS)).await,
+        harness::health_status(addr, "").await,
         Some(ServingStatus::Serving as i32)
     );
     assert_eq!(
-        status_of(addr, &other).await,
+        harness::health_status(addr, &namespace_service(NS)).await,
+        Some(ServingStatus::Serving as i32)
+    );
+    assert_eq!(
+        harness::health_status(addr, &other).await,
         Some(ServingStatus::NotServing as i32)
     );
     let served = ctl
@@ -101,7 +81,9 @@ async fn a_forbidden_namespace_is_retried_while_the_others_are_served_and_served
     eventually(
         "the namespace served once allowed",
         Duration::from_secs(60),
-        || async { (status_of(addr, &other).await == Some(ServingStatus::Serving as i32)).then_some(()) },
+        || async {
+            (harness::health_status(addr, &other).await == Some(ServingStatus::Serving as i32)).then_some(())
+        },
     )
     .await;
     ctl.stop().await;
@@ -135,14 +117,18 @@ async fn a_controller_whose_only_namespace_is_forbidden_keeps_running_not_ready_
         "the namespace reported not served",
         Duration::from_secs(15),
         || async {
-            (status_of(addr, &namespace_service(NS)).await == Some(ServingStatus::NotServing as i32))
-                .then_some(())
+            (harness::health_status(addr, &namespace_service(NS)).await
+                == Some(ServingStatus::NotServing as i32))
+            .then_some(())
         },
     )
     .await;
-    assert_eq!(status_of(addr, "").await, Some(ServingStatus::NotServing as i32));
     assert_eq!(
-        status_of(addr, skipper::controller::LIVENESS_SERVICE).await,
+        harness::health_status(addr, "").await,
+        Some(ServingStatus::NotServing as i32)
+    );
+    assert_eq!(
+        harness::health_status(addr, skipper::controller::LIVENESS_SERVICE).await,
         Some(ServingStatus::Serving as i32)
     );
     assert!(!task.is_finished(), "the controller keeps running");
@@ -150,7 +136,9 @@ async fn a_controller_whose_only_namespace_is_forbidden_keeps_running_not_ready_
     eventually(
         "ready once the namespace is allowed",
         Duration::from_secs(60),
-        || async { (status_of(addr, "").await == Some(ServingStatus::Serving as i32)).then_some(()) },
+        || async {
+            (harness::health_status(addr, "").await == Some(ServingStatus::Serving as i32)).then_some(())
+        },
     )
     .await;
     shutdown.trigger();
@@ -206,7 +194,10 @@ async fn health_is_serving_once_caches_sync_before_the_ring_forms() {
         .await
         .expect("ready in time")
         .expect("ready");
-    assert_eq!(health_of(addr).await, Some(ServingStatus::Serving as i32));
+    assert_eq!(
+        harness::health_status(addr, "").await,
+        Some(ServingStatus::Serving as i32)
+    );
     assert!(
         running.core.cluster.ring.current().sorted_members().is_empty(),
         "no ring yet"
@@ -218,7 +209,10 @@ async fn health_is_serving_once_caches_sync_before_the_ring_forms() {
         (!running.core.cluster.ring.current().sorted_members().is_empty()).then_some(())
     })
     .await;
-    assert_eq!(health_of(addr).await, Some(ServingStatus::Serving as i32));
+    assert_eq!(
+        harness::health_status(addr, "").await,
+        Some(ServingStatus::Serving as i32)
+    );
 
     shutdown.trigger();
     let result = tokio::time::timeout(Duration::from_secs(10), task)

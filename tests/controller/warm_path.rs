@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use backend::Backend;
-use harness::{CTL_NS, Ctl, NAMESPACES, NS, Sim, eventually, function};
+use harness::{CTL_NS, Ctl, NAMESPACES, NS, Sim, eventually, function, listeners};
 use k8s_openapi::api::apps::v1::ReplicaSet;
 use k8s_openapi::api::core::v1::Pod;
 use skipper::api;
@@ -114,22 +114,9 @@ fn scale(f: &Function, desired: u32) -> tonic::Request<api::ScaleRequest> {
 }
 
 fn ring_config(sim: &Sim<'_>, pod_ip: &str) -> skipper::controller::Config {
-    let mut c = sim.config(pod_ip);
-    c.single_controller_mode = false;
+    let mut c = sim.ring_config(pod_ip);
     c.drain_timeout = Duration::from_secs(10);
     c
-}
-
-/// Binds `ip1:0` and `ip2:<same port>` (peers are dialled on one port).
-async fn listeners(ip1: &str, ip2: &str) -> (TcpListener, TcpListener) {
-    for _ in 0..20 {
-        let a = TcpListener::bind((ip1, 0)).await.unwrap();
-        let port = a.local_addr().unwrap().port();
-        if let Ok(b) = TcpListener::bind((ip2, port)).await {
-            return (a, b);
-        }
-    }
-    panic!("no common free port on {ip1} and {ip2}");
 }
 
 async fn router_metric(addr: std::net::SocketAddr, prefix: &str) -> f64 {

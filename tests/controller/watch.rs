@@ -10,7 +10,7 @@ use skipper_test_support::controller as harness;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use harness::{CTL_NS, Ctl, Sim, eventually, function};
+use harness::{CTL_NS, Ctl, Sim, eventually, function, listeners};
 use skipper::api::{self, InstanceState};
 use skipper::domain::Function;
 use skipper::ring::HashRing;
@@ -261,24 +261,6 @@ async fn a_drain_ends_at_its_deadline_or_when_every_stream_reported_or_left() {
     ctl.stop().await;
 }
 
-/// Binds `ip1:0` and `ip2:<same port>` (peers are dialled on one port).
-async fn listeners(ip1: &str, ip2: &str) -> (TcpListener, TcpListener) {
-    for _ in 0..20 {
-        let a = TcpListener::bind((ip1, 0)).await.unwrap();
-        let port = a.local_addr().unwrap().port();
-        if let Ok(b) = TcpListener::bind((ip2, port)).await {
-            return (a, b);
-        }
-    }
-    panic!("no common free port on {ip1} and {ip2}");
-}
-
-fn ring_config(sim: &Sim<'_>, pod_ip: &str) -> skipper::controller::Config {
-    let mut c = sim.config(pod_ip);
-    c.single_controller_mode = false;
-    c
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_non_owner_forwards_the_stream_and_a_ring_change_aborts_it() {
     let sim = Sim::start().await;
@@ -288,8 +270,8 @@ async fn a_non_owner_forwards_the_stream_and_a_ring_change_aborts_it() {
     let ip2 = sim.controller_pod(CTL_NS, "controller-b").await;
     let (la, lb) = listeners(&ip1, &ip2).await;
     let (a, b) = tokio::join!(
-        Ctl::start(&sim, ring_config(&sim, &ip1), la),
-        Ctl::start(&sim, ring_config(&sim, &ip2), lb)
+        Ctl::start(&sim, sim.ring_config(&ip1), la),
+        Ctl::start(&sim, sim.ring_config(&ip2), lb)
     );
     let (mut a, b) = (a, b);
     eventually("both rings complete", LIMIT, || async {

@@ -364,6 +364,14 @@ impl<'a> Sim<'a> {
         c
     }
 
+    /// [`Sim::config`] for a controller of a ring: its members are the Ready
+    /// controller pods of [`CTL_NS`].
+    pub fn ring_config(&self, pod_ip: &str) -> Config {
+        let mut c = self.config(pod_ip);
+        c.single_controller_mode = false;
+        c
+    }
+
     /// Creates ServiceAccount `name` in `ns` (an existing one is fine).
     pub async fn service_account(&self, ns: &str, name: &str) {
         let sa: k8s_openapi::api::core::v1::ServiceAccount =
@@ -589,6 +597,39 @@ pub async fn caught_up_within(client: &kube::Client, core: &Core, limit: Duratio
         core.config.pod_ip,
         behind().unwrap_or_else(|| "its watches stopped".into())
     ))
+}
+
+/// Binds `ip1:0` and `ip2:<same port>` (peers are dialled on one port).
+pub async fn listeners(ip1: &str, ip2: &str) -> (TcpListener, TcpListener) {
+    for _ in 0..20 {
+        let a = TcpListener::bind((ip1, 0)).await.unwrap();
+        let port = a.local_addr().unwrap().port();
+        if let Ok(b) = TcpListener::bind((ip2, port)).await {
+            return (a, b);
+        }
+    }
+    panic!("no common free port on {ip1} and {ip2}");
+}
+
+/// `SERVING`, as the health service answers it.
+pub const SERVING: i32 = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+
+/// The status the health service at `addr` gives `service` (`""`: the
+/// controller's readiness), `None` when it does not answer.
+pub async fn health_status(addr: SocketAddr, service: &str) -> Option<i32> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .ok()?;
+    let resp = tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await
+        .ok()?;
+    Some(resp.into_inner().status)
 }
 
 /// A regular function of the pool `deployment`.
