@@ -282,6 +282,10 @@ impl State {
                 .filter(|n| !n.is_synced())
                 .map(|n| Box::pin(n.wait_synced()))
                 .collect();
+            if unsynced.is_empty() {
+                // The last one listed since `settled` looked.
+                continue;
+            }
             tokio::select! {
                 _ = futures::future::select_all(unsynced) => {}
                 r = refused.changed() => if r.is_err() { return },
