@@ -21,13 +21,28 @@ use tonic_health::pb::health_check_response::ServingStatus;
 /// A second function namespace.
 const OTHER: &str = "other";
 
+/// Why the forbidden-namespace tests run on the simulator alone.
+const FORBIDS: &str =
+    "it forbids a namespace by the simulator's fault injection (the controller runs as the administrator)";
+
+/// Stops a controller this file's test runs by hand (it never becomes
+/// Ready, or the test holds its start-up callback): it returns `Ok` within
+/// 10 s.
+async fn stopped(
+    shutdown: &Shutdown,
+    task: tokio::task::JoinHandle<Result<(), skipper::controller::RunError>>,
+) {
+    shutdown.trigger();
+    let result = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("stops")
+        .unwrap();
+    assert!(result.is_ok(), "{result:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forbidden_namespace_is_retried_while_the_others_are_served_and_served_once_allowed() {
-    let Some(sim) = Sim::simulator_only(
-        "it forbids a namespace by the simulator's fault injection (the controller runs as the administrator)",
-    )
-    .await
-    else {
+    let Some(sim) = Sim::simulator_only(FORBIDS).await else {
         return;
     };
     sim.deploy_pool("pool", 2, &[]).await;
@@ -91,11 +106,7 @@ async fn a_forbidden_namespace_is_retried_while_the_others_are_served_and_served
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_whose_only_namespace_is_forbidden_keeps_running_not_ready_and_skips_it_when_told() {
-    let Some(sim) = Sim::simulator_only(
-        "it forbids a namespace by the simulator's fault injection (the controller runs as the administrator)",
-    )
-    .await
-    else {
+    let Some(sim) = Sim::simulator_only(FORBIDS).await else {
         return;
     };
     sim.cluster().forbid_namespace(NS);
@@ -141,12 +152,7 @@ async fn a_controller_whose_only_namespace_is_forbidden_keeps_running_not_ready_
         },
     )
     .await;
-    shutdown.trigger();
-    let result = tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .expect("stops")
-        .unwrap();
-    assert!(result.is_ok(), "{result:?}");
+    stopped(&shutdown, task).await;
     shutdown.drain(Duration::from_secs(5)).await;
 
     // With the flag: the controller serves, and the skipped namespace is unmanaged.
@@ -156,14 +162,7 @@ async fn a_controller_whose_only_namespace_is_forbidden_keeps_running_not_ready_
     config.skip_forbidden_namespaces = true;
     let mut ctl = Ctl::start(&sim, config, listener).await;
     let f = function("pool", "tenant-a", 1);
-    let err = ctl
-        .grpc
-        .get_instance(api::GetInstanceRequest {
-            function: Some((&f).into()),
-            exclude_instance_names: vec![],
-        })
-        .await
-        .unwrap_err();
+    let err = ctl.refusal(&f, Duration::from_secs(10)).await;
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains(NS), "{err:?}");
     ctl.stop().await;
@@ -214,10 +213,5 @@ async fn health_is_serving_once_caches_sync_before_the_ring_forms() {
         Some(ServingStatus::Serving as i32)
     );
 
-    shutdown.trigger();
-    let result = tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .expect("stops")
-        .unwrap();
-    assert!(result.is_ok(), "{result:?}");
+    stopped(&shutdown, task).await;
 }

@@ -10,10 +10,9 @@ use skipper_test_support::controller as harness;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use harness::{CTL_NS, Ctl, Sim, eventually, function, listeners};
+use harness::{CTL_NS, Ctl, Sim, eventually, function, tenant_owned_by};
 use skipper::api::{self, InstanceState};
 use skipper::domain::Function;
-use skipper::ring::HashRing;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -133,13 +132,7 @@ fn ready(t: &BTreeMap<String, InstanceState>) -> Vec<String> {
 }
 
 fn scale(f: &Function, desired: u32) -> tonic::Request<api::ScaleRequest> {
-    let mut r = tonic::Request::new(api::ScaleRequest {
-        function: Some(f.into()),
-        desired_instances: Some(desired),
-        reason: Some(api::ScaleReason::InFlightRequests as i32),
-    });
-    r.set_timeout(LIMIT);
-    r
+    harness::scale(f, desired, LIMIT)
 }
 
 type ScaleDown = tokio::task::JoinHandle<Result<tonic::Response<api::ScaleResponse>, tonic::Status>>;
@@ -182,9 +175,7 @@ async fn drain_one(grpc: &Grpc, w: &mut Watcher, f: &Function) -> (ScaleDown, St
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stream_follows_the_instances_and_a_scale_down_waits_for_idle_reports() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("pool", 3, &[]).await;
-    sim.wait_pool("pool", 3, LIMIT).await;
+    let sim = Sim::with_pool("pool", 3).await;
     let mut config = sim.config("127.0.0.1");
     // Long enough that only the reports can end the drain in this test.
     config.drain_timeout = Duration::from_secs(60);
@@ -227,9 +218,7 @@ async fn a_stream_follows_the_instances_and_a_scale_down_waits_for_idle_reports(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_drain_ends_at_its_deadline_or_when_every_stream_reported_or_left() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("pool", 3, &[]).await;
-    sim.wait_pool("pool", 3, LIMIT).await;
+    let sim = Sim::with_pool("pool", 3).await;
     let mut config = sim.config("127.0.0.1");
     config.drain_timeout = Duration::from_secs(1);
     let ctl = Ctl::start(&sim, config, TcpListener::bind("127.0.0.1:0").await.unwrap()).await;
@@ -263,29 +252,10 @@ async fn a_drain_ends_at_its_deadline_or_when_every_stream_reported_or_left() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_non_owner_forwards_the_stream_and_a_ring_change_aborts_it() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("pool", 2, &[]).await;
-    sim.wait_pool("pool", 2, LIMIT).await;
-    let ip1 = sim.controller_pod(CTL_NS, "controller-a").await;
-    let ip2 = sim.controller_pod(CTL_NS, "controller-b").await;
-    let (la, lb) = listeners(&ip1, &ip2).await;
-    let (a, b) = tokio::join!(
-        Ctl::start(&sim, sim.ring_config(&ip1), la),
-        Ctl::start(&sim, sim.ring_config(&ip2), lb)
-    );
-    let (mut a, b) = (a, b);
-    eventually("both rings complete", LIMIT, || async {
-        (a.core.cluster.ring.current().sorted_members().len() == 2
-            && b.core.cluster.ring.current().sorted_members().len() == 2)
-            .then_some(())
-    })
-    .await;
+    let sim = Sim::with_pool("pool", 2).await;
+    let (mut a, b) = sim.ring_of_two(|ip| sim.ring_config(ip)).await;
     // A function A owns, watched through B (forwarded) and on A itself.
-    let ring = HashRing::new([ip1.as_str(), ip2.as_str()]);
-    let tenant = (0..1000)
-        .map(|i| format!("t{i}"))
-        .find(|t| ring.owner(function("pool", t, 1).id()) == Some(ip1.as_str()))
-        .unwrap();
+    let tenant = tenant_owned_by("pool", &[a.pod_ip(), b.pod_ip()], a.pod_ip());
     let f = function("pool", &tenant, 1);
     let mut via_b = Watcher::open(&b.grpc, &f).await;
     let mut on_a = Watcher::open(&a.grpc, &f).await;

@@ -146,12 +146,8 @@ async fn a_one_second_profile_parses_as_pprof_and_names_the_hot_function() {
             .arg(&file)
             .output()
             .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "go tool pprof: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let top = skipper_test_support::process::succeeded("go tool pprof", out);
+        let text = String::from_utf8_lossy(&top);
         assert!(text.contains("burn_cpu_for_profile"), "{text}");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -160,39 +156,33 @@ async fn a_one_second_profile_parses_as_pprof_and_names_the_hot_function() {
 
 #[tokio::test]
 async fn bad_lengths_are_refused_and_the_index_lists_the_profile() {
+    use reqwest::StatusCode;
     let (addr, shutdown) = start().await;
-    let http = reqwest::Client::new();
-    for bad in ["0", "121", "abc"] {
-        let r = http
-            .get(format!("http://{addr}/debug/pprof/profile?seconds={bad}"))
+    for (path, status, says) in [
+        ("profile?seconds=0", StatusCode::BAD_REQUEST, "between 1 and 120"),
+        (
+            "profile?seconds=121",
+            StatusCode::BAD_REQUEST,
+            "between 1 and 120",
+        ),
+        (
+            "profile?seconds=abc",
+            StatusCode::BAD_REQUEST,
+            "between 1 and 120",
+        ),
+        ("", StatusCode::OK, "profile?seconds="),
+        ("heap", StatusCode::NOT_IMPLEMENTED, ""),
+        ("cmdline", StatusCode::OK, "profiling"),
+    ] {
+        let r = skipper_test_support::http()
+            .get(format!("http://{addr}/debug/pprof/{path}"))
             .send()
             .await
             .unwrap();
-        assert_eq!(r.status(), reqwest::StatusCode::BAD_REQUEST, "{bad}");
-        assert!(r.text().await.unwrap().contains("between 1 and 120"));
+        assert_eq!(r.status(), status, "{path}");
+        let body = r.text().await.unwrap();
+        assert!(body.contains(says), "{path}: {body}");
     }
-    let index = http
-        .get(format!("http://{addr}/debug/pprof/"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(index.status(), reqwest::StatusCode::OK);
-    assert!(index.text().await.unwrap().contains("profile?seconds="));
-    let heap = http
-        .get(format!("http://{addr}/debug/pprof/heap"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(heap.status(), reqwest::StatusCode::NOT_IMPLEMENTED);
-    let cmdline = http
-        .get(format!("http://{addr}/debug/pprof/cmdline"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(cmdline.contains("profiling"), "{cmdline}");
     shutdown.trigger();
 }
 

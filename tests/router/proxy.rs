@@ -10,13 +10,10 @@ use std::time::Duration;
 use futures::{SinkExt, StreamExt};
 use harness::{FakeController, function_header, refused_addr, start_router, start_upstream, test_config};
 use skipper::domain::HEADER_FUNCTION;
+use skipper_test_support::http;
 use tokio_util::sync::CancellationToken;
 
 const LIMIT: Duration = Duration::from_secs(10);
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
-}
 
 struct World {
     fake: FakeController,
@@ -586,14 +583,7 @@ async fn metrics_count_requests_and_durations() {
         let resp = w.get("/x").await;
         resp.bytes().await.unwrap();
     }
-    let metrics = http()
-        .get(format!("http://{}/metrics", w.router.metrics_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = w.router.metrics().await;
     assert!(
         metrics.contains("skipper_router_requests_total{function_deployment=\"app\"} 5"),
         "{metrics}"
@@ -608,14 +598,7 @@ async fn metrics_count_requests_and_durations() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 404);
-    let metrics = http()
-        .get(format!("http://{}/metrics", w.router.metrics_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = w.router.metrics().await;
     assert!(!metrics.contains("made-up-deployment"), "{metrics}");
     assert!(
         metrics.contains("skipper_router_requests_total{function_deployment=\"other\"} 1"),
@@ -876,14 +859,7 @@ async fn a_stalled_upload_is_408_after_the_body_timeout() {
     );
     assert!(started.elapsed() >= Duration::from_millis(300));
     // The in-flight count is released with the request.
-    let metrics = http()
-        .get(format!("http://{}/metrics", w.router.metrics_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = w.router.metrics().await;
     assert!(
         metrics.contains("skipper_router_requests_in_flight{function_deployment=\"other\"} 0"),
         "{metrics}"

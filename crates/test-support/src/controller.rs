@@ -99,6 +99,15 @@ impl Sim<'static> {
         Self::with(Held::Owned(backend)).await
     }
 
+    /// [`Sim::start`] with the pool `name` of `replicas` pods deployed, every
+    /// one of them Ready (within 60 s).
+    pub async fn with_pool(name: &str, replicas: usize) -> Self {
+        let sim = Self::start().await;
+        sim.deploy_pool(name, i32::try_from(replicas).unwrap(), &[]).await;
+        sim.wait_pool(name, replicas, Duration::from_secs(60)).await;
+        sim
+    }
+
     /// [`Sim::start`] on the simulator only, for a scenario that needs its
     /// fault injection: `None`, with a message naming `why`, when the real
     /// control plane was asked for.
@@ -372,6 +381,22 @@ impl<'a> Sim<'a> {
         c
     }
 
+    /// Two controllers of one ring, as two replicas run: the stand-in pods
+    /// `controller-a` and `controller-b` of [`CTL_NS`] and a controller on
+    /// each pod's IP, both on one port, with `config(pod_ip)`. Returns them
+    /// once both rings have both members.
+    pub async fn ring_of_two(&self, config: impl Fn(&str) -> Config) -> (Ctl, Ctl) {
+        let ip1 = self.controller_pod(CTL_NS, "controller-a").await;
+        let ip2 = self.controller_pod(CTL_NS, "controller-b").await;
+        let (la, lb) = listeners(&ip1, &ip2).await;
+        let (a, b) = tokio::join!(
+            Ctl::start(self, config(&ip1), la),
+            Ctl::start(self, config(&ip2), lb)
+        );
+        Ctl::await_rings(&[&a, &b], 2).await;
+        (a, b)
+    }
+
     /// Creates ServiceAccount `name` in `ns` (an existing one is fine).
     pub async fn service_account(&self, ns: &str, name: &str) {
         let sa: k8s_openapi::api::core::v1::ServiceAccount =
@@ -458,6 +483,38 @@ impl Ctl {
         }
     }
 
+    /// The IP of the pod this controller stands for (its ring member).
+    #[must_use]
+    pub fn pod_ip(&self) -> &str {
+        &self.core.config.pod_ip
+    }
+
+    /// Waits until the ring of each of `ctls` has `members` members
+    /// (a ring follows the Ready controller pods); fails the test after
+    /// 30 s.
+    pub async fn await_rings(ctls: &[&Ctl], members: usize) {
+        let what = format!("{} rings of {members}", ctls.len());
+        eventually(&what, Duration::from_secs(30), || async {
+            ctls.iter()
+                .all(|c| c.core.cluster.ring.current().sorted_members().len() == members)
+                .then_some(())
+        })
+        .await;
+    }
+
+    /// The cluster state this controller alone holds (`local_only`).
+    pub async fn local_state(&mut self) -> api::ClusterState {
+        self.grpc
+            .get_cluster_state(api::GetClusterStateRequest {
+                local_only: Some(true),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .cluster_state
+            .unwrap()
+    }
+
     /// Starts a single-controller-mode controller on 127.0.0.1:0.
     pub async fn single(sim: &Sim<'_>) -> Self {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -473,6 +530,15 @@ impl Ctl {
             .into_inner()
             .instance
             .unwrap()
+    }
+
+    /// The status `GetInstance` for `f` fails with within `timeout`; panics
+    /// when it answers with an instance.
+    pub async fn refusal(&mut self, f: &Function, timeout: Duration) -> tonic::Status {
+        self.grpc
+            .get_instance(get_instance(f, timeout))
+            .await
+            .expect_err("GetInstance failed")
     }
 
     /// Stops the controller.
@@ -632,6 +698,16 @@ pub async fn health_status(addr: SocketAddr, service: &str) -> Option<i32> {
     Some(resp.into_inner().status)
 }
 
+/// A tenant whose function of the pool `deployment` the ring of `members`
+/// gives to `owner`.
+pub fn tenant_owned_by(deployment: &str, members: &[&str], owner: &str) -> String {
+    let ring = skipper::ring::HashRing::new(members.iter().copied());
+    (0..1000)
+        .map(|i| format!("t{i}"))
+        .find(|t| ring.owner(function(deployment, t, 1).id()) == Some(owner))
+        .expect("one of 1000 tenants falls to each member")
+}
+
 /// A regular function of the pool `deployment`.
 pub fn function(deployment: &str, tenant: &str, max: u32) -> Function {
     Function {
@@ -653,6 +729,18 @@ pub fn get_instance(f: &Function, timeout: Duration) -> tonic::Request<api::GetI
     let mut r = tonic::Request::new(api::GetInstanceRequest {
         function: Some(f.into()),
         exclude_instance_names: vec![],
+    });
+    r.set_timeout(timeout);
+    r
+}
+
+/// A Scale request of `f` to `desired` instances (for in-flight
+/// requests) with a deadline.
+pub fn scale(f: &Function, desired: u32, timeout: Duration) -> tonic::Request<api::ScaleRequest> {
+    let mut r = tonic::Request::new(api::ScaleRequest {
+        function: Some(f.into()),
+        desired_instances: Some(desired),
+        reason: Some(api::ScaleReason::InFlightRequests as i32),
     });
     r.set_timeout(timeout);
     r
