@@ -16,6 +16,11 @@
 //!   this is not a retry and costs none of the method's attempts.
 //! - [`Client`]: one method per RPC, each with a caller-supplied deadline
 //!   that bounds the whole call, retries included.
+//! - Access: each address remembers whether its controller last refused
+//!   the caller's credentials (`UNAUTHENTICATED`, `PERMISSION_DENIED`) or
+//!   answered; [`Endpoints::refusal`] says when every controller refuses,
+//!   and [`Client::check_access`] asks the refusing ones again with a call
+//!   that changes nothing.
 //!
 //! Nothing here knows about routing or supervisors.
 
@@ -219,6 +224,10 @@ struct Target {
     /// Until when the address is skipped after a failed connection (shared
     /// by the clones of this target; kept while the address stays).
     unreachable_until: Arc<Mutex<Option<tokio::time::Instant>>>,
+    /// The controller's last word on the caller's credentials: why it
+    /// refused them, or `None` once it answered otherwise (or before it was
+    /// asked).
+    refused: Arc<Mutex<Option<String>>>,
 }
 
 impl Target {
@@ -235,6 +244,47 @@ impl Target {
             .lock()
             .unwrap_or_else(PoisonError::into_inner) = Some(tokio::time::Instant::now() + UNREACHABLE_HOLD);
     }
+
+    /// Records what the controller's answer says about the credentials: a
+    /// refusal, or (any other answer from the controller itself) that they
+    /// were admitted. A failed connection says nothing.
+    fn record_access(&self, answer: &Result<(), &tonic::Status>) {
+        let verdict = match answer {
+            Ok(()) => None,
+            Err(status) if is_credentials_refusal(status.code()) => {
+                Some(format!("{:?}: {}", status.code(), status.message()))
+            }
+            // No word from the controller itself: a failed connection, a
+            // transport error, a call cut short.
+            Err(status)
+                if is_connect_failure(status)
+                    || matches!(
+                        status.code(),
+                        tonic::Code::Unavailable
+                            | tonic::Code::Cancelled
+                            | tonic::Code::DeadlineExceeded
+                            | tonic::Code::Unknown
+                    ) =>
+            {
+                return;
+            }
+            Err(_) => None,
+        };
+        *self.refused.lock().unwrap_or_else(PoisonError::into_inner) = verdict;
+    }
+
+    fn refused(&self) -> Option<String> {
+        self.refused
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
+    }
+}
+
+/// Whether `code` is a controller refusing the caller's credentials.
+#[must_use]
+pub fn is_credentials_refusal(code: tonic::Code) -> bool {
+    matches!(code, tonic::Code::Unauthenticated | tonic::Code::PermissionDenied)
 }
 
 /// Whether `status` is a failure to connect to the controller (nothing was
@@ -334,6 +384,7 @@ impl Endpoints {
                     addr,
                     channel: self.channel(addr),
                     unreachable_until: Arc::default(),
+                    refused: Arc::default(),
                 })
             })
             .collect();
@@ -353,6 +404,33 @@ impl Endpoints {
         let _ = rx
             .wait_for(|t| pred(&t.iter().map(|x| x.addr).collect::<Vec<_>>()))
             .await;
+    }
+
+    /// Why every known controller refuses the caller's credentials, when
+    /// each of them did so the last time it was asked (`None` while any
+    /// admitted them, was not asked yet, or none is known).
+    #[must_use]
+    pub fn refusal(&self) -> Option<String> {
+        let targets = self.targets.borrow().clone();
+        let mut reasons: Vec<String> = Vec::with_capacity(targets.len());
+        for t in targets.iter() {
+            reasons.push(t.refused()?);
+        }
+        reasons.dedup();
+        let first = reasons.first()?;
+        Some(match targets.len() {
+            1 => format!(
+                "the controller at {} refuses this caller's credentials ({first})",
+                targets[0].addr
+            ),
+            n => format!("all {n} controllers refuse this caller's credentials ({first})"),
+        })
+    }
+
+    /// Whether any controller refused the caller's credentials last time.
+    #[must_use]
+    pub fn any_refused(&self) -> bool {
+        self.targets.borrow().iter().any(|t| t.refused().is_some())
     }
 
     /// Notified each time a call finds a controller unavailable.
@@ -500,8 +578,12 @@ impl Client {
         let target = self.endpoints.pick().ok_or(Error::NoEndpoints { method })?;
         let mut client = self.endpoints.client(target.clone());
         match tokio::time::timeout(deadline, client.watch_instances(tonic::Request::new(requests))).await {
-            Ok(Ok(resp)) => Ok(resp.into_inner()),
+            Ok(Ok(resp)) => {
+                target.record_access(&Ok(()));
+                Ok(resp.into_inner())
+            }
             Ok(Err(status)) => {
+                target.record_access(&Err(&status));
                 if is_connect_failure(&status) {
                     target.mark_unreachable();
                 }
@@ -596,6 +678,27 @@ impl Client {
         .map(|(r, _)| r)
     }
 
+    /// Asks every controller that last refused the caller's credentials
+    /// again, with a call each controller rejects without acting on it once
+    /// it admits the caller (a `Heartbeat` naming no router:
+    /// `INVALID_ARGUMENT`), so its verdict on the credentials is current.
+    /// Bounded by `deadline` per controller.
+    pub async fn check_access(&self, deadline: Duration) {
+        let targets = self.endpoints.targets.borrow().clone();
+        let probes = targets
+            .iter()
+            .filter(|t| t.refused().is_some())
+            .map(|t| async move {
+                let mut request = tonic::Request::new(api::HeartbeatRequest::default());
+                request.set_timeout(deadline);
+                let mut client = self.endpoints.client(t.clone());
+                if let Ok(answer) = tokio::time::timeout(deadline, client.heartbeat(request)).await {
+                    t.record_access(&answer.as_ref().map(|_| ()));
+                }
+            });
+        futures::future::join_all(probes).await;
+    }
+
     /// One call: attempts per `policy`, each on the next endpoint, all
     /// inside `deadline`; the answer and its metadata. An attempt whose
     /// connection fails marks that address unreachable and goes on to the
@@ -631,6 +734,7 @@ impl Client {
                     Ok(_) => tonic::Code::Ok,
                     Err(status) => status.code(),
                 };
+                target.record_access(&answer.as_ref().map(|_| ()));
                 span.record("rpc.grpc.status_code", code as i32);
                 if code != tonic::Code::Ok {
                     span.record("otel.status_code", "ERROR");

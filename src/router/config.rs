@@ -5,6 +5,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use super::proxy::TrustedProxies;
 use crate::config::parse_duration;
 
 /// Flags of `skipper router`.
@@ -54,13 +55,25 @@ pub struct Args {
     #[arg(long, env = "SKIPPER_RESPONSE_HEADER_TIMEOUT", default_value = "0s", value_parser = parse_duration)]
     pub response_header_timeout: Duration,
 
-    /// Bound on a request from arrival to the instance's response headers (0s = none)
-    #[arg(long, env = "SKIPPER_REQUEST_TIMEOUT", default_value = "0s", value_parser = parse_duration)]
+    /// Bound on a request from arrival to the instance's response headers: 408 while the client is still sending its body, else 504 (0s = none)
+    #[arg(long, env = "SKIPPER_REQUEST_TIMEOUT", default_value = "5m", value_parser = parse_duration)]
     pub request_timeout: Duration,
 
-    /// Longest pause in a client's request body before the request fails with 408 (0s = none)
-    #[arg(long, env = "SKIPPER_BODY_TIMEOUT", default_value = "1m", value_parser = parse_duration)]
+    /// How far a client's request body may fall behind --body-min-rate, and so its longest pause, before the request fails with 408 (0s = none)
+    #[arg(long, env = "SKIPPER_BODY_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub body_timeout: Duration,
+
+    /// Average rate in bytes/s a client's request body must keep up, within --body-timeout (0 = only pauses are bounded)
+    #[arg(long, env = "SKIPPER_BODY_MIN_RATE", default_value_t = 256)]
+    pub body_min_rate: u32,
+
+    /// Longest a response write may wait for a client that reads nothing before the connection is closed (0s = none)
+    #[arg(long, env = "SKIPPER_WRITE_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
+    pub write_timeout: Duration,
+
+    /// Peers (addresses or networks, comma-separated) whose X-Forwarded-For/-Host/-Proto are kept and extended; anyone else's are replaced
+    #[arg(long, env = "SKIPPER_TRUSTED_PROXIES", default_value = "")]
+    pub trusted_proxies: String,
 
     /// Longest a client connection waits for the next request's headers, idle keep-alive included
     #[arg(long, env = "SKIPPER_IDLE_TIMEOUT", default_value = "1m", value_parser = parse_duration)]
@@ -143,6 +156,12 @@ pub struct Config {
     pub request_timeout: Option<Duration>,
     /// `None` = no bound.
     pub body_timeout: Option<Duration>,
+    /// `None` = pauses alone are bounded.
+    pub body_min_rate: Option<std::num::NonZeroU32>,
+    /// `None` = no bound.
+    pub write_timeout: Option<Duration>,
+    /// Peers whose forwarding headers are kept.
+    pub trusted_proxies: TrustedProxies,
     pub idle_timeout: Duration,
     pub get_instance_timeout: Duration,
     pub discovery: Discovery,
@@ -167,8 +186,11 @@ impl Config {
             retry_max: Duration::from_secs(5),
             dial_timeout: Duration::from_secs(2),
             response_header_timeout: None,
-            request_timeout: None,
-            body_timeout: Some(Duration::from_secs(60)),
+            request_timeout: Some(Duration::from_secs(300)),
+            body_timeout: Some(Duration::from_secs(30)),
+            body_min_rate: std::num::NonZeroU32::new(256),
+            write_timeout: Some(Duration::from_secs(30)),
+            trusted_proxies: TrustedProxies::none(),
             idle_timeout: Duration::from_secs(60),
             get_instance_timeout: Duration::from_secs(30),
             discovery: Discovery::Static(controllers),
@@ -271,6 +293,8 @@ impl TryFrom<&Args> for Config {
             }
         };
         let metrics_addr = a.telemetry.metrics_addr().map_err(InvalidFlag)?;
+        let trusted_proxies = TrustedProxies::parse(&a.trusted_proxies)
+            .map_err(|e| InvalidFlag(format!("--trusted-proxies: {e}")))?;
         let c = Self {
             pod_ip: a.pod_ip.trim().to_owned(),
             shutdown_timeout: a.shutdown_timeout,
@@ -283,6 +307,9 @@ impl TryFrom<&Args> for Config {
             response_header_timeout: non_zero(a.response_header_timeout),
             request_timeout: non_zero(a.request_timeout),
             body_timeout: non_zero(a.body_timeout),
+            body_min_rate: std::num::NonZeroU32::new(a.body_min_rate),
+            write_timeout: non_zero(a.write_timeout),
+            trusted_proxies,
             idle_timeout: a.idle_timeout,
             get_instance_timeout: a.get_instance_timeout,
             discovery,
@@ -345,8 +372,11 @@ mod tests {
         assert_eq!(c.retry_max, Duration::from_secs(5));
         assert_eq!(c.dial_timeout, Duration::from_secs(2));
         assert_eq!(c.response_header_timeout, None);
-        assert_eq!(c.request_timeout, None);
-        assert_eq!(c.body_timeout, Some(Duration::from_secs(60)));
+        assert_eq!(c.request_timeout, Some(Duration::from_secs(300)));
+        assert_eq!(c.body_timeout, Some(Duration::from_secs(30)));
+        assert_eq!(c.body_min_rate, std::num::NonZeroU32::new(256));
+        assert_eq!(c.write_timeout, Some(Duration::from_secs(30)));
+        assert_eq!(c.trusted_proxies, TrustedProxies::none());
         assert_eq!(c.idle_timeout, Duration::from_secs(60));
         assert_eq!(
             c.discovery,
@@ -355,6 +385,27 @@ mod tests {
                 port: 50051
             }
         );
+    }
+
+    #[test]
+    fn trusted_proxies_and_zero_bounds_parse() {
+        let c = parse(&[
+            "--trusted-proxies",
+            "10.0.0.0/8, 192.0.2.1",
+            "--body-min-rate",
+            "0",
+            "--write-timeout",
+            "0s",
+            "--request-timeout",
+            "0s",
+        ])
+        .unwrap();
+        assert!(c.trusted_proxies.contains("10.20.30.40".parse().unwrap()));
+        assert!(c.trusted_proxies.contains("192.0.2.1".parse().unwrap()));
+        assert!(!c.trusted_proxies.contains("192.0.2.2".parse().unwrap()));
+        assert_eq!(c.body_min_rate, None);
+        assert_eq!(c.write_timeout, None);
+        assert_eq!(c.request_timeout, None);
     }
 
     #[test]
@@ -410,6 +461,12 @@ mod tests {
             (&["--dial-timeout", "0s"][..], "--dial-timeout"),
             (&["--idle-timeout", "0s"][..], "--idle-timeout"),
             (&["--body-timeout", "soon"][..], "--body-timeout"),
+            (&["--write-timeout", "soon"][..], "--write-timeout"),
+            (&["--body-min-rate", "fast"][..], "--body-min-rate"),
+            (
+                &["--trusted-proxies", "10.0.0.0/8,proxy.local"][..],
+                "--trusted-proxies: \"proxy.local\" is not an IP address or network",
+            ),
             (&["--controller-port", "0"][..], "--controller-port"),
             (
                 &["--controller-namespace", "skipper"][..],

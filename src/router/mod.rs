@@ -61,6 +61,9 @@ const POOL_SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(
 pub const MAX_REQUEST_HEAD_BYTES: usize = 64 * 1024;
 /// Pause after a failed `accept`.
 const ACCEPT_ERROR_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
+/// How often controllers that refused the router's credentials are asked
+/// again (the health check turns ready again once one admits them).
+pub const ACCESS_CHECK_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
 
 /// Why the router could not start or run.
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +96,9 @@ struct State {
     shutdown: CancellationToken,
     /// Refused watches: `/healthz` answers 503 while there is one.
     refusals: Refusals,
+    /// The controller endpoints: `/healthz` answers 503 while every
+    /// controller refuses the router's credentials.
+    endpoints: Endpoints,
 }
 
 /// Runs the router until SIGTERM/SIGINT, then drains.
@@ -178,7 +184,11 @@ pub async fn serve(
     let endpoints = Endpoints::new(ChannelSettings::default()).with_credentials(credentials);
     let refusals = Refusals::new();
     start_discovery(&config, &endpoints, &refusals, &background).await?;
-    let client = Client::new(endpoints);
+    let client = Client::new(endpoints.clone());
+    background.spawn(
+        "controller-access",
+        watch_access(client.clone(), background.token().clone()),
+    );
 
     let activity = Activity::new(metrics.clone());
     background.spawn(
@@ -206,7 +216,11 @@ pub async fn serve(
             },
             response_header_timeout: config.response_header_timeout,
             get_instance_timeout: config.get_instance_timeout,
-            body_timeout: config.body_timeout,
+            body_pace: config.body_timeout.map(|slack| proxy::Pace {
+                slack,
+                min_rate: config.body_min_rate,
+            }),
+            trusted_proxies: config.trusted_proxies.clone(),
             router_ip: config.pod_ip.clone(),
         },
         metrics.clone(),
@@ -232,6 +246,7 @@ pub async fn serve(
         request_timeout: config.request_timeout,
         shutdown: shutdown.token().clone(),
         refusals,
+        endpoints,
     });
 
     let connections = TaskTracker::new();
@@ -239,6 +254,7 @@ pub async fn serve(
     // every connection shuts down gracefully.
     let closing = CancellationToken::new();
     let idle_timeout = config.idle_timeout;
+    let write_timeout = config.write_timeout;
     let stop_accepting = stop_accepting(shutdown.token().clone(), config.shutdown_delay);
     let mut stop_accepting = std::pin::pin!(stop_accepting);
     loop {
@@ -260,18 +276,26 @@ pub async fn serve(
             tracing::debug!(error = %e, "cannot set TCP_NODELAY on a client connection");
         }
         let state = state.clone();
+        let exchanges = Arc::new(proxy::client_io::Exchanges::default());
+        let io = proxy::client_io::ClientIo::new(stream, write_timeout, exchanges.clone());
         let svc = hyper::service::service_fn(move |req| {
             let state = state.clone();
-            async move { Ok::<_, Infallible>(handle(&state, remote, req).await) }
+            let busy = exchanges.begin();
+            async move {
+                let resp = handle(&state, remote, req).await;
+                Ok::<_, Infallible>(resp.map(|body| Body::new(proxy::client_io::Answered::new(body, busy))))
+            }
         });
         // The header read timeout also bounds idle keep-alive connections
         // (it runs from the moment a connection waits for the next request);
-        // a request head larger than the buffer is answered 431 by hyper.
+        // a request head larger than the buffer is answered 431 by hyper. A
+        // client that half-closes after its request still gets the answer;
+        // one that stops reading is cut off after the write timeout.
         let conn = http1::Builder::new()
             .timer(hyper_util::rt::TokioTimer::new())
             .header_read_timeout(idle_timeout)
             .max_header_size(MAX_REQUEST_HEAD_BYTES)
-            .serve_connection(TokioIo::new(stream), svc)
+            .serve_connection(TokioIo::new(io), svc)
             .with_upgrades();
         let drain = closing.clone();
         let hard = hard_stop.clone();
@@ -392,6 +416,40 @@ fn log_refusals(refusals: &Refusals, shutdown: &Shutdown) {
     });
 }
 
+/// Follows whether the controllers admit the router's credentials: while
+/// one refuses them it is asked again every [`ACCESS_CHECK_INTERVAL`], and
+/// each change of the verdict is logged (the health check answers 503
+/// while every controller refuses).
+async fn watch_access(client: Client, stop: CancellationToken) {
+    let mut every = tokio::time::interval(ACCESS_CHECK_INTERVAL);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut was: Option<String> = None;
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            _ = every.tick() => {}
+        }
+        if client.endpoints().any_refused() {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = client.check_access(ACCESS_CHECK_INTERVAL) => {}
+            }
+        }
+        let now = client.endpoints().refusal();
+        if now != was {
+            match &now {
+                Some(why) => tracing::error!(
+                    refused = %why,
+                    "router unhealthy (/healthz 503): the controllers refuse its credentials (check \
+                     --controller-token-file and the controllers' --router-service-accounts)"
+                ),
+                None => tracing::info!("router healthy: the controllers admit its credentials"),
+            }
+            was = now;
+        }
+    }
+}
+
 /// One request; once shutdown has begun its response closes the connection
 /// (`Connection: close`), so the client's next request opens a connection
 /// to another router.
@@ -407,12 +465,19 @@ async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Re
 /// One request: health check, header, activity, proxy, metrics.
 async fn respond(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Response<Body> {
     let start = Instant::now();
+    if let Err(e) = proxy::forwarding::check_host(req.version(), req.headers()) {
+        return proxy::Error::from(e).into_response();
+    }
     let parsed = match state.cache.function(req.headers()) {
         Ok(p) => p,
         Err(e) => {
             match entry::check(req.method(), req.uri().path()) {
                 Some(entry::Check::Health) => {
-                    return health(state.shutdown.is_cancelled(), &state.refusals.current());
+                    return health(
+                        state.shutdown.is_cancelled(),
+                        &state.refusals.current(),
+                        state.endpoints.refusal().as_deref(),
+                    );
                 }
                 Some(entry::Check::Live) => return Response::new(Body::empty()),
                 None => {}
@@ -422,12 +487,19 @@ async fn respond(state: &State, remote: SocketAddr, req: Request<Incoming>) -> R
     };
     let span = request_span(&req);
     let guard = state.activity.begin(&parsed).await;
-    let forwarding = state.proxy.forward(&parsed, req, remote, guard);
+    let progress = proxy::Progress::default();
+    let forwarding = state.proxy.forward(&parsed, req, remote, guard, progress.clone());
     let result = match state.request_timeout {
         Some(t) => tokio::time::timeout(t, forwarding)
             .instrument(span.clone())
             .await
-            .unwrap_or(Err(proxy::Error::RequestTimeout(t))),
+            .unwrap_or_else(|_| {
+                Err(if progress.waiting_for_client() {
+                    proxy::Error::RequestIncomplete(t)
+                } else {
+                    proxy::Error::RequestTimeout(t)
+                })
+            }),
         None => forwarding.instrument(span.clone()).await,
     };
     if result.is_ok() {
@@ -470,9 +542,14 @@ fn request_span<B>(req: &Request<B>) -> tracing::Span {
     span
 }
 
-/// `GET /healthz`: 200; 503 once shutdown has begun, or while the API
-/// server refuses a watch (the body names it).
-fn health(shutting_down: bool, refused: &BTreeMap<String, crate::watch_access::Refusal>) -> Response<Body> {
+/// `GET /healthz`: 200; 503 once shutdown has begun, while the API server
+/// refuses a watch, or while every controller refuses the router's
+/// credentials (the body names the cause).
+fn health(
+    shutting_down: bool,
+    refused: &BTreeMap<String, crate::watch_access::Refusal>,
+    credentials: Option<&str>,
+) -> Response<Body> {
     let (status, body) = if shutting_down {
         (StatusCode::SERVICE_UNAVAILABLE, Body::empty())
     } else if !refused.is_empty() {
@@ -480,6 +557,8 @@ fn health(shutting_down: bool, refused: &BTreeMap<String, crate::watch_access::R
             StatusCode::SERVICE_UNAVAILABLE,
             Body::from(format!("{}\n", Refusals::describe(refused))),
         )
+    } else if let Some(why) = credentials {
+        (StatusCode::SERVICE_UNAVAILABLE, Body::from(format!("{why}\n")))
     } else {
         (StatusCode::OK, Body::empty())
     };
@@ -495,8 +574,11 @@ mod tests {
     #[test]
     fn health_turns_503_when_shutting_down() {
         let none = BTreeMap::new();
-        assert_eq!(health(false, &none).status(), StatusCode::OK);
-        assert_eq!(health(true, &none).status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(health(false, &none, None).status(), StatusCode::OK);
+        assert_eq!(
+            health(true, &none, None).status(),
+            StatusCode::SERVICE_UNAVAILABLE
+        );
     }
 
     #[tokio::test]
@@ -508,12 +590,20 @@ mod tests {
             true,
             StatusCode::FORBIDDEN,
         );
-        let r = health(false, &refusals.current());
+        let r = health(false, &refusals.current(), None);
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         let body = r.into_body().collect().await.unwrap().to_bytes();
         assert_eq!(
             body,
             "watch of EndpointSlices of service c in namespace s refused (403 Forbidden): the `watch` verb is not granted\n"
         );
+        let r = health(
+            false,
+            &BTreeMap::new(),
+            Some("all 2 controllers refuse this caller's credentials (x)"),
+        );
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let body = r.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(body, "all 2 controllers refuse this caller's credentials (x)\n");
     }
 }

@@ -1,9 +1,12 @@
 //! The router's integration suite: real routers on loopback in front of a
 //! scriptable fake controller and real upstream servers, the controller
-//! client's retry table, discovery, the warm path and profiling.
+//! client's retry table, discovery, the warm path, the edge (forwarding
+//! headers, Host, half-close, slow clients, refused credentials) and
+//! profiling.
 
 mod client;
 mod discovery;
+mod edge;
 mod profiling;
 mod proxy;
 mod shutdown;

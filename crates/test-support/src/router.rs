@@ -46,6 +46,9 @@ pub struct State {
     pub open_streams: usize,
     /// Set to end every open stream with this status.
     pub end_streams: Option<(u64, Status)>,
+    /// While set, every call is refused with this code (as a controller
+    /// refusing the caller's credentials does), whatever else is queued.
+    pub refuse: Option<tonic::Code>,
 }
 
 /// A fake controller. Clones share state.
@@ -154,9 +157,17 @@ impl FakeController {
         }
     }
 
+    /// Refuses every call with `code` from now on (`None`: stops refusing).
+    pub fn refuse(&self, code: Option<tonic::Code>) {
+        self.with(|s| s.refuse = code);
+    }
+
     fn enter(&self, method: &'static str) -> Result<(), Status> {
         self.with(|s| {
             *s.calls.entry(method).or_default() += 1;
+            if let Some(code) = s.refuse {
+                return Err(Status::new(code, "scripted refusal of the caller's token"));
+            }
             match s.failures.get_mut(method).and_then(VecDeque::pop_front) {
                 Some(st) => Err(st),
                 None => Ok(()),
@@ -332,7 +343,11 @@ impl ControllerService for FakeController {
         request: Request<api::HeartbeatRequest>,
     ) -> Result<Response<api::HeartbeatResponse>, Status> {
         self.enter("Heartbeat")?;
-        self.with(|s| s.heartbeats.push(request.into_inner()));
+        let req = request.into_inner();
+        if req.router_ip.as_deref().is_none_or(str::is_empty) {
+            return Err(Status::invalid_argument("missing router_ip"));
+        }
+        self.with(|s| s.heartbeats.push(req));
         Ok(Response::new(api::HeartbeatResponse {}))
     }
 
@@ -609,6 +624,43 @@ pub async fn start_upstream() -> Upstream {
             .unwrap();
     });
     up
+}
+
+/// A condition on the fake's state: the router's latest heartbeat reports
+/// `n` requests in flight for some function.
+pub fn in_flight(n: u32) -> impl FnMut(&State) -> bool {
+    move |s: &State| {
+        s.heartbeats
+            .last()
+            .is_some_and(|h| h.heartbeats.iter().any(|b| b.in_flight_requests == Some(n)))
+    }
+}
+
+/// The router end to end: a fake controller offering one instance
+/// (`pod-1`, the test upstream) and a router in front of it.
+pub struct World {
+    pub fake: FakeController,
+    pub router: RouterHandle,
+    pub upstream: Upstream,
+    _stop: CancellationToken,
+}
+
+/// Starts a [`World`] whose router config `tweak` adjusts.
+pub async fn world(tweak: impl FnOnce(&mut Config)) -> World {
+    let fake = FakeController::new();
+    let stop = CancellationToken::new();
+    let ctrl = fake.serve(stop.clone()).await;
+    let upstream = start_upstream().await;
+    fake.add_instance("pod-1", upstream.addr);
+    let mut config = test_config(vec![ctrl]);
+    tweak(&mut config);
+    let router = start_router(config).await;
+    World {
+        fake,
+        router,
+        upstream,
+        _stop: stop,
+    }
 }
 
 /// A port nothing listens on (connections are refused).

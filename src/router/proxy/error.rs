@@ -6,6 +6,7 @@ use axum::response::{IntoResponse, Response};
 use http::{HeaderValue, StatusCode, header};
 
 use super::body::ClientBodyError;
+use super::forwarding::HostError;
 use super::upstream::ConnectError;
 use crate::client;
 use crate::router::entry::HeaderError;
@@ -22,6 +23,9 @@ pub enum Error {
     /// The function header is missing, malformed or invalid.
     #[error(transparent)]
     BadHeader(#[from] HeaderError),
+    /// `Host` is missing (HTTP/1.1), given twice or not a host.
+    #[error(transparent)]
+    BadHost(#[from] HostError),
     /// No controller answered GetInstance.
     #[error("no controller available: {0}")]
     ControllerUnavailable(#[source] client::Error),
@@ -32,6 +36,11 @@ pub enum Error {
     /// not managed): the client's request is wrong, not the router.
     #[error("controller rejected the function: {0}")]
     Rejected(#[source] client::Error),
+    /// The controllers refuse this router's credentials
+    /// (`UNAUTHENTICATED`, `PERMISSION_DENIED`): the router cannot serve,
+    /// another router may.
+    #[error("the controllers refuse this router's credentials: {0}")]
+    CredentialsRefused(#[source] client::Error),
     /// The function's Deployment does not exist.
     #[error("function not found: {0}")]
     NotFound(#[source] client::Error),
@@ -59,13 +68,10 @@ pub enum Error {
     /// read than the router keeps for a replay.
     #[error("the request body is larger than the {limit} bytes kept to send it again: {last}")]
     NotReplayable { limit: usize, last: Box<Error> },
-    /// The client paused its request body for longer than `--body-timeout`
-    /// while it was being sent to the instance.
-    #[error("the client sent no request body data for {timeout:?}")]
-    RequestBodyTimeout {
-        name: String,
-        timeout: std::time::Duration,
-    },
+    /// The client paused its request body for longer than `--body-timeout`,
+    /// or sent it too slowly, while it was being sent to the instance.
+    #[error("{cause}")]
+    RequestBodyTimeout { name: String, cause: String },
     /// The client's request body was malformed (e.g. broken chunked
     /// framing) or cut short while it was being sent to the instance.
     #[error("{}", client_body_cause(.source))]
@@ -93,6 +99,10 @@ pub enum Error {
     /// `--request-timeout` passed before the response headers arrived.
     #[error("no response within the request timeout of {0:?}")]
     RequestTimeout(std::time::Duration),
+    /// `--request-timeout` passed while the client was still sending its
+    /// request body.
+    #[error("the client did not send its request within the request timeout of {0:?}")]
+    RequestIncomplete(std::time::Duration),
     /// Every attempt failed; `last` says how the final one failed.
     #[error("gave up after {attempts} attempts: {last}")]
     Exhausted { attempts: u32, last: Box<Error> },
@@ -105,6 +115,7 @@ impl Error {
     pub fn from_get_instance(e: client::Error) -> Self {
         match e.code() {
             tonic::Code::InvalidArgument => Self::Rejected(e),
+            code if client::is_credentials_refusal(code) => Self::CredentialsRefused(e),
             tonic::Code::NotFound => Self::NotFound(e),
             tonic::Code::Unavailable => Self::ControllerUnavailable(e),
             tonic::Code::ResourceExhausted | tonic::Code::DeadlineExceeded => Self::NoCapacity(e),
@@ -131,10 +142,12 @@ impl Error {
     #[must_use]
     pub fn from_send(name: String, source: hyper::Error) -> Self {
         match ClientBodyError::find(&source) {
-            Some(ClientBodyError::Stalled(timeout)) => Self::RequestBodyTimeout {
-                name,
-                timeout: *timeout,
-            },
+            Some(e @ (ClientBodyError::Stalled(_) | ClientBodyError::TooSlow { .. })) => {
+                Self::RequestBodyTimeout {
+                    name,
+                    cause: e.to_string(),
+                }
+            }
             Some(ClientBodyError::Read(_)) => Self::BadRequestBody { name, source },
             Some(ClientBodyError::Replaced) | None => Self::Upstream { name, source },
         }
@@ -145,13 +158,14 @@ impl Error {
     pub fn status(&self) -> StatusCode {
         match self {
             Self::BadHeader(HeaderError::TooLarge { .. }) => StatusCode::REQUEST_HEADER_FIELDS_TOO_LARGE,
-            Self::BadHeader(_) | Self::Rejected(_) => StatusCode::BAD_REQUEST,
+            Self::BadHeader(_) | Self::BadHost(_) | Self::Rejected(_) => StatusCode::BAD_REQUEST,
             Self::NotFound(_) => StatusCode::NOT_FOUND,
-            Self::RequestBodyTimeout { .. } => StatusCode::REQUEST_TIMEOUT,
+            Self::RequestBodyTimeout { .. } | Self::RequestIncomplete(_) => StatusCode::REQUEST_TIMEOUT,
             Self::BadRequestBody { .. } => StatusCode::BAD_REQUEST,
-            Self::ControllerUnavailable(_) | Self::NoCapacity(_) | Self::NotReplayable { .. } => {
-                StatusCode::SERVICE_UNAVAILABLE
-            }
+            Self::ControllerUnavailable(_)
+            | Self::NoCapacity(_)
+            | Self::NotReplayable { .. }
+            | Self::CredentialsRefused(_) => StatusCode::SERVICE_UNAVAILABLE,
             Self::GetInstance(_)
             | Self::NoInstance
             | Self::Misdirected { .. }

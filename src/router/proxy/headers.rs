@@ -1,20 +1,18 @@
 //! Header rewriting of the request sent to an instance (spec §6.4).
 //!
-//! Hop-by-hop headers, the function header and any client-sent instance
-//! headers are dropped; `Host` stays the
-//! inbound one; `X-Forwarded-For/Host/Proto` and RFC 7239 `Forwarded` are kept
-//! when the client sent them and filled in otherwise. Everything else passes
-//! through in order. Pure functions, tested table-style.
+//! Hop-by-hop headers (and those `Connection` lists, never `Host`), the
+//! function header and any client-sent instance headers are dropped; `Host`
+//! stays the inbound one; the forwarding headers are written by
+//! [`super::forwarding`]. Everything else passes through in order. Pure
+//! functions, tested table-style.
 
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::SocketAddr;
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
+use super::forwarding;
 use crate::domain::{HEADER_FUNCTION, HEADER_INSTANCE, HEADER_TENANT};
 
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
-const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
-const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
@@ -55,7 +53,8 @@ pub fn strip_response(headers: &mut HeaderMap) {
     strip_hop_by_hop(headers);
 }
 
-/// Removes the hop-by-hop headers and every header `Connection` lists.
+/// Removes the hop-by-hop headers and every header `Connection` lists but
+/// `Host` (which names the request's target, not a hop).
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
@@ -63,6 +62,7 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
         .filter_map(|v| v.to_str().ok())
         .flat_map(|v| v.split(','))
         .filter_map(|t| HeaderName::from_bytes(t.trim().as_bytes()).ok())
+        .filter(|n| *n != header::HOST)
         .collect();
     for name in listed.iter().chain(HOP_BY_HOP.iter()) {
         headers.remove(name);
@@ -70,90 +70,31 @@ fn strip_hop_by_hop(headers: &mut HeaderMap) {
 }
 
 /// Rewrites inbound request headers into the headers sent to the instance.
-/// `upgrade` re-adds `Connection: upgrade` and `Upgrade` for upgrade requests.
-pub fn rewrite(headers: &mut HeaderMap, client: Option<SocketAddr>, upgrade: Option<HeaderValue>) {
+/// `client` is the peer; `trusted`: it is a trusted proxy, whose forwarding
+/// headers are kept. `upgrade` re-adds `Connection: upgrade` and `Upgrade`
+/// for upgrade requests.
+pub fn rewrite(
+    headers: &mut HeaderMap,
+    client: Option<SocketAddr>,
+    trusted: bool,
+    upgrade: Option<HeaderValue>,
+) {
     strip_hop_by_hop(headers);
     headers.remove(HEADER_FUNCTION);
     // The router names the instance itself, per attempt.
     headers.remove(HEADER_INSTANCE);
     headers.remove(HEADER_TENANT);
-
-    if !headers.contains_key(&X_FORWARDED_FOR)
-        && let Some(addr) = client
-    {
-        headers.insert(X_FORWARDED_FOR, ip_value(addr.ip().to_canonical()));
-    }
-    if !headers.contains_key(&X_FORWARDED_HOST)
-        && let Some(host) = headers.get(header::HOST).cloned()
-    {
-        headers.insert(X_FORWARDED_HOST, host);
-    }
-    if !headers.contains_key(&X_FORWARDED_PROTO) {
-        headers.insert(X_FORWARDED_PROTO, HeaderValue::from_static("http"));
-    }
-    if !headers.contains_key(header::FORWARDED)
-        && let Some(v) = forwarded(headers)
-    {
-        headers.insert(header::FORWARDED, v);
-    }
+    forwarding::rewrite(headers, client.map(|a| a.ip()), trusted);
     if let Some(proto) = upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, proto);
     }
 }
 
-fn ip_value(ip: IpAddr) -> HeaderValue {
-    // An IP address renders to ASCII digits, '.', ':' and hex letters only.
-    HeaderValue::from_str(&ip.to_string()).unwrap_or_else(|_| HeaderValue::from_static(""))
-}
-
-/// RFC 7239 `Forwarded` from the `X-Forwarded-*` headers: one `for=` per
-/// `X-Forwarded-For` line (IPv6 quoted and bracketed), then the first host
-/// and proto.
-fn forwarded(headers: &HeaderMap) -> Option<HeaderValue> {
-    let mut out = Vec::<u8>::with_capacity(64);
-    for (i, v) in headers.get_all(&X_FORWARDED_FOR).iter().enumerate() {
-        if i > 0 {
-            out.extend_from_slice(b", ");
-        }
-        out.extend_from_slice(b"for=");
-        let is_v6 = v
-            .to_str()
-            .ok()
-            .is_some_and(|s| s.trim().parse::<Ipv6Addr>().is_ok());
-        if is_v6 {
-            out.extend_from_slice(b"\"[");
-            out.extend_from_slice(v.as_bytes());
-            out.extend_from_slice(b"]\"");
-        } else {
-            out.extend_from_slice(v.as_bytes());
-        }
-    }
-    if let Some(h) = headers.get(&X_FORWARDED_HOST) {
-        out.extend_from_slice(b";host=");
-        out.extend_from_slice(h.as_bytes());
-    }
-    if let Some(p) = headers.get(&X_FORWARDED_PROTO) {
-        out.extend_from_slice(b";proto=");
-        out.extend_from_slice(p.as_bytes());
-    }
-    HeaderValue::from_bytes(&out).ok()
-}
-
 #[cfg(test)]
 mod tests {
+    use super::super::forwarding::tests::map;
     use super::*;
-
-    fn map(pairs: &[(&str, &str)]) -> HeaderMap {
-        let mut h = HeaderMap::new();
-        for (k, v) in pairs {
-            h.append(
-                HeaderName::from_bytes(k.as_bytes()).unwrap(),
-                HeaderValue::from_str(v).unwrap(),
-            );
-        }
-        h
-    }
 
     fn pairs(h: &HeaderMap) -> Vec<(String, String)> {
         h.iter()
@@ -168,7 +109,7 @@ mod tests {
     #[test]
     fn minimal_request_gains_exactly_the_forwarding_headers() {
         let mut h = map(&[("host", "t.example.com"), (HEADER_FUNCTION, "{}")]);
-        rewrite(&mut h, client(), None);
+        rewrite(&mut h, client(), false, None);
         let mut got = pairs(&h);
         got.sort();
         assert_eq!(
@@ -187,123 +128,43 @@ mod tests {
     }
 
     #[test]
-    fn rewrite_table() {
-        struct Case {
-            name: &'static str,
-            inbound: &'static [(&'static str, &'static str)],
-            client: Option<SocketAddr>,
-            want: &'static [(&'static str, &'static str)],
-            absent: &'static [&'static str],
+    fn hop_by_hop_and_connection_listed_headers_are_dropped_but_never_host() {
+        let mut h = map(&[
+            ("host", "h"),
+            ("connection", "keep-alive, x-secret, Host"),
+            ("keep-alive", "timeout=5"),
+            ("x-secret", "1"),
+            ("te", "trailers"),
+            ("trailer", "x"),
+            ("transfer-encoding", "chunked"),
+            ("proxy-authorization", "basic x"),
+            ("proxy-connection", "keep-alive"),
+            ("upgrade", "h2c"),
+            ("x-keep", "yes"),
+            (HEADER_FUNCTION, "{}"),
+            (HEADER_INSTANCE, "pod-x"),
+            (HEADER_TENANT, "evil"),
+        ]);
+        rewrite(&mut h, client(), false, None);
+        for k in [
+            "connection",
+            "keep-alive",
+            "x-secret",
+            "te",
+            "trailer",
+            "transfer-encoding",
+            "proxy-authorization",
+            "proxy-connection",
+            "upgrade",
+            HEADER_FUNCTION,
+            HEADER_INSTANCE,
+            HEADER_TENANT,
+        ] {
+            assert!(!h.contains_key(k), "{k} should be absent");
         }
-        let cases = [
-            Case {
-                name: "ipv6 inbound xff is quoted in forwarded",
-                inbound: &[("host", "example.com"), ("x-forwarded-for", "2001:db8::1")],
-                client: client(),
-                want: &[
-                    ("x-forwarded-for", "2001:db8::1"),
-                    ("forwarded", "for=\"[2001:db8::1]\";host=example.com;proto=http"),
-                ],
-                absent: &[],
-            },
-            Case {
-                name: "inbound forwarding headers are kept verbatim",
-                inbound: &[
-                    ("host", "a"),
-                    ("x-forwarded-for", "1.1.1.1, 2.2.2.2"),
-                    ("x-forwarded-host", "orig"),
-                    ("x-forwarded-proto", "https"),
-                    ("forwarded", "for=9.9.9.9"),
-                ],
-                client: client(),
-                want: &[
-                    ("x-forwarded-for", "1.1.1.1, 2.2.2.2"),
-                    ("x-forwarded-host", "orig"),
-                    ("x-forwarded-proto", "https"),
-                    ("forwarded", "for=9.9.9.9"),
-                ],
-                absent: &[],
-            },
-            Case {
-                name: "forwarded has one for= per xff line",
-                inbound: &[
-                    ("host", "h"),
-                    ("x-forwarded-for", "1.1.1.1"),
-                    ("x-forwarded-for", "::1"),
-                ],
-                client: client(),
-                want: &[("forwarded", "for=1.1.1.1, for=\"[::1]\";host=h;proto=http")],
-                absent: &[],
-            },
-            Case {
-                name: "hop-by-hop and connection-listed headers are dropped",
-                inbound: &[
-                    ("host", "h"),
-                    ("connection", "keep-alive, x-secret"),
-                    ("keep-alive", "timeout=5"),
-                    ("x-secret", "1"),
-                    ("te", "trailers"),
-                    ("trailer", "x"),
-                    ("transfer-encoding", "chunked"),
-                    ("proxy-authorization", "basic x"),
-                    ("proxy-connection", "keep-alive"),
-                    ("upgrade", "h2c"),
-                    ("x-keep", "yes"),
-                ],
-                client: client(),
-                want: &[("x-keep", "yes"), ("host", "h")],
-                absent: &[
-                    "connection",
-                    "keep-alive",
-                    "x-secret",
-                    "te",
-                    "trailer",
-                    "transfer-encoding",
-                    "proxy-authorization",
-                    "proxy-connection",
-                    "upgrade",
-                    HEADER_FUNCTION,
-                ],
-            },
-            Case {
-                name: "no client address leaves xff unset and forwarded starts with host",
-                inbound: &[("host", "h")],
-                client: None,
-                want: &[("forwarded", ";host=h;proto=http")],
-                absent: &["x-forwarded-for"],
-            },
-            Case {
-                name: "ipv4-mapped client address is written as ipv4",
-                inbound: &[("host", "h")],
-                client: Some("[::ffff:192.0.2.1]:80".parse().unwrap()),
-                want: &[
-                    ("x-forwarded-for", "192.0.2.1"),
-                    ("forwarded", "for=192.0.2.1;host=h;proto=http"),
-                ],
-                absent: &[],
-            },
-            Case {
-                name: "ipv6 client address",
-                inbound: &[("host", "h")],
-                client: Some("[2001:db8::7]:80".parse().unwrap()),
-                want: &[
-                    ("x-forwarded-for", "2001:db8::7"),
-                    ("forwarded", "for=\"[2001:db8::7]\";host=h;proto=http"),
-                ],
-                absent: &[],
-            },
-        ];
-        for c in cases {
-            let mut h = map(c.inbound);
-            rewrite(&mut h, c.client, None);
-            for (k, v) in c.want {
-                let got: Vec<_> = h.get_all(*k).iter().map(|x| x.to_str().unwrap()).collect();
-                assert_eq!(got, vec![*v], "{}: header {k}", c.name);
-            }
-            for k in c.absent {
-                assert!(!h.contains_key(*k), "{}: {k} should be absent", c.name);
-            }
-        }
+        assert_eq!(h.get("x-keep").unwrap(), "yes");
+        assert_eq!(h.get("host").unwrap(), "h", "Connection cannot strip Host");
+        assert_eq!(h.get("x-forwarded-host").unwrap(), "h");
     }
 
     #[test]
@@ -338,7 +199,7 @@ mod tests {
             ("x-multi", "2"),
             ("x-multi", "3"),
         ]);
-        rewrite(&mut h, client(), None);
+        rewrite(&mut h, client(), false, None);
         let got: Vec<_> = h.get_all("x-multi").iter().map(|x| x.to_str().unwrap()).collect();
         assert_eq!(got, vec!["1", "2", "3"]);
     }
@@ -353,7 +214,7 @@ mod tests {
         ]);
         let proto = upgrade_protocol(&h);
         assert_eq!(proto, Some(HeaderValue::from_static("websocket")));
-        rewrite(&mut h, client(), proto);
+        rewrite(&mut h, client(), false, proto);
         assert_eq!(h.get("connection").unwrap(), "upgrade");
         assert_eq!(h.get("upgrade").unwrap(), "websocket");
         assert_eq!(h.get("sec-websocket-key").unwrap(), "k");

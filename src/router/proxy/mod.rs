@@ -25,7 +25,9 @@
 
 mod attempt;
 pub mod body;
+pub mod client_io;
 mod error;
+pub mod forwarding;
 pub mod headers;
 pub mod replay;
 pub mod retry;
@@ -46,8 +48,9 @@ use http_body::{Frame, SizeHint};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
-pub use body::{ClientBodyError, RequestBody};
+pub use body::{ClientBodyError, Pace, Progress, RequestBody};
 pub use error::{Error, MAX_BODY_LINE, RETRY_AFTER_SECS};
+pub use forwarding::{HostError, TrustedProxies};
 pub use replay::ReplayBody;
 use upstream::{Pool, UpstreamBody};
 
@@ -71,8 +74,10 @@ pub struct Settings {
     pub retry: retry::Policy,
     pub response_header_timeout: Option<Duration>,
     pub get_instance_timeout: Duration,
-    /// Bound on a pause in the client's request body (`None`: no bound).
-    pub body_timeout: Option<Duration>,
+    /// How slowly a client's request body may arrive (`None`: no bound).
+    pub body_pace: Option<Pace>,
+    /// Peers whose forwarding headers are kept.
+    pub trusted_proxies: TrustedProxies,
     /// This router's IP, named in instance subscriptions.
     pub router_ip: String,
 }
@@ -180,11 +185,12 @@ struct Prepared {
 
 impl Prepared {
     /// Rewrites the client's request (headers, origin-form URI) and takes
-    /// the client side of an upgrade.
+    /// the client side of an upgrade; the body reports into `progress`.
     fn new<B>(
         req: Request<B>,
         client_addr: SocketAddr,
-        body_timeout: Option<Duration>,
+        settings: &Settings,
+        progress: Progress,
     ) -> (Self, Option<hyper::upgrade::OnUpgrade>)
     where
         B: http_body::Body<Data = Bytes, Error = hyper::Error> + Send + 'static,
@@ -193,14 +199,19 @@ impl Prepared {
         let upgrade = headers::upgrade_protocol(req.headers());
         let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
-        headers::rewrite(&mut parts.headers, Some(client_addr), upgrade.clone());
+        forwarding::set_host_from_target(&parts.uri, &mut parts.headers);
+        let trusted = settings.trusted_proxies.contains(client_addr.ip());
+        headers::rewrite(&mut parts.headers, Some(client_addr), trusted, upgrade.clone());
         crate::telemetry::otel::inject_http(&mut parts.headers);
         let path = parts
             .uri
             .path_and_query()
             .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
         let uri = Uri::try_from(path).unwrap_or_else(|_| Uri::from_static("/"));
-        let body = ReplayBody::new(RequestBody::new(body, body_timeout), replay::MAX_REPLAY_BYTES);
+        let body = ReplayBody::new(
+            RequestBody::new(body, settings.body_pace, progress),
+            replay::MAX_REPLAY_BYTES,
+        );
         (
             Self {
                 method: parts.method,
@@ -282,7 +293,8 @@ impl Proxy {
 
     /// Forwards `req` (its body as hyper read it from the client) for
     /// `parsed` to an instance, retrying while nothing reached an
-    /// instance's application (see the module docs).
+    /// instance's application (see the module docs). The request body
+    /// reports what it is doing into `progress`.
     ///
     /// # Errors
     /// [`Error`] when no response could be obtained; the caller turns it into
@@ -293,12 +305,13 @@ impl Proxy {
         req: Request<B>,
         client_addr: SocketAddr,
         in_flight: InFlightGuard,
+        progress: Progress,
     ) -> Result<Response<Body>, Error>
     where
         B: http_body::Body<Data = Bytes, Error = hyper::Error> + Send + 'static,
     {
         self.subscribe(parsed, &in_flight);
-        let (prepared, client_upgrade) = Prepared::new(req, client_addr, self.settings.body_timeout);
+        let (prepared, client_upgrade) = Prepared::new(req, client_addr, &self.settings, progress);
         let mut tries = Tries::default();
         let mut attempt = 0;
         while self.settings.retry.allows(attempt + 1) {

@@ -197,6 +197,7 @@ impl Body for ReplayBody {
 mod tests {
     use http_body_util::{BodyExt, StreamBody};
 
+    use super::super::body::Progress;
     use super::*;
 
     fn client_body(pieces: &[&'static [u8]]) -> RequestBody {
@@ -204,7 +205,11 @@ mod tests {
             .iter()
             .map(|p| Ok(Frame::data(Bytes::from_static(p))))
             .collect();
-        RequestBody::new(StreamBody::new(futures::stream::iter(frames)), None)
+        RequestBody::new(
+            StreamBody::new(futures::stream::iter(frames)),
+            None,
+            Progress::default(),
+        )
     }
 
     async fn collect(body: ReplayBody) -> Result<Vec<u8>, ClientBodyError> {
@@ -260,12 +265,12 @@ mod tests {
     fn size_hints_follow_what_was_sent() {
         let full = http_body_util::Full::new(Bytes::from_static(b"12345"))
             .map_err(|never: std::convert::Infallible| match never {});
-        let inner = RequestBody::new(full, None);
+        let inner = RequestBody::new(full, None, Progress::default());
         let body = ReplayBody::new(inner, 1024);
         assert_eq!(body.size_hint().exact(), Some(5));
         let none =
             http_body_util::Empty::<Bytes>::new().map_err(|never: std::convert::Infallible| match never {});
-        let empty = ReplayBody::new(RequestBody::new(none, None), 1024);
+        let empty = ReplayBody::new(RequestBody::new(none, None, Progress::default()), 1024);
         assert!(empty.is_end_stream());
         assert!(empty.replay().unwrap().is_end_stream());
     }

@@ -95,7 +95,9 @@ impl Proxy {
             Ok(None) => return Selected::Retry(Error::NoInstance),
             Err(e) => {
                 tracing::debug!(error = %e, "failed to get instance for function");
-                return if Error::is_final_get_instance(&e) {
+                let every_controller_refuses = crate::client::is_credentials_refusal(e.code())
+                    && self.client.endpoints().refusal().is_some();
+                return if Error::is_final_get_instance(&e) || every_controller_refuses {
                     // Another controller gives the same answer: no retry helps.
                     Selected::Final(Error::from_get_instance(e))
                 } else {

@@ -1,0 +1,556 @@
+//! Who a request came from and where it was addressed: the `Host` check
+//! and the forwarding headers of the request sent to an instance.
+//!
+//! The router is an edge: a client can write any `X-Forwarded-*` or
+//! `Forwarded` header, so those are believed only from the peers listed in
+//! `--trusted-proxies` (a load balancer in front of the routers). From any
+//! other peer they are dropped and written afresh. The instance gets
+//!
+//! | Header | From a trusted proxy | From anyone else |
+//! |---|---|---|
+//! | `X-Forwarded-For` | its values, then the peer | the peer |
+//! | `X-Forwarded-Host` | its value, else `Host` | `Host` |
+//! | `X-Forwarded-Proto` | its value, else `http` | `http` |
+//! | `Forwarded` | built from the three above | built from the three above |
+//!
+//! `Forwarded` (RFC 7239) always tells the same story as the `X-Forwarded-*`
+//! headers beside it: one `for=` element per `X-Forwarded-For` entry, the
+//! last carrying `host=` and `proto=`, values quoted where the grammar asks
+//! (IPv6 as `"[...]"`, a host with a port).
+//!
+//! [`check_host`] answers the RFC 9112 §3.2 cases: an HTTP/1.1 request
+//! without `Host`, with more than one, or with one that is not a host and
+//! optional port is refused (400). An absolute-form request target names
+//! the host itself and wins over `Host`.
+//!
+//! Pure functions over a `HeaderMap`, tested table-style and fuzzed.
+
+use std::net::IpAddr;
+
+use http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use http::{Uri, Version};
+
+/// `X-Forwarded-For`.
+pub const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+/// `X-Forwarded-Host`.
+pub const X_FORWARDED_HOST: HeaderName = HeaderName::from_static("x-forwarded-host");
+/// `X-Forwarded-Proto`.
+pub const X_FORWARDED_PROTO: HeaderName = HeaderName::from_static("x-forwarded-proto");
+
+/// An IP network (`10.0.0.0/8`, `2001:db8::/32`, or one address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Network {
+    addr: IpAddr,
+    prefix: u8,
+}
+
+impl Network {
+    /// Whether `ip` is in this network (IPv4-mapped IPv6 addresses count as
+    /// IPv4).
+    #[must_use]
+    pub fn contains(&self, ip: IpAddr) -> bool {
+        match (self.addr, ip.to_canonical()) {
+            (IpAddr::V4(net), IpAddr::V4(ip)) => {
+                let mask = u32::MAX.checked_shl(32 - u32::from(self.prefix)).unwrap_or(0);
+                u32::from(net) & mask == u32::from(ip) & mask
+            }
+            (IpAddr::V6(net), IpAddr::V6(ip)) => {
+                let mask = u128::MAX.checked_shl(128 - u32::from(self.prefix)).unwrap_or(0);
+                u128::from(net) & mask == u128::from(ip) & mask
+            }
+            _ => false,
+        }
+    }
+}
+
+impl std::str::FromStr for Network {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let s = s.trim();
+        let (addr, prefix) = match s.split_once('/') {
+            Some((a, p)) => (a, Some(p)),
+            None => (s, None),
+        };
+        let addr: IpAddr = addr
+            .parse()
+            .map_err(|_| format!("{s:?} is not an IP address or network (a.b.c.d/n, x::y/n)"))?;
+        let addr = addr.to_canonical();
+        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let prefix = match prefix {
+            None => max,
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|p| *p <= max)
+                .ok_or_else(|| format!("{s:?}: the prefix length must be 0 to {max}"))?,
+        };
+        Ok(Self { addr, prefix })
+    }
+}
+
+impl std::fmt::Display for Network {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.addr, self.prefix)
+    }
+}
+
+/// The peers whose forwarding headers are believed (`--trusted-proxies`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TrustedProxies(Vec<Network>);
+
+impl TrustedProxies {
+    /// Nobody is trusted.
+    #[must_use]
+    pub fn none() -> Self {
+        Self::default()
+    }
+
+    /// Parses a comma-separated list of addresses and networks (empty:
+    /// nobody).
+    ///
+    /// # Errors
+    /// The entry that is not an address or network.
+    pub fn parse(list: &str) -> Result<Self, String> {
+        list.split(',')
+            .filter(|e| !e.trim().is_empty())
+            .map(str::parse)
+            .collect::<Result<Vec<_>, _>>()
+            .map(Self)
+    }
+
+    /// Whether `peer` is a trusted proxy.
+    #[must_use]
+    pub fn contains(&self, peer: IpAddr) -> bool {
+        self.0.iter().any(|n| n.contains(peer))
+    }
+
+    /// The networks, as configured.
+    #[must_use]
+    pub fn networks(&self) -> &[Network] {
+        &self.0
+    }
+}
+
+/// Why a request's `Host` is refused (400).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum HostError {
+    #[error("missing Host header (HTTP/1.1 requires one)")]
+    Missing,
+    #[error("more than one Host header")]
+    Conflicting,
+    #[error("invalid Host header {0:?}: not a host and optional port")]
+    Invalid(String),
+}
+
+/// Checks the request's `Host` (RFC 9112 §3.2): exactly one, a host with
+/// an optional port; HTTP/1.0 may omit it.
+///
+/// # Errors
+/// [`HostError`].
+pub fn check_host(version: Version, headers: &HeaderMap) -> Result<(), HostError> {
+    let mut hosts = headers.get_all(header::HOST).iter();
+    match (hosts.next(), hosts.next()) {
+        (Some(_), Some(_)) => Err(HostError::Conflicting),
+        (Some(h), None) => {
+            if is_host_and_port(h.as_bytes()) {
+                Ok(())
+            } else {
+                Err(HostError::Invalid(
+                    String::from_utf8_lossy(h.as_bytes()).into_owned(),
+                ))
+            }
+        }
+        (None, _) if version == Version::HTTP_10 || version == Version::HTTP_09 => Ok(()),
+        // An absolute-form target names the host, but HTTP/1.1 still
+        // requires the header.
+        (None, _) => Err(HostError::Missing),
+    }
+}
+
+/// `uri-host [ ":" port ]` (no userinfo, no path).
+fn is_host_and_port(v: &[u8]) -> bool {
+    if v.is_empty() || v.contains(&b'@') {
+        return false;
+    }
+    match http::uri::Authority::try_from(v) {
+        Ok(a) => {
+            let has_port = a.as_str().len() > a.host().len();
+            a.as_str().len() == v.len() && !a.host().is_empty() && (!has_port || a.port_u16().is_some())
+        }
+        Err(_) => false,
+    }
+}
+
+/// The host the request is for: the absolute-form target's authority
+/// (which wins over `Host`, RFC 9112 §3.2.2), else `Host`. Applied to the
+/// request sent on, whose target is origin-form.
+pub fn set_host_from_target(uri: &Uri, headers: &mut HeaderMap) {
+    if let Some(authority) = uri.authority()
+        && let Ok(v) = HeaderValue::from_str(authority.as_str())
+    {
+        headers.insert(header::HOST, v);
+    }
+}
+
+/// Rewrites the forwarding headers for a request from `peer` (see the
+/// module docs); `trusted`: the peer is a trusted proxy. Call after the
+/// hop-by-hop headers are gone.
+pub fn rewrite(headers: &mut HeaderMap, peer: Option<IpAddr>, trusted: bool) {
+    let mut chain: Vec<HeaderValue> = Vec::new();
+    let (host, proto) = if trusted {
+        chain.extend(headers.get_all(&X_FORWARDED_FOR).iter().cloned());
+        (
+            headers.get(&X_FORWARDED_HOST).cloned(),
+            headers.get(&X_FORWARDED_PROTO).cloned(),
+        )
+    } else {
+        (None, None)
+    };
+    for name in [&X_FORWARDED_FOR, &X_FORWARDED_HOST, &X_FORWARDED_PROTO] {
+        headers.remove(name);
+    }
+    headers.remove(header::FORWARDED);
+
+    let peer = peer.map(|ip| ip_value(ip.to_canonical()));
+    let xff = match (join(&chain), &peer) {
+        (Some(mut v), Some(p)) => {
+            v.extend_from_slice(b", ");
+            v.extend_from_slice(p.as_bytes());
+            HeaderValue::from_bytes(&v).ok()
+        }
+        (Some(v), None) => HeaderValue::from_bytes(&v).ok(),
+        (None, p) => p.clone(),
+    };
+    let host = host.or_else(|| headers.get(header::HOST).cloned());
+    let proto = proto.unwrap_or_else(|| HeaderValue::from_static("http"));
+    if let Some(v) = forwarded(xff.as_ref(), host.as_ref(), &proto) {
+        headers.insert(header::FORWARDED, v);
+    }
+    if let Some(v) = xff {
+        headers.insert(X_FORWARDED_FOR, v);
+    }
+    if let Some(v) = host {
+        headers.insert(X_FORWARDED_HOST, v);
+    }
+    headers.insert(X_FORWARDED_PROTO, proto);
+}
+
+/// Header lines joined with `", "` (`None` when there are none).
+fn join(values: &[HeaderValue]) -> Option<Vec<u8>> {
+    let (first, rest) = values.split_first()?;
+    let mut out = first.as_bytes().to_vec();
+    for v in rest {
+        out.extend_from_slice(b", ");
+        out.extend_from_slice(v.as_bytes());
+    }
+    Some(out)
+}
+
+fn ip_value(ip: IpAddr) -> HeaderValue {
+    // An IP address renders to ASCII digits, '.', ':' and hex letters only.
+    HeaderValue::from_str(&ip.to_string()).unwrap_or_else(|_| HeaderValue::from_static(""))
+}
+
+/// RFC 7239 `Forwarded`: one `for=` element per `X-Forwarded-For` entry,
+/// the last with `;host=` and `;proto=`.
+fn forwarded(
+    xff: Option<&HeaderValue>,
+    host: Option<&HeaderValue>,
+    proto: &HeaderValue,
+) -> Option<HeaderValue> {
+    let mut out = Vec::<u8>::with_capacity(64);
+    if let Some(xff) = xff {
+        for (i, node) in xff
+            .as_bytes()
+            .split(|b| *b == b',')
+            .map(<[u8]>::trim_ascii)
+            .filter(|n| !n.is_empty())
+            .enumerate()
+        {
+            if i > 0 {
+                out.extend_from_slice(b", ");
+            }
+            out.extend_from_slice(b"for=");
+            node_value(node, &mut out);
+        }
+    }
+    if let Some(h) = host {
+        out.extend_from_slice(b";host=");
+        param_value(h.as_bytes(), &mut out);
+    }
+    out.extend_from_slice(b";proto=");
+    param_value(proto.as_bytes(), &mut out);
+    HeaderValue::from_bytes(&out).ok()
+}
+
+/// A `for=` node: an IPv4 address as it is, an IPv6 address as `"[v6]"`,
+/// anything else as a token or a quoted string.
+fn node_value(node: &[u8], out: &mut Vec<u8>) {
+    let v6 = std::str::from_utf8(node)
+        .ok()
+        .and_then(|s| s.parse::<std::net::Ipv6Addr>().ok());
+    if v6.is_some() {
+        out.extend_from_slice(b"\"[");
+        out.extend_from_slice(node);
+        out.extend_from_slice(b"]\"");
+    } else {
+        param_value(node, out);
+    }
+}
+
+/// A parameter value: a token as it is, else a quoted string.
+fn param_value(v: &[u8], out: &mut Vec<u8>) {
+    if !v.is_empty() && v.iter().all(|b| is_tchar(*b)) {
+        out.extend_from_slice(v);
+        return;
+    }
+    out.push(b'"');
+    for b in v {
+        if matches!(b, b'"' | b'\\') {
+            out.push(b'\\');
+        }
+        out.push(*b);
+    }
+    out.push(b'"');
+}
+
+/// RFC 9110 `tchar`.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+#[cfg(test)]
+pub(super) mod tests {
+    use super::*;
+
+    /// A header map of `pairs`, in order.
+    pub(in crate::router::proxy) fn map(pairs: &[(&str, &str)]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for (k, v) in pairs {
+            h.append(
+                HeaderName::from_bytes(k.as_bytes()).unwrap(),
+                HeaderValue::from_str(v).unwrap(),
+            );
+        }
+        h
+    }
+
+    fn values<'a>(h: &'a HeaderMap, k: &str) -> Vec<&'a str> {
+        h.get_all(k).iter().map(|v| v.to_str().unwrap()).collect()
+    }
+
+    const PEER: &str = "203.0.113.5";
+
+    fn peer() -> Option<IpAddr> {
+        Some(PEER.parse().unwrap())
+    }
+
+    #[test]
+    fn rewrite_table() {
+        struct Case {
+            name: &'static str,
+            inbound: &'static [(&'static str, &'static str)],
+            peer: Option<IpAddr>,
+            trusted: bool,
+            want: &'static [(&'static str, &'static str)],
+            absent: &'static [&'static str],
+        }
+        let cases = [
+            Case {
+                name: "a minimal request",
+                inbound: &[("host", "t.example.com")],
+                peer: peer(),
+                trusted: false,
+                want: &[
+                    ("x-forwarded-for", PEER),
+                    ("x-forwarded-host", "t.example.com"),
+                    ("x-forwarded-proto", "http"),
+                    ("forwarded", "for=203.0.113.5;host=t.example.com;proto=http"),
+                ],
+                absent: &[],
+            },
+            Case {
+                name: "client-written forwarding headers are replaced",
+                inbound: &[
+                    ("host", "a"),
+                    ("x-forwarded-for", "10.6.6.6"),
+                    ("x-forwarded-for", "10.7.7.7"),
+                    ("x-forwarded-host", "bank.example"),
+                    ("x-forwarded-proto", "https"),
+                    ("forwarded", "for=10.6.6.6;proto=https"),
+                ],
+                peer: peer(),
+                trusted: false,
+                want: &[
+                    ("x-forwarded-for", PEER),
+                    ("x-forwarded-host", "a"),
+                    ("x-forwarded-proto", "http"),
+                    ("forwarded", "for=203.0.113.5;host=a;proto=http"),
+                ],
+                absent: &[],
+            },
+            Case {
+                name: "a trusted proxy's chain is kept and the peer appended",
+                inbound: &[
+                    ("host", "a"),
+                    ("x-forwarded-for", "198.51.100.1, 10.0.0.1"),
+                    ("x-forwarded-for", "10.0.0.2"),
+                    ("x-forwarded-host", "shop.example"),
+                    ("x-forwarded-proto", "https"),
+                    ("forwarded", "for=1.1.1.1"),
+                ],
+                peer: peer(),
+                trusted: true,
+                want: &[
+                    ("x-forwarded-for", "198.51.100.1, 10.0.0.1, 10.0.0.2, 203.0.113.5"),
+                    ("x-forwarded-host", "shop.example"),
+                    ("x-forwarded-proto", "https"),
+                    (
+                        "forwarded",
+                        "for=198.51.100.1, for=10.0.0.1, for=10.0.0.2, for=203.0.113.5;host=shop.example;proto=https",
+                    ),
+                ],
+                absent: &[],
+            },
+            Case {
+                name: "a trusted proxy that sent nothing",
+                inbound: &[("host", "a:8080")],
+                peer: peer(),
+                trusted: true,
+                want: &[
+                    ("x-forwarded-for", PEER),
+                    ("x-forwarded-host", "a:8080"),
+                    ("forwarded", "for=203.0.113.5;host=\"a:8080\";proto=http"),
+                ],
+                absent: &[],
+            },
+            Case {
+                name: "IPv6 nodes are bracketed and quoted, odd nodes quoted",
+                inbound: &[("host", "h"), ("x-forwarded-for", "2001:db8::1, unknown, a\"b")],
+                peer: Some("2001:db8::7".parse().unwrap()),
+                trusted: true,
+                want: &[
+                    ("x-forwarded-for", "2001:db8::1, unknown, a\"b, 2001:db8::7"),
+                    (
+                        "forwarded",
+                        "for=\"[2001:db8::1]\", for=unknown, for=\"a\\\"b\", for=\"[2001:db8::7]\";host=h;proto=http",
+                    ),
+                ],
+                absent: &[],
+            },
+            Case {
+                name: "an IPv4-mapped peer is written as IPv4",
+                inbound: &[("host", "h")],
+                peer: Some("::ffff:192.0.2.1".parse().unwrap()),
+                trusted: false,
+                want: &[
+                    ("x-forwarded-for", "192.0.2.1"),
+                    ("forwarded", "for=192.0.2.1;host=h;proto=http"),
+                ],
+                absent: &[],
+            },
+            Case {
+                name: "no peer and no Host (HTTP/1.0)",
+                inbound: &[("x-forwarded-for", "1.2.3.4")],
+                peer: None,
+                trusted: false,
+                want: &[("x-forwarded-proto", "http"), ("forwarded", ";proto=http")],
+                absent: &["x-forwarded-for", "x-forwarded-host"],
+            },
+        ];
+        for c in cases {
+            let mut h = map(c.inbound);
+            rewrite(&mut h, c.peer, c.trusted);
+            for (k, v) in c.want {
+                assert_eq!(values(&h, k), vec![*v], "{}: header {k}", c.name);
+            }
+            for k in c.absent {
+                assert!(!h.contains_key(*k), "{}: {k} should be absent", c.name);
+            }
+            assert_eq!(
+                values(&h, "host").len(),
+                usize::from(h.contains_key("host")),
+                "{}",
+                c.name
+            );
+        }
+    }
+
+    #[test]
+    fn host_table() {
+        let v11 = Version::HTTP_11;
+        let v10 = Version::HTTP_10;
+        type Case<'a> = (&'a str, Version, &'a [&'a str], Result<(), HostError>);
+        let cases: &[Case<'_>] = &[
+            ("one host", v11, &["example.com"], Ok(())),
+            ("host and port", v11, &["example.com:8080"], Ok(())),
+            ("ipv6 literal", v11, &["[::1]:80"], Ok(())),
+            ("missing", v11, &[], Err(HostError::Missing)),
+            ("HTTP/1.0 may omit it", v10, &[], Ok(())),
+            ("two", v11, &["a", "b"], Err(HostError::Conflicting)),
+            ("two equal", v11, &["a", "a"], Err(HostError::Conflicting)),
+            ("two in HTTP/1.0", v10, &["a", "b"], Err(HostError::Conflicting)),
+            (
+                "userinfo",
+                v11,
+                &["user@h"],
+                Err(HostError::Invalid("user@h".into())),
+            ),
+            ("a path", v11, &["h/x"], Err(HostError::Invalid("h/x".into()))),
+            ("empty", v11, &[""], Err(HostError::Invalid(String::new()))),
+            ("a space", v11, &["a b"], Err(HostError::Invalid("a b".into()))),
+            ("a bad port", v11, &["h:x"], Err(HostError::Invalid("h:x".into()))),
+        ];
+        for (name, version, hosts, want) in cases {
+            let mut h = HeaderMap::new();
+            for v in *hosts {
+                h.append(header::HOST, HeaderValue::from_str(v).unwrap());
+            }
+            assert_eq!(check_host(*version, &h), *want, "{name}");
+        }
+        let origin: Uri = "/x".parse().unwrap();
+        let absolute: Uri = "http://target.example/x".parse().unwrap();
+        let mut h = map(&[("host", "client-said")]);
+        set_host_from_target(&absolute, &mut h);
+        assert_eq!(values(&h, "host"), vec!["target.example"]);
+        set_host_from_target(&origin, &mut h);
+        assert_eq!(
+            values(&h, "host"),
+            vec!["target.example"],
+            "origin form keeps Host"
+        );
+    }
+
+    #[test]
+    fn trusted_proxies_parse_and_match() {
+        let t = TrustedProxies::parse("10.0.0.0/8, 192.0.2.7,2001:db8::/32").unwrap();
+        for (ip, want) in [
+            ("10.1.2.3", true),
+            ("11.0.0.1", false),
+            ("192.0.2.7", true),
+            ("192.0.2.8", false),
+            ("::ffff:10.9.9.9", true),
+            ("2001:db8:1::1", true),
+            ("2001:db9::1", false),
+        ] {
+            assert_eq!(t.contains(ip.parse().unwrap()), want, "{ip}");
+        }
+        assert_eq!(
+            t.networks().iter().map(ToString::to_string).collect::<Vec<_>>(),
+            ["10.0.0.0/8", "192.0.2.7/32", "2001:db8::/32"]
+        );
+        assert!(TrustedProxies::parse("").unwrap().networks().is_empty());
+        assert!(
+            TrustedProxies::parse("0.0.0.0/0")
+                .unwrap()
+                .contains("8.8.8.8".parse().unwrap())
+        );
+        assert!(
+            TrustedProxies::parse("10.0.0.0/33")
+                .unwrap_err()
+                .contains("0 to 32")
+        );
+        assert!(TrustedProxies::parse("ten").unwrap_err().contains("\"ten\""));
+    }
+}
