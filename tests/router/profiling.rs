@@ -1,6 +1,11 @@
 //! The pprof endpoint: `/debug/pprof/profile?seconds=1` returns a CPU
 //! profile that parses as pprof protobuf and names the function that was
 //! burning CPU; one profile at a time; bad `seconds` are refused.
+//!
+//! The sampler is the process's (one at a time in a process): the tests
+//! that take a profile hold [`SAMPLER`], so that a runner that runs them
+//! side by side in one process (plain `cargo test`) runs them one after
+//! the other.
 
 #![allow(clippy::unwrap_used)]
 
@@ -11,6 +16,17 @@ use std::time::Duration;
 use prost::Message as _;
 use skipper::profiling::proto::Profile;
 use skipper::shutdown::Shutdown;
+
+/// Held by each test that takes a profile.
+static SAMPLER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// [`SAMPLER`], once the test holding it is done (each ends within a
+/// minute).
+async fn sampler() -> tokio::sync::MutexGuard<'static, ()> {
+    tokio::time::timeout(Duration::from_secs(120), SAMPLER.lock())
+        .await
+        .expect("the other profiling test let the sampler go")
+}
 
 /// Spins until `stop` is set (the work the profile must catch).
 #[inline(never)]
@@ -67,6 +83,7 @@ async fn running_profile(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_second_profile_parses_as_pprof_and_names_the_hot_function() {
+    let _sampler = sampler().await;
     let (addr, shutdown) = start().await;
     let stop = Arc::new(AtomicBool::new(false));
     let burner = {
@@ -158,6 +175,8 @@ async fn a_one_second_profile_parses_as_pprof_and_names_the_hot_function() {
 async fn bad_lengths_are_refused_and_the_index_lists_the_profile() {
     use reqwest::StatusCode;
     let (addr, shutdown) = start().await;
+    // The endpoint serves this process, the test binary: its arguments.
+    let cmdline = std::env::args().collect::<Vec<_>>().join("\0");
     for (path, status, says) in [
         ("profile?seconds=0", StatusCode::BAD_REQUEST, "between 1 and 120"),
         (
@@ -172,7 +191,7 @@ async fn bad_lengths_are_refused_and_the_index_lists_the_profile() {
         ),
         ("", StatusCode::OK, "profile?seconds="),
         ("heap", StatusCode::NOT_IMPLEMENTED, ""),
-        ("cmdline", StatusCode::OK, "profiling"),
+        ("cmdline", StatusCode::OK, cmdline.as_str()),
     ] {
         let r = skipper_test_support::http()
             .get(format!("http://{addr}/debug/pprof/{path}"))
@@ -188,6 +207,7 @@ async fn bad_lengths_are_refused_and_the_index_lists_the_profile() {
 
 #[tokio::test]
 async fn a_profile_ends_early_at_shutdown() {
+    let _sampler = sampler().await;
     let (addr, shutdown) = start().await;
     let http = reqwest::Client::new();
     let (req, _) = running_profile(&http, addr, 60).await;
