@@ -15,6 +15,7 @@ impl From<&domain::Scale> for Scale {
             target_cpu_usage_milli: s.target_cpu_usage_milli,
             target_memory_usage_mib: s.target_memory_usage_mib,
             target_in_flight_requests: s.target_in_flight_requests,
+            max_in_flight_requests: s.max_in_flight_requests,
         }
     }
 }
@@ -27,6 +28,7 @@ impl From<&Scale> for domain::Scale {
             target_cpu_usage_milli: s.target_cpu_usage_milli,
             target_memory_usage_mib: s.target_memory_usage_mib,
             target_in_flight_requests: s.target_in_flight_requests,
+            max_in_flight_requests: s.max_in_flight_requests,
         }
     }
 }

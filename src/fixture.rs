@@ -231,7 +231,7 @@ impl Fixture {
             .with_state(state);
         let token = shutdown.token().clone();
         shutdown.spawn("fixture-http", async move {
-            if let Err(e) = axum::serve(listener, app)
+            if let Err(e) = axum::serve(crate::net::http_listener(listener), app)
                 .with_graceful_shutdown(token.cancelled_owned())
                 .await
             {
@@ -271,7 +271,7 @@ async fn serve_grpc_health(addr: SocketAddr, serving: bool, shutdown: &Shutdown)
     shutdown.spawn("fixture-grpc-health", async move {
         // The reporter lives as long as the server.
         let _reporter = reporter;
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+        let incoming = crate::net::grpc_incoming(listener);
         if let Err(e) = tonic::transport::Server::builder()
             .add_service(service)
             .serve_with_incoming_shutdown(incoming, token.cancelled_owned())

@@ -30,7 +30,7 @@
 //!   [`watch_access`]: watches the API server refuses, reported in the
 //!   health of the controller and the router.
 //! - [`credentials`]: the ServiceAccount token routers and controllers
-//!   present to controllers.
+//!   present to controllers; [`net`]: accepted sockets with `TCP_NODELAY`.
 
 pub mod api;
 pub mod cli;
@@ -43,6 +43,7 @@ pub mod dev;
 pub mod domain;
 pub mod fixture;
 pub mod keygen;
+pub mod net;
 pub mod profiling;
 pub mod ring;
 pub mod ring_inspect;

@@ -102,7 +102,8 @@ pub async fn serve(addr: SocketAddr, grace: Duration, shutdown: &Shutdown) -> Op
     let app = router(shutdown.clone());
     let token = shutdown.token().clone();
     shutdown.spawn("pprof-server", async move {
-        let serving = axum::serve(listener, app).with_graceful_shutdown(token.clone().cancelled_owned());
+        let serving = axum::serve(crate::net::http_listener(listener), app)
+            .with_graceful_shutdown(token.clone().cancelled_owned());
         let mut serving = std::pin::pin!(serving.into_future());
         let result = tokio::select! {
             r = &mut serving => r,

@@ -228,7 +228,7 @@ pub async fn run(
     ));
     let service = tower::Layer::layer(&grpc::AuthLayer::new(authenticator), api_server(core.clone()));
     let token = shutdown.token().clone();
-    let incoming = tokio_stream::wrappers::TcpListenerStream::new(listener);
+    let incoming = crate::net::grpc_incoming(listener);
     // HTTP/2 pings keep long-lived instance streams honest: a router that
     // vanished without a word is noticed and its stream ends. Generous, so
     // a busy peer is not mistaken for a dead one.

@@ -14,6 +14,10 @@ pub struct Scale {
     pub target_cpu_usage_milli: Option<u32>,
     pub target_memory_usage_mib: Option<u32>,
     pub target_in_flight_requests: Option<u32>,
+    /// Requests one router sends to one instance at a time (absent or 0:
+    /// no limit). Router-side only: it is not scaling configuration of the
+    /// controllers (see [`Scale::for_controllers`]).
+    pub max_in_flight_requests: Option<u32>,
 }
 
 impl Scale {
@@ -43,6 +47,27 @@ impl Scale {
         self.target_in_flight_requests.unwrap_or(0)
     }
 
+    /// Effective per-instance concurrency limit of one router (0 = none).
+    #[must_use]
+    pub fn max_in_flight_requests(&self) -> u32 {
+        self.max_in_flight_requests.unwrap_or(0)
+    }
+
+    /// This configuration as controllers get it: without the router-side
+    /// [`Scale::max_in_flight_requests`]. A Go controller would keep the
+    /// field it does not know as an unknown one and find every instance's
+    /// spec (its annotation has no such field) different from the
+    /// function's, replacing the instances on every converge.
+    #[must_use]
+    pub fn for_controllers(&self) -> Self {
+        Self {
+            max_in_flight_requests: None,
+            ..self.clone()
+        }
+    }
+
+    /// The fields whose change is a change of the function's spec (the
+    /// router-side limit is not one).
     fn effective(&self) -> [u32; 5] {
         [
             self.min_instances(),
@@ -103,5 +128,32 @@ impl Function {
             && self.is_oneshot() == other.is_oneshot()
             && self.metadata.as_deref().unwrap_or("") == other.metadata.as_deref().unwrap_or("")
             && self.scale_or_default().effective() == other.scale_or_default().effective()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_router_side_limit_is_not_part_of_the_spec_and_stays_with_the_router() {
+        let with = |limit| Function {
+            namespace: "ns".into(),
+            deployment: "d".into(),
+            tenant: "t".into(),
+            scale: Some(Scale {
+                max_instances: Some(2),
+                max_in_flight_requests: limit,
+                ..Scale::default()
+            }),
+            ..Function::default()
+        };
+        assert!(
+            with(Some(1)).same_config(&with(None)),
+            "a new limit replaces no instance"
+        );
+        let sent = with(Some(1)).scale.unwrap().for_controllers();
+        assert_eq!(sent.max_in_flight_requests, None);
+        assert_eq!(sent.max_instances, Some(2));
     }
 }

@@ -73,6 +73,7 @@ impl Scale {
             ("target_cpu_usage_milli", self.target_cpu_usage_milli),
             ("target_memory_usage_mib", self.target_memory_usage_mib),
             ("target_in_flight_requests", self.target_in_flight_requests),
+            ("max_in_flight_requests", self.max_in_flight_requests),
         ] {
             if let Some(v) = value {
                 obj.raw(name, &v.to_string());
@@ -225,7 +226,7 @@ impl<'de> Deserialize<'de> for ScaleDe {
             }
             fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<ScaleDe, A::Error> {
                 let mut s = Scale::default();
-                let mut seen = [false; 5];
+                let mut seen = [false; 6];
                 while let Some(key) = map.next_key::<std::borrow::Cow<'de, str>>()? {
                     let (idx, name, slot) = match key.as_ref() {
                         "min_instances" | "minInstances" => (0, "min_instances", &mut s.min_instances),
@@ -238,6 +239,9 @@ impl<'de> Deserialize<'de> for ScaleDe {
                         }
                         "target_in_flight_requests" | "targetInFlightRequests" => {
                             (4, "target_in_flight_requests", &mut s.target_in_flight_requests)
+                        }
+                        "max_in_flight_requests" | "maxInFlightRequests" => {
+                            (5, "max_in_flight_requests", &mut s.max_in_flight_requests)
                         }
                         _ => {
                             map.next_value::<IgnoredAny>()?;
@@ -374,5 +378,32 @@ mod tests {
         let f = parse(input).unwrap();
         assert_eq!(f.to_json(), input);
         assert_eq!(Function::default().to_json(), "{}");
+    }
+
+    #[test]
+    fn the_concurrency_limit_is_one_more_scale_field() {
+        for input in [
+            r#"{"scale":{"max_instances":2,"max_in_flight_requests":4}}"#,
+            r#"{"scale":{"max_instances":2,"maxInFlightRequests":"4"}}"#,
+        ] {
+            let s = parse(input).unwrap().scale.unwrap();
+            assert_eq!(s.max_in_flight_requests, Some(4), "{input}");
+            assert_eq!(s.max_in_flight_requests(), 4);
+            assert_eq!(s.to_json(), r#"{"max_instances":2,"max_in_flight_requests":4}"#);
+        }
+        for (input, needle) in [
+            (
+                r#"{"scale":{"max_in_flight_requests":1,"maxInFlightRequests":1}}"#,
+                "duplicate field \"scale.max_in_flight_requests\"",
+            ),
+            (
+                r#"{"scale":{"max_in_flight_requests":-1}}"#,
+                "scale.max_in_flight_requests",
+            ),
+        ] {
+            let err = parse(input).unwrap_err();
+            assert!(err.contains(needle), "{input}: {err}");
+        }
+        assert_eq!(Scale::default().max_in_flight_requests(), 0, "absent: no limit");
     }
 }

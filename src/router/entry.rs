@@ -26,6 +26,8 @@ const ENTRY_OVERHEAD: usize = 512;
 #[derive(Debug)]
 pub struct Parsed {
     pub function: domain::Function,
+    /// The function as controllers get it (without the router-side
+    /// concurrency limit).
     pub api: api::Function,
     pub id: FunctionId,
 }
@@ -221,8 +223,14 @@ impl HeaderCache {
 pub fn parse(raw: &str) -> Result<Parsed, HeaderError> {
     let function = domain::Function::from_json(raw).map_err(HeaderError::Malformed)?;
     function.validate().map_err(HeaderError::Invalid)?;
+    let mut sent = api::Function::from(&function);
+    // The concurrency limit is the router's own (see `Scale::for_controllers`).
+    sent.scale = function
+        .scale
+        .as_ref()
+        .map(|s| api::Scale::from(&s.for_controllers()));
     Ok(Parsed {
-        api: api::Function::from(&function),
+        api: sent,
         id: function.id(),
         function,
     })
@@ -257,6 +265,23 @@ mod tests {
     use super::*;
 
     const VALID: &str = r#"{"namespace":"ns","deployment":"app","tenant":"t1","scale":{"max_instances":2}}"#;
+
+    #[test]
+    fn the_concurrency_limit_stays_with_the_router() {
+        let p = parse(
+            r#"{"namespace":"ns","deployment":"app","tenant":"t1","scale":{"max_instances":2,"max_in_flight_requests":3}}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            p.function.scale.as_ref().unwrap().max_in_flight_requests(),
+            3,
+            "the router reads it"
+        );
+        let sent = p.api.scale.unwrap();
+        assert_eq!(sent.max_in_flight_requests, None, "controllers never see it");
+        assert_eq!(sent.max_instances, Some(2));
+        assert_eq!(p.id, parse(VALID).unwrap().id, "it is not part of the identity");
+    }
 
     fn headers(values: &[&str]) -> HeaderMap {
         let mut h = HeaderMap::new();

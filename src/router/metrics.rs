@@ -193,7 +193,7 @@ pub fn serve(listener: tokio::net::TcpListener, registry: Arc<Registry>, shutdow
     );
     let token = shutdown.token().clone();
     shutdown.spawn("router-metrics", async move {
-        if let Err(e) = axum::serve(listener, app)
+        if let Err(e) = axum::serve(crate::net::http_listener(listener), app)
             .with_graceful_shutdown(token.cancelled_owned())
             .await
         {

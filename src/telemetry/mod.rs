@@ -393,7 +393,7 @@ pub async fn serve_metrics(
     );
     let token = shutdown.token().clone();
     shutdown.spawn("metrics-server", async move {
-        if let Err(e) = axum::serve(listener, app)
+        if let Err(e) = axum::serve(crate::net::http_listener(listener), app)
             .with_graceful_shutdown(token.cancelled_owned())
             .await
         {

@@ -150,18 +150,10 @@ fn host_state(bridge: &str, work_dir: &Path, cgroup_ids: &[String]) -> HostState
         .filter(|l| l.contains(&work))
         .map(str::to_owned)
         .collect();
-    let mut cgroups = BTreeSet::new();
-    for h in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
-        for id in cgroup_ids {
-            let found = std::process::Command::new("find")
-                .arg(h.path())
-                .args(["-maxdepth", "4", "-type", "d", "-name"])
-                .arg(format!("{}{id}", kubelet_nodes::CGROUP_PREFIX))
-                .output()
-                .unwrap();
-            cgroups.extend(String::from_utf8_lossy(&found.stdout).lines().map(str::to_owned));
-        }
-    }
+    let cgroups = cgroup_ids
+        .iter()
+        .flat_map(|id| backend::kubelet_node_cgroups(id))
+        .collect();
     let base = kubelet_nodes::cgroup_base(&std::fs::read_to_string("/proc/self/cgroup").unwrap());
     let bases = std::fs::read_dir("/sys/fs/cgroup")
         .unwrap()

@@ -49,6 +49,7 @@ fn function() -> api::Function {
             target_cpu_usage_milli: Some(500),
             target_memory_usage_mib: Some(256),
             target_in_flight_requests: Some(100),
+            max_in_flight_requests: None,
         }),
         oneshot: Some(true),
     }
@@ -102,6 +103,19 @@ fn explicit_zero_is_present_on_the_wire() {
     };
     assert_eq!(with_zero.encode_to_vec(), vec![0x08, 0x00]);
     assert!(api::Scale::default().encode_to_vec().is_empty());
+}
+
+#[test]
+fn the_concurrency_limit_is_a_new_field_number() {
+    // Field 6, varint: additive, so Go's encoding of a Scale (which has no
+    // field 6) reads the same and the new field is absent from it.
+    let limit = api::Scale {
+        max_in_flight_requests: Some(4),
+        ..Default::default()
+    };
+    assert_eq!(limit.encode_to_vec(), vec![0x30, 0x04]);
+    let go = api::Scale::decode(&scale_bytes()[..]).unwrap();
+    assert_eq!(go.max_in_flight_requests, None);
 }
 
 #[test]

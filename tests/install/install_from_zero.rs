@@ -137,26 +137,12 @@ mod manifests_install_from_zero_with_three_controllers_and_serve_a_request {
     }
 }
 
-/// Points every container of a Deployment that names `skipper` at `image`,
-/// never pulled (there is no registry), as `kustomization.yaml`'s `images:`
-/// does for an operator's registry.
-/// On kubelet nodes Namespaces also enforce Pod Security `restricted`, as
-/// the README's `kubectl label namespace` does.
+/// `d` as it runs on kubelet nodes when `image` is given: every container
+/// that names `skipper` runs `image`, never pulled, and Namespaces enforce
+/// Pod Security `restricted` (`skipper::dev::kubelet::for_image`).
 fn with_image(mut d: Value, image: Option<&str>) -> Value {
-    if image.is_some() && d["kind"] == "Namespace" {
-        d["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] = json!("restricted");
-    }
-    if let (Some(image), "Deployment") = (image, d["kind"].as_str().unwrap_or_default()) {
-        for c in d["spec"]["template"]["spec"]["containers"]
-            .as_array_mut()
-            .into_iter()
-            .flatten()
-        {
-            if c["image"] == "skipper" {
-                c["image"] = json!(image);
-                c["imagePullPolicy"] = json!("Never");
-            }
-        }
+    if let Some(image) = image {
+        skipper::dev::kubelet::for_image(&mut d, image);
     }
     d
 }

@@ -104,6 +104,12 @@ pub async fn serve(
             },
             () = shutdown.cancelled() => break,
         };
+        // Watch events and streamed lists are written piece by piece: without
+        // TCP_NODELAY a piece waits for the previous one's acknowledgement
+        // (Nagle), which a client delays by up to 40 ms.
+        if let Err(e) = tcp.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY");
+        }
         let (acceptor, app, shutdown) = (acceptor.clone(), app.clone(), shutdown.clone());
         connections.spawn(
             async move {

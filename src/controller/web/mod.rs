@@ -224,7 +224,7 @@ pub fn serve(
     shutdown.spawn("web-snapshots", hub.run());
     let token = shutdown.token().clone();
     shutdown.spawn("web-server", async move {
-        if let Err(e) = axum::serve(listener, app)
+        if let Err(e) = axum::serve(crate::net::http_listener(listener), app)
             .with_graceful_shutdown(token.cancelled_owned())
             .await
         {

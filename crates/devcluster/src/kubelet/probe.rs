@@ -272,6 +272,7 @@ pub async fn http_get(
     let stream = tokio::net::TcpStream::connect(addr)
         .await
         .map_err(|e| format!("dial tcp {addr}: {e}"))?;
+    let _ = stream.set_nodelay(true);
     let (mut sender, conn) = hyper::client::conn::http1::handshake(hyper_util::rt::TokioIo::new(stream))
         .await
         .map_err(|e| e.to_string())?;

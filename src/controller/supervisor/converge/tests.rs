@@ -26,6 +26,7 @@ fn func(min: u32, max: u32, cpu: u32, mem: u32, inflight: u32) -> Function {
             target_cpu_usage_milli: Some(cpu),
             target_memory_usage_mib: Some(mem),
             target_in_flight_requests: Some(inflight),
+            max_in_flight_requests: None,
         }),
         oneshot: None,
     }
