@@ -34,6 +34,8 @@ use skipper::dev::playground::{
 use skipper::token::SigningKey;
 use skipper_devcluster::real_cluster::{self, RealCluster};
 
+use crate::steps::{self, ready_ips};
+
 const WAIT: Duration = Duration::from_secs(120);
 const CONTROLLERS: i64 = 3;
 
@@ -133,26 +135,6 @@ mod manifests_install_from_zero_with_three_controllers_and_serve_a_request {
         assert!(running >= 8, "3 controllers, 2 routers, 3 pool pods: {running}");
         cluster.shutdown().await;
     }
-}
-
-fn ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-/// The IPs of the Ready pods of `ns` matching `selector`.
-async fn ready_ips(client: &kube::Client, ns: &str, selector: &str) -> BTreeSet<String> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let Ok(list) = pods.list(&ListParams::default().labels(selector)).await else {
-        return BTreeSet::new();
-    };
-    list.items
-        .iter()
-        .filter(|p| ready(p))
-        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
-        .collect()
 }
 
 /// `d` as it runs on kubelet nodes when `image` is given: every container
@@ -264,25 +246,7 @@ async fn install_and_serve(client: &kube::Client, image: Option<&str>) {
     .await;
     // A request through a router pod reaches a pool pod assigned to the tenant.
     let router = routers.iter().next().unwrap();
-    let function = format!(
-        r#"{{"namespace":"{pool_ns}","deployment":"fixture","tenant":"first","scale":{{"max_instances":1}}}}"#
-    );
-    let http = reqwest::Client::new();
-    let body: Value = common::eventually("an answer through the router", WAIT, || {
-        let req = http
-            .get(format!("http://{router}:8080/hello"))
-            .header("X-Skipper-Function", &function)
-            .send();
-        async move {
-            let resp = req.await.ok()?;
-            if resp.status() != 200 {
-                return None;
-            }
-            resp.json().await.ok()
-        }
-    })
-    .await;
-    assert_eq!(body["tenant"], "first", "{body}");
+    steps::request_in(router, &pool_ns, "first").await;
     let assigned = ready_ips(client, &pool_ns, "skipper/tenant=first").await;
     assert_eq!(assigned.len(), 1, "{assigned:?}");
 }

@@ -407,6 +407,22 @@ impl RouterHandle {
         format!("http://{}{path}", self.addr)
     }
 
+    /// The router's metrics, as its `/metrics` endpoint exposes them.
+    pub async fn metrics(&self) -> String {
+        crate::get_text(format!("http://{}/metrics", self.metrics_addr)).await
+    }
+
+    /// The sum of the samples whose metrics line starts with `line_prefix`
+    /// (every series of a metric, or one series).
+    pub async fn metric(&self, line_prefix: &str) -> f64 {
+        self.metrics()
+            .await
+            .lines()
+            .filter(|l| l.starts_with(line_prefix))
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    }
+
     /// Triggers shutdown and waits (bounded) for the router to return.
     pub async fn stop(self) {
         self.shutdown.trigger();
