@@ -1,7 +1,7 @@
 //! What Skipper's integration, end-to-end and reliability suites share: the
 //! Kubernetes backends they run on ([`backend`]), the controller harness
 //! ([`controller`]), the router harness with its scriptable fake controller
-//! ([`router`]), the simulator's test settings and pod helpers
+//! ([`router`]), a gRPC client that writes as Go's does ([`grpc`]), the simulator's test settings and pod helpers
 //! ([`devcluster`]), process checks ([`process`]), and the one condition
 //! wait ([`eventually`]).
 //!
@@ -13,6 +13,7 @@
 pub mod backend;
 pub mod controller;
 pub mod devcluster;
+pub mod grpc;
 pub mod process;
 pub mod router;
 
