@@ -444,6 +444,30 @@ impl Dev {
         status
     }
 
+    /// SIGKILLs `skipper dev` (nothing of its cleanup runs) and waits for it.
+    pub async fn kill(mut self) {
+        let mut child = self.child.take().unwrap();
+        child.start_kill().unwrap();
+        tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .expect("skipper dev did not exit within 10s of SIGKILL")
+            .unwrap();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+
+    /// The work directory `skipper dev` printed (where its ring-inspect
+    /// line's token file is).
+    pub fn work_dir(&self) -> PathBuf {
+        let out = self.output();
+        let mut words = out.split_whitespace();
+        words
+            .find(|w| *w == "--token-file")
+            .and_then(|_| words.next())
+            .and_then(|token| std::path::Path::new(token).parent())
+            .unwrap_or_else(|| panic!("no --token-file in the output:\n{out}"))
+            .to_path_buf()
+    }
+
     /// Every process `skipper dev` started, directly or not: the router,
     /// and each pod's shims, main processes and their children.
     pub fn process_tree(&self) -> Vec<u32> {

@@ -12,6 +12,7 @@ mod browser;
 // Shared with the reliability suite (`chaos/`); each uses part of it.
 #[allow(dead_code)]
 mod harness;
+mod kubelet;
 mod playground;
 mod scenarios;
 mod traces;

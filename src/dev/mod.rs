@@ -6,6 +6,7 @@
 //! controllers, the router and the pool it starts ([`playground`]), and
 //! `skipper dev apiserver`. The product build (`make dist`) leaves it out.
 
+pub mod kubelet;
 pub mod playground;
 
 use std::net::SocketAddr;

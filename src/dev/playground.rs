@@ -31,6 +31,7 @@ use serde_json::{Value, json};
 use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpListener;
 
+use super::kubelet::{self, KubeletError, NodeKind};
 use crate::config::parse_positive_duration;
 use crate::domain::{Function, Scale};
 use crate::shutdown::Shutdown;
@@ -203,6 +204,23 @@ pub struct PlaygroundArgs {
     /// control-plane beside the directory of this executable]
     #[arg(long, env = "SKIPPER_CONTROL_PLANE_DIR", value_name = "DIR")]
     pub control_plane_dir: Option<PathBuf>,
+
+    /// Who runs the pods of `--control-plane real`: `agent` (Skipper's node agent, pods are
+    /// processes of the host) or `kubelet` (kubelet and containerd as built by `make nodes`; the
+    /// controllers, the router and the pool are pods from the image of `make image`)
+    #[arg(long, env = "SKIPPER_NODES", value_enum, default_value_t = NodeKind::Agent,
+          value_name = "agent|kubelet", hide_possible_values = true)]
+    pub nodes: NodeKind,
+
+    /// Where the binaries of `--nodes kubelet` are [default: target/nodes, else nodes beside the
+    /// directory of this executable]
+    #[arg(long, env = "SKIPPER_NODES_DIR", value_name = "DIR")]
+    pub nodes_dir: Option<PathBuf>,
+
+    /// The image archive `--nodes kubelet` runs [default: target/image/skipper.oci.tar, else
+    /// image/skipper.oci.tar beside the directory of this executable]
+    #[arg(long, env = "SKIPPER_IMAGE_ARCHIVE", value_name = "PATH")]
+    pub image_archive: Option<PathBuf>,
 
     /// Log level of the playground itself (pods and the router log to files in its work directory)
     #[arg(long, env = "SKIPPER_LOG_LEVEL", default_value = "warn", ignore_case = true)]
@@ -383,6 +401,8 @@ pub enum PlaygroundError {
     Signals(std::io::Error),
     #[error("the router's token: {0}")]
     RouterToken(String),
+    #[error(transparent)]
+    Kubelet(#[from] KubeletError),
 }
 
 /// Splits a multi-document YAML manifest into JSON objects (empty documents skipped).
@@ -650,7 +670,7 @@ async fn ready_pod_ips(client: &kube::Client, ns: &str, selector: &str) -> Optio
 }
 
 /// Whether a pod's `Ready` condition is `True`.
-fn pod_ready(pod: &Pod) -> bool {
+pub(crate) fn pod_ready(pod: &Pod) -> bool {
     pod.status
         .as_ref()
         .and_then(|s| s.conditions.as_ref())
@@ -743,6 +763,11 @@ async fn keep_router_token(
     Ok(())
 }
 
+/// The router's heartbeat interval: well inside the heartbeat timeout.
+fn router_heartbeat(args: &PlaygroundArgs) -> Duration {
+    (args.heartbeat_timeout / 3).clamp(Duration::from_millis(200), Duration::from_secs(5))
+}
+
 fn spawn_router(
     args: &PlaygroundArgs,
     exe: &Path,
@@ -756,8 +781,7 @@ fn spawn_router(
         source,
     };
     let (out, err) = (open().map_err(start_err)?, open().map_err(start_err)?);
-    // Heartbeats well inside the heartbeat timeout.
-    let heartbeat = (args.heartbeat_timeout / 3).clamp(Duration::from_millis(200), Duration::from_secs(5));
+    let heartbeat = router_heartbeat(args);
     let mut cmd = tokio::process::Command::new(exe);
     cmd.arg("router")
         .args(["--host", &args.listen.ip().to_string()])
@@ -810,10 +834,12 @@ struct Up {
     controller_ips: Vec<String>,
 }
 
+/// Waits for the controllers, the pools and the router (the process, or
+/// with `router` `None` the router pods behind the forwarder on `--listen`).
 async fn bring_up(
     args: &PlaygroundArgs,
     cluster: &PlaygroundCluster,
-    router: &mut RouterProcess,
+    mut router: Option<&mut RouterProcess>,
 ) -> Result<Up, PlaygroundError> {
     let deadline = tokio::time::Instant::now() + args.ready_timeout;
     let timeout = args.ready_timeout;
@@ -847,13 +873,14 @@ async fn bring_up(
     }
     let listen = args.listen;
     loop {
-        if let Some(status) = router
-            .child
-            .try_wait()
-            .map_err(|source| PlaygroundError::RouterStart {
-                exe: PathBuf::from("skipper router"),
-                source,
-            })?
+        if let Some(router) = router.as_mut()
+            && let Some(status) = router
+                .child
+                .try_wait()
+                .map_err(|source| PlaygroundError::RouterStart {
+                    exe: PathBuf::from("skipper router"),
+                    source,
+                })?
         {
             return Err(PlaygroundError::RouterExited {
                 status,
@@ -864,9 +891,14 @@ async fn bring_up(
             break;
         }
         if tokio::time::Instant::now() >= deadline {
+            let through = if router.is_none() {
+                " (forwarded to the router pods)"
+            } else {
+                ""
+            };
             return Err(PlaygroundError::NotReady {
                 timeout,
-                waiting_for: format!("the router's /healthz on {listen}"),
+                waiting_for: format!("the router's /healthz on {listen}{through}"),
             });
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -904,10 +936,22 @@ fn print_ready(args: &PlaygroundArgs, cluster: &PlaygroundCluster, up: &Up, took
         "  ring-inspect:  skipper ring-inspect --controller {first}:{CONTROLLER_PORT} --token-file {} --function '{function}'",
         work_dir.join(ROUTER_TOKEN_FILE).display()
     );
-    println!(
-        "  logs:          {} (router.log; pods/<namespace>_<pod>/logs/<container>/<restart>.log)",
-        work_dir.display()
-    );
+    match &cluster.image {
+        None => println!(
+            "  logs:          {} (router.log; pods/<namespace>_<pod>/logs/<container>/<restart>.log)",
+            work_dir.display()
+        ),
+        Some(image) => {
+            println!(
+                "  nodes:         {} kubelet nodes running {image} (kubectl get nodes -o wide)",
+                kubelet::node_count()
+            );
+            println!(
+                "  logs:          kubectl logs, or {} (nodes/<node>/pod-logs/<namespace>_<pod>_<uid>/<container>/<restart>.log)",
+                work_dir.display()
+            );
+        }
+    }
     println!("  started in:    {:.1}s ({describe})", took.as_secs_f64());
     println!("  stop:          Ctrl-C");
 }
@@ -927,6 +971,9 @@ struct PlaygroundCluster {
     /// their own (the real control plane's bridge gateway); `None` when
     /// they share the host's.
     host_on_pod_network: Option<std::net::Ipv4Addr>,
+    /// On kubelet nodes: the image every Skipper pod runs (its name in the
+    /// nodes). `None` when the node agent runs pods as host processes.
+    image: Option<String>,
 }
 
 /// What runs the Kubernetes API and the pods.
@@ -940,27 +987,40 @@ enum Backend {
 /// The control plane the flags ask for, checked before anything starts.
 enum Target {
     Simulator,
-    Real { bin_dir: PathBuf },
+    /// The real control plane; its nodes are kubelets when `kubelet` is set.
+    Real {
+        bin_dir: PathBuf,
+        kubelet: Option<kubelet::Build>,
+    },
 }
 
 impl Target {
     fn from_args(args: &PlaygroundArgs, exe: &Path) -> Result<Self, PlaygroundError> {
+        if args.nodes == NodeKind::Kubelet && args.control_plane != ControlPlaneKind::Real {
+            return Err(KubeletError::NeedsRealControlPlane.into());
+        }
         match args.control_plane {
             ControlPlaneKind::Sim => Ok(Self::Simulator),
-            ControlPlaneKind::Real => Ok(Self::Real {
-                bin_dir: control_plane_dir(
+            ControlPlaneKind::Real => {
+                let bin_dir = control_plane_dir(
                     args.control_plane_dir.as_deref(),
                     Path::new(DEFAULT_CONTROL_PLANE_DIR),
                     exe,
-                )?,
-            }),
+                )?;
+                let kubelet = match args.nodes {
+                    NodeKind::Agent => None,
+                    NodeKind::Kubelet => Some(kubelet::find_build(args, exe)?),
+                };
+                Ok(Self::Real { bin_dir, kubelet })
+            }
         }
     }
 
     fn describe(&self) -> &'static str {
         match self {
             Self::Simulator => "simulated control plane",
-            Self::Real { .. } => "real control plane",
+            Self::Real { kubelet: None, .. } => "real control plane",
+            Self::Real { kubelet: Some(_), .. } => "real control plane, kubelet nodes",
         }
     }
 }
@@ -991,10 +1051,15 @@ impl PlaygroundCluster {
                     kubeconfig,
                     work_dir,
                     host_on_pod_network: None,
+                    image: None,
                 })
             }
-            Target::Real { bin_dir } => {
+            Target::Real { bin_dir, kubelet } => {
                 let sim = Config::default();
+                let node_kind = match &kubelet {
+                    None => real_cluster::Nodes::Agent,
+                    Some(build) => real_cluster::Nodes::Kubelet(build.nodes_config()),
+                };
                 let cluster = RealCluster::start(real_cluster::Config {
                     control_plane: skipper_devcluster::control_plane::Config {
                         bin_dir,
@@ -1014,11 +1079,16 @@ impl PlaygroundCluster {
                     restart_backoff,
                     metrics_interval: sim.metrics_interval,
                     volume_resync: sim.volume_resync,
+                    node_kind,
                     // The controllers read pod metrics, as from metrics-server.
                     metrics_api: true,
                     ..real_cluster::Config::default()
                 })
                 .await?;
+                let image = match (&kubelet, cluster.kubelet_nodes()) {
+                    (Some(build), Some(nodes)) => Some(kubelet::image_name(nodes, &build.image_archive)?),
+                    _ => None,
+                };
                 let client = cluster.client().await?;
                 let kubeconfig = cluster.admin_kubeconfig().to_path_buf();
                 let work_dir = cluster.work_dir().to_path_buf();
@@ -1029,6 +1099,7 @@ impl PlaygroundCluster {
                     kubeconfig,
                     work_dir,
                     host_on_pod_network,
+                    image,
                 })
             }
         }
@@ -1098,7 +1169,9 @@ pub async fn run(args: PlaygroundArgs) -> Result<ExitCode, PlaygroundError> {
         },
         Err(e) => Err(e),
     };
-    shutdown.trigger();
+    // The playground's own tasks (the router's token, the forwarder) stop
+    // before the cluster does.
+    shutdown.drain(Duration::from_secs(5)).await;
     cluster.shutdown().await;
     result.map(|()| ExitCode::SUCCESS)
 }
@@ -1113,15 +1186,34 @@ async fn serve(
     apply_manifests(args, cluster).await?;
     let work_dir = &cluster.work_dir;
     keep_router_token(cluster.client.clone(), work_dir.join(ROUTER_TOKEN_FILE), shutdown).await?;
-    let mut router = spawn_router(args, exe, &cluster.kubeconfig, work_dir)?;
-    let up = match bring_up(args, cluster, &mut router).await {
+    // On kubelet nodes the router is a pod; --listen forwards to it.
+    let mut router = match &cluster.image {
+        None => Some(spawn_router(args, exe, &cluster.kubeconfig, work_dir)?),
+        Some(_) => {
+            kubelet::forward_to_router_pods(
+                cluster.client.clone(),
+                args.listen,
+                args.metrics_listen,
+                shutdown,
+            )
+            .await?;
+            None
+        }
+    };
+    let up = match bring_up(args, cluster, router.as_mut()).await {
         Ok(up) => up,
         Err(e) => {
-            router.stop(Duration::from_secs(2)).await;
+            if let Some(router) = router {
+                router.stop(Duration::from_secs(2)).await;
+            }
             return Err(e);
         }
     };
     print_ready(args, cluster, &up, started.elapsed(), describe);
+    let Some(mut router) = router else {
+        shutdown.cancelled().await;
+        return Ok(());
+    };
     let exited = tokio::select! {
         () = shutdown.cancelled() => None,
         status = router.child.wait() => Some(status),
@@ -1145,6 +1237,17 @@ async fn serve(
 
 async fn apply_manifests(args: &PlaygroundArgs, cluster: &PlaygroundCluster) -> Result<(), PlaygroundError> {
     let client = cluster.client.clone();
+    let image = cluster.image.as_deref();
+    // On kubelet nodes every object as it runs there (the image, restricted namespaces).
+    let create = |mut d: Value| {
+        let client = client.clone();
+        async move {
+            if let Some(image) = image {
+                kubelet::for_image(&mut d, image);
+            }
+            create_object(&client, &d).await
+        }
+    };
     let pods_otlp = args
         .otlp_endpoint
         .as_deref()
@@ -1152,21 +1255,30 @@ async fn apply_manifests(args: &PlaygroundArgs, cluster: &PlaygroundCluster) -> 
     let key = SigningKey::generate();
     let public_pem = key.verifying_key().to_pem();
     for d in documents("namespace.yaml", NAMESPACE_YAML)? {
-        create_object(&client, &d).await?;
+        create(d).await?;
+    }
+    if image.is_some() {
+        kubelet::enforce_restricted(&client, POOL_NAMESPACE).await?;
     }
     for d in documents("rbac.yaml", RBAC_YAML)? {
-        create_object(&client, &d).await?;
+        create(d).await?;
     }
     for d in documents("network-policy.yaml", NETWORK_POLICY_YAML)? {
-        create_object(&client, &d).await?;
+        create(d).await?;
     }
-    // The router runs as a process of the playground; its ServiceAccount
-    // is the manifest's (its token is requested for it).
-    for d in documents("router.yaml", ROUTER_YAML)?
-        .into_iter()
-        .filter(|d| d["kind"] == "ServiceAccount")
-    {
-        create_object(&client, &d).await?;
+    // The router runs as a process of the playground (its ServiceAccount is
+    // the manifest's, its token requested for it), or on kubelet nodes as
+    // the manifest's pods.
+    for mut d in documents("router.yaml", ROUTER_YAML)? {
+        if image.is_none() && d["kind"] != "ServiceAccount" {
+            continue;
+        }
+        let mut env = Vec::new();
+        if let Some(url) = &pods_otlp {
+            env.push(("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), url.clone()));
+        }
+        kubelet::router_deployment(&mut d, router_heartbeat(args), &env);
+        create(d).await?;
     }
     create_object(
         &client,
@@ -1184,18 +1296,15 @@ async fn apply_manifests(args: &PlaygroundArgs, cluster: &PlaygroundCluster) -> 
     )
     .await?;
     for d in pool_rbac(POOL_NAMESPACE)? {
-        create_object(&client, &d).await?;
+        create(d).await?;
     }
     for pool in &args.pools {
-        create_object(
-            &client,
-            &pool_manifest(
-                POOL_NAMESPACE,
-                pool,
-                args.pod_command.as_deref(),
-                pods_otlp.as_deref(),
-            )?,
-        )
+        create(pool_manifest(
+            POOL_NAMESPACE,
+            pool,
+            args.pod_command.as_deref(),
+            pods_otlp.as_deref(),
+        )?)
         .await?;
     }
     let mut env: BTreeMap<String, String> = BTreeMap::new();
@@ -1218,7 +1327,7 @@ async fn apply_manifests(args: &PlaygroundArgs, cluster: &PlaygroundCluster) -> 
     }
     let env: Vec<(String, String)> = env.into_iter().collect();
     for d in controller_manifests(args.controllers, &env)? {
-        create_object(&client, &d).await?;
+        create(d).await?;
     }
     Ok(())
 }

@@ -11,9 +11,10 @@ use std::time::Duration;
 
 use k8s_openapi::api::authentication::v1::TokenRequest;
 use k8s_openapi::api::core::v1::{ConfigMap, Pod, ServiceAccount};
-use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::api::{Api, DeleteParams, ListParams, Patch, PostParams};
 use serde_json::{Value, json};
 use skipper_devcluster::Credential;
+use skipper_test_support::{api_error, patch};
 
 const NS: &str = "auth";
 const WAIT: Duration = Duration::from_secs(20);
@@ -97,16 +98,12 @@ async fn fault_endpoints_are_for_administrators_only() {
         })
         .unwrap();
     let req = http::Request::post("/_sim/compact").body(Vec::new()).unwrap();
-    match alice.request_text(req).await.unwrap_err() {
-        kube::Error::Api(s) => {
-            assert_eq!(s.code, 403);
-            assert_eq!(
-                s.message,
-                "forbidden: User \"alice\" cannot post path \"/_sim/compact\""
-            );
-        }
-        other => panic!("{other}"),
-    }
+    let (code, _, message) = api_error(alice.request_text(req).await.unwrap_err());
+    assert_eq!(code, 403);
+    assert_eq!(
+        message,
+        "forbidden: User \"alice\" cannot post path \"/_sim/compact\""
+    );
 }
 
 #[tokio::test]
@@ -185,13 +182,12 @@ async fn every_namespace_gets_a_default_service_account_and_the_root_ca() {
     // The controllers put back what is changed or deleted.
     let cms: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
-    cms.patch(
+    patch(
+        &cms,
         "kube-root-ca.crt",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"ca.crt": "forged"}})),
+        Patch::Merge(json!({"data": {"ca.crt": "forged"}})),
     )
-    .await
-    .unwrap();
+    .await;
     sas.delete("default", &DeleteParams::default()).await.unwrap();
     common::eventually("CA and ServiceAccount restored", WAIT, || {
         let (cms, sas) = (cms.clone(), sas.clone());
@@ -244,12 +240,8 @@ async fn review(client: &kube::Client, token: &str, audiences: &[&str]) -> Value
 async fn token_requests_issue_bound_tokens_that_die_with_their_pod() {
     let cluster = common::cluster(&[NS]).await;
     let client = cluster.client().unwrap();
+    // The cluster's namespaces come with their `default` ServiceAccount.
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
-    common::eventually("default ServiceAccount", WAIT, || {
-        let sas = sas.clone();
-        async move { sas.get("default").await.ok() }
-    })
-    .await;
     let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
     let pod = pods
         .create(
@@ -372,12 +364,8 @@ async fn token_requests_issue_bound_tokens_that_die_with_their_pod() {
 async fn token_requests_are_validated_like_the_real_api() {
     let cluster = common::cluster(&[NS]).await;
     let client = cluster.client().unwrap();
+    // The cluster's namespaces come with their `default` ServiceAccount.
     let sas: Api<ServiceAccount> = Api::namespaced(client.clone(), NS);
-    common::eventually("default ServiceAccount", WAIT, || {
-        let sas = sas.clone();
-        async move { sas.get("default").await.ok() }
-    })
-    .await;
     let err = |e: kube::Error| match e {
         kube::Error::Api(s) => (s.code, s.reason, s.message),
         other => panic!("{other}"),

@@ -20,6 +20,7 @@ use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::{ConfigMap, Event, Namespace, Pod, Secret};
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use serde_json::{Value, json};
+use skipper_test_support::patch;
 
 const WAIT: Duration = Duration::from_secs(60);
 const NS: &str = "conf";
@@ -988,13 +989,7 @@ async fn list_watch(b: &Backend) {
 
     // An update with a stale resourceVersion conflicts.
     let mut stale = first.clone();
-    cms.patch(
-        "first",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"k": "v"}})),
-    )
-    .await
-    .unwrap();
+    patch(&cms, "first", Patch::Merge(json!({"data": {"k": "v"}}))).await;
     stale.data = Some([("k".to_owned(), "w".to_owned())].into());
     assert_eq!(
         status(cms.replace("first", &PostParams::default(), &stale).await),
@@ -1374,14 +1369,8 @@ async fn rolling_update_surge(b: &Backend) {
         (rs.len() == 1 && rs[0].status.as_ref()?.replicas == 3).then_some(())
     })
     .await;
-    deployments
-        .patch(
-            "rolling",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"template": {"metadata": {"annotations": {"rev": "2"}}}}})),
-        )
-        .await
-        .unwrap();
+    let template = json!({"spec": {"template": {"metadata": {"annotations": {"rev": "2"}}}}});
+    patch(&deployments, "rolling", Patch::Merge(template)).await;
     let (old, new) = backend::eventually("a new replicaset at 1 beside the old at 3", WAIT, || async {
         let rs = replicasets
             .list(&ListParams::default().labels("app=rolling"))
@@ -1655,19 +1644,13 @@ async fn service_account_tokens(b: &Backend) {
         .unwrap();
     let user = &review["status"]["userInfo"];
     assert_eq!(user["username"], "system:serviceaccount:conf:robot");
-    let groups: Vec<&str> = user["groups"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .filter_map(Value::as_str)
-        .collect();
     assert_eq!(
-        groups,
-        [
+        user["groups"],
+        json!([
             "system:serviceaccounts",
             "system:serviceaccounts:conf",
             "system:authenticated"
-        ]
+        ])
     );
     // A token for a ServiceAccount that does not exist is refused.
     let ghost = Api::<k8s_openapi::api::core::v1::ServiceAccount>::namespaced(admin, NS)

@@ -14,14 +14,21 @@ use kube::api::{Api, PostParams};
 use serde_json::json;
 use skipper_devcluster::control_plane::ControlPlane;
 
+/// A control plane, when `make control-plane` has built one.
+async fn start() -> Option<ControlPlane> {
+    let config = backend::control_plane_config()?;
+    Some(
+        ControlPlane::start(config)
+            .await
+            .unwrap_or_else(|e| panic!("{e}")),
+    )
+}
+
 #[tokio::test]
 async fn starts_enforces_rbac_runs_controllers_and_stops_clean() {
-    let Some(config) = backend::control_plane_config() else {
+    let Some(plane) = start().await else {
         return;
     };
-    let plane = ControlPlane::start(config)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
     println!("control plane started in {:?}", plane.startup());
     let admin = plane.client().await.unwrap();
 
@@ -56,16 +63,12 @@ async fn starts_enforces_rbac_runs_controllers_and_stops_clean() {
         .list(&Default::default())
         .await
         .unwrap_err();
-    match err {
-        kube::Error::Api(status) => {
-            assert_eq!(status.code, 403);
-            assert_eq!(
-                status.message,
-                "configmaps is forbidden: User \"alice\" cannot list resource \"configmaps\" in API group \"\" in the namespace \"rbac\""
-            );
-        }
-        other => panic!("expected 403, got {other:?}"),
-    }
+    let (code, _, message) = skipper_test_support::api_error(err);
+    assert_eq!(code, 403);
+    assert_eq!(
+        message,
+        "configmaps is forbidden: User \"alice\" cannot list resource \"configmaps\" in API group \"\" in the namespace \"rbac\""
+    );
 
     let pids: Vec<u32> = process_ids(&plane);
     assert_eq!(pids.len(), 4, "four processes: {pids:?}");
@@ -79,12 +82,9 @@ async fn starts_enforces_rbac_runs_controllers_and_stops_clean() {
 
 #[tokio::test]
 async fn dropping_it_kills_every_process() {
-    let Some(config) = backend::control_plane_config() else {
+    let Some(plane) = start().await else {
         return;
     };
-    let plane = ControlPlane::start(config)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"));
     let pids = process_ids(&plane);
     drop(plane);
     backend::eventually("every process to exit", Duration::from_secs(10), || async {

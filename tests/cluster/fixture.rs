@@ -267,10 +267,7 @@ async fn test_knobs_shape_the_response() {
     );
 
     assert_eq!(
-        reqwest::get(format!("{base}/?status=418"))
-            .await
-            .unwrap()
-            .status(),
+        skipper_test_support::get_status(format!("{base}/?status=418")).await,
         418
     );
     let body = reqwest::get(format!("{base}/?bytes=4096"))

@@ -179,10 +179,7 @@ async fn kubectl_drives_a_fixture_pool_against_skipper_dev_apiserver() {
     for ip in &ips {
         assert!(ip.starts_with("127."));
         assert_eq!(
-            reqwest::get(format!("http://{ip}:8888/healthz"))
-                .await
-                .unwrap()
-                .status(),
+            skipper_test_support::get_status(format!("http://{ip}:8888/healthz")).await,
             200
         );
     }

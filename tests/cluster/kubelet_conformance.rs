@@ -17,6 +17,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, ContainerStatus, Namespace, Node, Po
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use skipper_devcluster::Cluster;
+use skipper_test_support::patch;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 const NS: &str = "conf";
@@ -573,13 +574,7 @@ async fn secret_and_config_map_volumes_hold_their_bytes_and_follow_updates() {
         async move { (v == "one").then_some(()) }
     })
     .await;
-    cms.patch(
-        "c",
-        &PatchParams::default(),
-        &Patch::Merge(json!({"data": {"k": "two"}})),
-    )
-    .await
-    .unwrap();
+    patch(&cms, "c", Patch::Merge(json!({"data": {"k": "two"}}))).await;
     common::eventually("the update reaches the container", WAIT, || {
         let v = std::fs::read_to_string(&k).unwrap_or_default();
         async move { (v == "two").then_some(()) }
@@ -717,19 +712,13 @@ async fn every_container_runs_and_ready_counts_them_truthfully() {
     );
     assert!(cluster.pod_pids().len() >= 3, "each container is a process");
     // kubectl's READY column: 2 of 3 (the sidecar counts).
+    let table = common::api_get_as(
+        &cluster,
+        &format!("/api/v1/namespaces/{NS}/pods/multi"),
+        "application/json;as=Table;v=v1;g=meta.k8s.io",
+    )
+    .await;
     let http = common::api_http(&cluster);
-    let table: Value = http
-        .get(format!(
-            "{}/api/v1/namespaces/{NS}/pods/multi",
-            cluster.base_url()
-        ))
-        .header("Accept", "application/json;as=Table;v=v1;g=meta.k8s.io")
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
     assert_eq!(table["rows"][0]["cells"][1], "2/3", "{table}");
     let logs = http
         .get(format!(

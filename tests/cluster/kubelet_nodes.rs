@@ -23,7 +23,7 @@ use serde_json::{Value, json};
 use skipper_devcluster::kubelet::NodeSpec;
 use skipper_devcluster::kubelet_nodes;
 use skipper_devcluster::real_cluster::{self, Nodes, RealCluster};
-use skipper_test_support::backend;
+use skipper_test_support::{backend, eventually};
 
 const WAIT: Duration = Duration::from_secs(120);
 const NAMESPACE: &str = "skipper-functions";
@@ -67,26 +67,6 @@ async fn start(nodes: usize) -> Option<RealCluster> {
         begin.elapsed().as_secs_f64()
     );
     Some(cluster)
-}
-
-/// Polls `f` every 100 ms until it yields a value; panics after `WAIT`.
-async fn eventually<T, F, Fut>(what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let begin = Instant::now();
-    let mut tick = tokio::time::interval(Duration::from_millis(100));
-    loop {
-        tick.tick().await;
-        if let Some(v) = f().await {
-            return v;
-        }
-        assert!(
-            begin.elapsed() < WAIT,
-            "timed out after {WAIT:?} waiting for {what}"
-        );
-    }
 }
 
 fn ready(pod: &Pod) -> bool {
@@ -170,18 +150,10 @@ fn host_state(bridge: &str, work_dir: &Path, cgroup_ids: &[String]) -> HostState
         .filter(|l| l.contains(&work))
         .map(str::to_owned)
         .collect();
-    let mut cgroups = BTreeSet::new();
-    for h in std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten() {
-        for id in cgroup_ids {
-            let found = std::process::Command::new("find")
-                .arg(h.path())
-                .args(["-maxdepth", "4", "-type", "d", "-name"])
-                .arg(format!("{}{id}", kubelet_nodes::CGROUP_PREFIX))
-                .output()
-                .unwrap();
-            cgroups.extend(String::from_utf8_lossy(&found.stdout).lines().map(str::to_owned));
-        }
-    }
+    let cgroups = cgroup_ids
+        .iter()
+        .flat_map(|id| backend::kubelet_node_cgroups(id))
+        .collect();
     let base = kubelet_nodes::cgroup_base(&std::fs::read_to_string("/proc/self/cgroup").unwrap());
     let bases = std::fs::read_dir("/sys/fs/cgroup")
         .unwrap()
@@ -285,7 +257,7 @@ async fn kubelet_nodes_run_the_image_restricted_restart_killed_containers_and_le
     skipper::dev::playground::create_object(&admin, &pool(&image, 3))
         .await
         .unwrap();
-    let running = eventually("3 pool pods Ready", || {
+    let running = eventually("3 pool pods Ready", WAIT, || {
         let pods = pods.clone();
         async move {
             let list = pods
@@ -346,7 +318,7 @@ async fn kubelet_nodes_run_the_image_restricted_restart_killed_containers_and_le
     )
     .unwrap();
     let killed_at = Instant::now();
-    eventually("the killed container restarted and Ready", || {
+    eventually("the killed container restarted and Ready", WAIT, || {
         let pods = pods.clone();
         let name = name.clone();
         async move {
@@ -373,7 +345,7 @@ async fn kubelet_nodes_run_the_image_restricted_restart_killed_containers_and_le
             plural: "pods".into(),
         },
     );
-    let usage = eventually("PodMetrics of the pool", || {
+    let usage = eventually("PodMetrics of the pool", WAIT, || {
         let metrics = metrics.clone();
         async move {
             let list = metrics.list(&ListParams::default()).await.ok()?;
@@ -439,7 +411,7 @@ async fn a_sigkilled_harness_leaves_pods_running_and_the_next_start_removes_them
             .await
             .unwrap();
         let pods: Api<Pod> = Api::namespaced(admin, NAMESPACE);
-        eventually("the pod Ready", || {
+        eventually("the pod Ready", WAIT, || {
             let pods = pods.clone();
             async move {
                 let list = pods.list(&ListParams::default()).await.ok()?;

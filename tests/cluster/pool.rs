@@ -18,6 +18,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams, WatchEvent};
 use serde_json::{Value, json};
 use skipper_devcluster::{Cluster, pool_deployment, pool_deployment_json};
+use skipper_test_support::patch;
 
 const NS: &str = "fixtures";
 const WAIT: Duration = Duration::from_secs(20);
@@ -501,14 +502,8 @@ async fn a_template_change_rolls_out_a_new_replicaset_and_scales_the_old_to_zero
         .unwrap()
         .to_owned();
     let deployments: Api<Deployment> = Api::namespaced(client.clone(), NS);
-    deployments
-        .patch(
-            "fixture",
-            &PatchParams::default(),
-            &Patch::Strategic(json!({"spec": {"template": {"metadata": {"annotations": {"rev": "2"}}}}})),
-        )
-        .await
-        .unwrap();
+    let template = json!({"spec": {"template": {"metadata": {"annotations": {"rev": "2"}}}}});
+    patch(&deployments, "fixture", Patch::Strategic(template)).await;
     let new = common::eventually("pods of the new template", WAIT, || {
         let pods = cluster.ready_pods(NS, "skipper/deployment=fixture");
         let old_rs = old_rs.clone();

@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::{ConfigMap, Node, Pod, Secret};
 use kube::api::{Api, ListParams, Patch, PatchParams, PostParams};
 use serde_json::{Value, json};
 use skipper_devcluster::{Cluster, Credential};
+use skipper_test_support::api_error;
 
 const NS: &str = "rbac";
 
@@ -18,14 +19,6 @@ fn user(name: &str) -> Credential {
     Credential::User {
         name: name.into(),
         group: None,
-    }
-}
-
-/// `(code, reason, message)` of an API error.
-fn status(e: kube::Error) -> (u16, String, String) {
-    match e {
-        kube::Error::Api(s) => (s.code, s.reason, s.message),
-        other => panic!("not an API error: {other}"),
     }
 }
 
@@ -73,7 +66,7 @@ async fn forbidden_requests_get_the_real_403_text() {
     let pods: Api<Pod> = Api::namespaced(controller.clone(), "default");
     let err = pods.list(&ListParams::default()).await.unwrap_err();
     assert_eq!(
-        status(err),
+        api_error(err),
         (
             403,
             "Forbidden".into(),
@@ -83,12 +76,12 @@ async fn forbidden_requests_get_the_real_403_text() {
     let alice = cluster.client_for(&user("alice")).unwrap();
     let deployments: Api<Deployment> = Api::namespaced(alice.clone(), NS);
     assert_eq!(
-        status(deployments.get("web").await.unwrap_err()).2,
+        api_error(deployments.get("web").await.unwrap_err()).2,
         "deployments.apps \"web\" is forbidden: User \"alice\" cannot get resource \"deployments\" in API group \"apps\" in the namespace \"rbac\""
     );
     let nodes: Api<Node> = Api::all(alice.clone());
     assert_eq!(
-        status(nodes.list(&ListParams::default()).await.unwrap_err()).2,
+        api_error(nodes.list(&ListParams::default()).await.unwrap_err()).2,
         "nodes is forbidden: User \"alice\" cannot list resource \"nodes\" in API group \"\" at the cluster scope"
     );
     // The Status details name the resource (and the object and group when the request does).
@@ -158,21 +151,21 @@ async fn roles_and_bindings_grant_exactly_what_they_say() {
         .await
         .unwrap_err();
     assert_eq!(
-        status(create).2,
+        api_error(create).2,
         "configmaps is forbidden: User \"alice\" cannot create resource \"configmaps\" in API group \"\" in the namespace \"rbac\""
     );
     // Only in the binding's namespace.
     let elsewhere: Api<ConfigMap> = Api::namespaced(alice.clone(), "other");
     assert_eq!(
-        status(elsewhere.list(&ListParams::default()).await.unwrap_err()).0,
+        api_error(elsewhere.list(&ListParams::default()).await.unwrap_err()).0,
         403
     );
     // resourceNames: one secret, and no list.
     let secrets: Api<Secret> = Api::namespaced(alice.clone(), NS);
     secrets.get("open").await.unwrap();
-    assert_eq!(status(secrets.get("closed").await.unwrap_err()).0, 403);
+    assert_eq!(api_error(secrets.get("closed").await.unwrap_err()).0, 403);
     assert_eq!(
-        status(secrets.list(&ListParams::default()).await.unwrap_err()).0,
+        api_error(secrets.list(&ListParams::default()).await.unwrap_err()).0,
         403
     );
 
@@ -199,7 +192,7 @@ async fn roles_and_bindings_grant_exactly_what_they_say() {
     .await
     .unwrap();
     assert_eq!(
-        status(bobs.get("web").await.unwrap_err()).2,
+        api_error(bobs.get("web").await.unwrap_err()).2,
         "deployments.apps \"web\" is forbidden: User \"bob\" cannot get resource \"deployments\" in API group \"apps\" in the namespace \"other\""
     );
     let scale_elsewhere = Api::<Deployment>::namespaced(bob, NS)
@@ -207,7 +200,7 @@ async fn roles_and_bindings_grant_exactly_what_they_say() {
         .await
         .unwrap_err();
     assert_eq!(
-        status(scale_elsewhere).2,
+        api_error(scale_elsewhere).2,
         "deployments.apps \"web\" is forbidden: User \"bob\" cannot get resource \"deployments/scale\" in API group \"apps\" in the namespace \"rbac\""
     );
 }
@@ -263,7 +256,7 @@ async fn access_reviews_answer_can_i() {
     let sar = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SubjectAccessReview",
                      "spec": {"user": "alice", "resourceAttributes": {"namespace": NS, "verb": "get", "resource": "secrets"}}});
     assert_eq!(
-        status(
+        api_error(
             post(
                 &alice,
                 "/apis/authorization.k8s.io/v1/subjectaccessreviews",
@@ -287,7 +280,7 @@ async fn access_reviews_answer_can_i() {
     )
     .await
     .unwrap_err();
-    assert_eq!(status(invalid).0, 422);
+    assert_eq!(api_error(invalid).0, 422);
 
     let rules = post(
         &alice,
@@ -340,7 +333,7 @@ async fn impersonation_needs_the_impersonate_verb() {
     );
     let pods: Api<Pod> = Api::namespaced(as_alice, NS);
     assert_eq!(
-        status(pods.list(&ListParams::default()).await.unwrap_err()).2,
+        api_error(pods.list(&ListParams::default()).await.unwrap_err()).2,
         "pods is forbidden: User \"alice\" cannot list resource \"pods\" in API group \"\" in the namespace \"rbac\""
     );
     // alice may not impersonate anyone.
@@ -350,7 +343,7 @@ async fn impersonation_needs_the_impersonate_verb() {
         .body(Vec::new())
         .unwrap();
     assert_eq!(
-        status(alice.request_text(req).await.unwrap_err()).2,
+        api_error(alice.request_text(req).await.unwrap_err()).2,
         "users \"bob\" is forbidden: User \"alice\" cannot impersonate resource \"users\" in API group \"\" at the cluster scope"
     );
 }
@@ -392,19 +385,19 @@ async fn nodes_reach_only_their_own_objects_and_their_pods_references() {
         .unwrap();
     let node_pods: Api<Pod> = Api::namespaced(node.clone(), NS);
     node_pods.get("p0").await.unwrap();
-    assert_eq!(status(node_pods.get("p1").await.unwrap_err()).0, 403);
+    assert_eq!(api_error(node_pods.get("p1").await.unwrap_err()).0, 403);
     let mine = node_pods
         .list(&ListParams::default().fields("spec.nodeName=sim-node-0"))
         .await
         .unwrap();
     assert_eq!(mine.items.len(), 1);
     assert_eq!(
-        status(node_pods.list(&ListParams::default()).await.unwrap_err()).0,
+        api_error(node_pods.list(&ListParams::default()).await.unwrap_err()).0,
         403
     );
     let secrets: Api<Secret> = Api::namespaced(node.clone(), NS);
     secrets.get("mine").await.unwrap();
-    assert_eq!(status(secrets.get("theirs").await.unwrap_err()).0, 403);
+    assert_eq!(api_error(secrets.get("theirs").await.unwrap_err()).0, 403);
     // Its own Node object, not another's.
     let nodes: Api<Node> = Api::all(node.clone());
     nodes
@@ -412,7 +405,7 @@ async fn nodes_reach_only_their_own_objects_and_their_pods_references() {
         .await
         .unwrap();
     assert_eq!(
-        status(nodes.list(&ListParams::default()).await.unwrap_err()).2,
+        api_error(nodes.list(&ListParams::default()).await.unwrap_err()).2,
         "nodes is forbidden: User \"system:node:sim-node-0\" cannot list resource \"nodes\" in API group \"\" at the cluster scope: node: node 'sim-node-0' cannot read all nodes, only its own Node object"
     );
     let label = Patch::Merge(json!({"metadata": {"labels": {"x": "y"}}}));
@@ -421,7 +414,7 @@ async fn nodes_reach_only_their_own_objects_and_their_pods_references() {
         .await
         .unwrap();
     assert_eq!(
-        status(
+        api_error(
             nodes
                 .patch("sim-node-1", &PatchParams::default(), &label)
                 .await
@@ -441,7 +434,7 @@ async fn nodes_reach_only_their_own_objects_and_their_pods_references() {
         .unwrap();
     let p1_uid = pods.get("p1").await.unwrap().metadata.uid.unwrap();
     assert_eq!(
-        status(
+        api_error(
             sas.create_token_request("default", &PostParams::default(), &bound("p1", &p1_uid))
                 .await
                 .unwrap_err()

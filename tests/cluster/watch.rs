@@ -132,21 +132,12 @@ async fn metadata_only_lists_and_watches_work() {
     let one = api.get_metadata("m1").await.unwrap();
     assert_eq!(one.metadata.labels.unwrap()["a"], "b");
     // On the wire: PartialObjectMetadata without the data.
-    let raw: serde_json::Value = common::api_http(&cluster)
-        .get(format!(
-            "{}/api/v1/namespaces/{NS}/configmaps/m1",
-            cluster.base_url()
-        ))
-        .header(
-            "Accept",
-            "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json",
-        )
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let raw = common::api_get_as(
+        &cluster,
+        &format!("/api/v1/namespaces/{NS}/configmaps/m1"),
+        "application/json;as=PartialObjectMetadata;g=meta.k8s.io;v=v1,application/json",
+    )
+    .await;
     assert_eq!(raw["kind"], "PartialObjectMetadata");
     assert!(raw.get("data").is_none());
 

@@ -25,12 +25,11 @@ fn help_of(sub: &str) -> String {
         cmd.arg(sub);
     }
     let out = cmd.arg("--help").output().expect("run skipper --help");
-    assert!(
-        out.status.success(),
-        "skipper {sub} --help failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).expect("utf-8 help")
+    String::from_utf8(skipper_test_support::process::succeeded(
+        &format!("skipper {sub} --help"),
+        out,
+    ))
+    .expect("utf-8 help")
 }
 
 #[test]

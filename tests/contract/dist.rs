@@ -23,12 +23,7 @@ fn product_tree(edges: &str) -> String {
         .current_dir(env!("CARGO_MANIFEST_DIR"))
         .output()
         .unwrap();
-    assert!(
-        out.status.success(),
-        "cargo tree failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8(out.stdout).unwrap()
+    String::from_utf8(skipper_test_support::process::succeeded("cargo tree", out)).unwrap()
 }
 
 #[test]

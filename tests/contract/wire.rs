@@ -328,36 +328,50 @@ fn cluster_state_and_events() {
 #[test]
 fn enum_values() {
     use api::{EventSeverity as S, EventType as E, ScaleReason as R};
-    let reasons = [
-        (R::Unspecified, 0, "SCALE_REASON_UNSPECIFIED"),
-        (R::Cpu, 1, "SCALE_REASON_CPU"),
-        (R::HeartbeatTimeout, 2, "SCALE_REASON_HEARTBEAT_TIMEOUT"),
-        (R::InFlightRequests, 3, "SCALE_REASON_IN_FLIGHT_REQUESTS"),
-        (R::Memory, 4, "SCALE_REASON_MEMORY"),
-        (R::NoReadyInstances, 5, "SCALE_REASON_NO_READY_INSTANCES"),
-    ];
-    for (r, n, name) in reasons {
-        assert_eq!((r as i32, r.as_str_name()), (n, name));
-    }
-    let types = [
-        (E::Unspecified, 0, "EVENT_TYPE_UNSPECIFIED"),
-        (E::ScaleUp, 1, "EVENT_TYPE_SCALE_UP"),
-        (E::ScaleDown, 2, "EVENT_TYPE_SCALE_DOWN"),
-        (E::PodAssigned, 3, "EVENT_TYPE_POD_ASSIGNED"),
-        (E::PodDeleted, 4, "EVENT_TYPE_POD_DELETED"),
-        (E::StaleReplacement, 5, "EVENT_TYPE_STALE_REPLACEMENT"),
-        (E::HeartbeatTimeout, 6, "EVENT_TYPE_HEARTBEAT_TIMEOUT"),
-        (E::StuckInstanceCleanup, 7, "EVENT_TYPE_STUCK_INSTANCE_CLEANUP"),
-    ];
-    for (t, n, name) in types {
-        assert_eq!((t as i32, t.as_str_name()), (n, name));
-    }
-    for (s, n, name) in [
-        (S::Unspecified, 0, "EVENT_SEVERITY_UNSPECIFIED"),
-        (S::Info, 1, "EVENT_SEVERITY_INFO"),
-        (S::Warn, 2, "EVENT_SEVERITY_WARN"),
+    // Each name's number, and each number's name, as the Go proto has them.
+    let number = |name: &str| {
+        R::from_str_name(name)
+            .map(|v| v as i32)
+            .or_else(|| E::from_str_name(name).map(|v| v as i32))
+            .or_else(|| S::from_str_name(name).map(|v| v as i32))
+    };
+    let name = |enum_: &str, n: i32| match enum_ {
+        "SCALE_REASON" => R::try_from(n).ok().map(|v| v.as_str_name()),
+        "EVENT_TYPE" => E::try_from(n).ok().map(|v| v.as_str_name()),
+        _ => S::try_from(n).ok().map(|v| v.as_str_name()),
+    };
+    for (enum_, values) in [
+        (
+            "SCALE_REASON",
+            &[
+                "UNSPECIFIED",
+                "CPU",
+                "HEARTBEAT_TIMEOUT",
+                "IN_FLIGHT_REQUESTS",
+                "MEMORY",
+                "NO_READY_INSTANCES",
+            ][..],
+        ),
+        (
+            "EVENT_TYPE",
+            &[
+                "UNSPECIFIED",
+                "SCALE_UP",
+                "SCALE_DOWN",
+                "POD_ASSIGNED",
+                "POD_DELETED",
+                "STALE_REPLACEMENT",
+                "HEARTBEAT_TIMEOUT",
+                "STUCK_INSTANCE_CLEANUP",
+            ],
+        ),
+        ("EVENT_SEVERITY", &["UNSPECIFIED", "INFO", "WARN"]),
     ] {
-        assert_eq!((s as i32, s.as_str_name()), (n, name));
+        for (n, value) in (0..).zip(values) {
+            let full = format!("{enum_}_{value}");
+            assert_eq!(number(&full), Some(n), "{full}");
+            assert_eq!(name(enum_, n), Some(full.as_str()), "{full}");
+        }
     }
 }
 

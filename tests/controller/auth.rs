@@ -34,6 +34,14 @@ async fn start(sim: &Sim<'_>, config: Config) -> Ctl {
     Ctl::start(sim, config, listener).await
 }
 
+/// A cluster with the one-pod `pool` and a [`secured`] controller.
+async fn secured_with_pool() -> (Sim<'static>, Ctl) {
+    let sim = Sim::start().await;
+    sim.deploy_pool("pool", 1, &[]).await;
+    let ctl = start(&sim, secured(&sim, "127.0.0.1")).await;
+    (sim, ctl)
+}
+
 /// `req` carrying `token`.
 fn with<T>(mut req: tonic::Request<T>, token: &str) -> tonic::Request<T> {
     req.metadata_mut()
@@ -61,9 +69,7 @@ fn failures(ctl: &Ctl, reason: &'static str) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_caller_without_a_token_is_unauthenticated_and_health_stays_open() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("pool", 1, &[]).await;
-    let ctl = start(&sim, secured(&sim, "127.0.0.1")).await;
+    let (_sim, ctl) = secured_with_pool().await;
     let f = function("pool", "t", 1);
     let mut grpc = ctl.grpc.clone();
     let err = grpc
@@ -80,29 +86,13 @@ async fn a_caller_without_a_token_is_unauthenticated_and_health_stays_open() {
     );
     assert_eq!(failures(&ctl, "missing"), 2);
     // Probes need no token.
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", ctl.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let status = tonic_health::pb::health_client::HealthClient::new(channel)
-        .check(tonic_health::pb::HealthCheckRequest::default())
-        .await
-        .unwrap()
-        .into_inner()
-        .status;
-    assert_eq!(
-        status,
-        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-    );
+    assert_eq!(harness::health_status(ctl.addr, "").await, Some(harness::SERVING));
     ctl.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn tokens_for_another_audience_or_service_account_are_refused() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("pool", 1, &[]).await;
-    let ctl = start(&sim, secured(&sim, "127.0.0.1")).await;
+    let (sim, ctl) = secured_with_pool().await;
     let f = function("pool", "t", 1);
     let mut grpc = ctl.grpc.clone();
     let call = |token: String| {
@@ -175,9 +165,7 @@ async fn the_migration_flag_admits_callers_without_a_token_and_still_checks_toke
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_authenticated_router_is_served_end_to_end() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("pool", 1, &[]).await;
-    let ctl = start(&sim, secured(&sim, "127.0.0.1")).await;
+    let (sim, ctl) = secured_with_pool().await;
     let token = sim.token(CTL_NS, "skipper-router", AUDIENCE).await;
     let mut config = router_harness::test_config(vec![ctl.addr]);
     config.get_instance_timeout = Duration::from_secs(15);
@@ -193,7 +181,7 @@ async fn an_authenticated_router_is_served_end_to_end() {
     assert_eq!(resp.status(), 200, "{:?}", resp.text().await);
     assert_eq!(sim.tenant_pods("served").await.len(), 1);
     // The router's heartbeats are admitted too.
-    eventually(Duration::from_secs(5), "the router's heartbeat", || async {
+    eventually("the router's heartbeat", Duration::from_secs(5), || async {
         let h = ctl.core.supervisors.get(f.id())?;
         (!h.shared.with_heartbeats(|s| s.is_empty())).then_some(())
     })
@@ -224,8 +212,6 @@ async fn a_router_without_its_token_file_does_not_start() {
 async fn peer_controllers_authenticate_to_each_other() {
     let sim = Sim::start().await;
     sim.deploy_pool("pool", 3, &[]).await;
-    let ip1 = sim.controller_pod(CTL_NS, "controller-a").await;
-    let ip2 = sim.controller_pod(CTL_NS, "controller-b").await;
     let peer_token = sim.token(CTL_NS, "skipper-controller", AUDIENCE).await;
     let file = token_file("peer", &peer_token);
     let ring = |ip: &str| {
@@ -234,19 +220,7 @@ async fn peer_controllers_authenticate_to_each_other() {
         c.token_file = Some(file.clone());
         c
     };
-    let (la, lb) = loop {
-        let a = TcpListener::bind((ip1.as_str(), 0)).await.unwrap();
-        if let Ok(b) = TcpListener::bind((ip2.as_str(), a.local_addr().unwrap().port())).await {
-            break (a, b);
-        }
-    };
-    let (a, b) = tokio::join!(Ctl::start(&sim, ring(&ip1), la), Ctl::start(&sim, ring(&ip2), lb));
-    eventually(Duration::from_secs(5), "both rings complete", || async {
-        (a.core.cluster.ring.current().sorted_members().len() == 2
-            && b.core.cluster.ring.current().sorted_members().len() == 2)
-            .then_some(())
-    })
-    .await;
+    let (a, b) = sim.ring_of_two(ring).await;
     // A router's heartbeat to A reaches B through A's authenticated forward.
     let router_token = sim.token(CTL_NS, "skipper-router", AUDIENCE).await;
     let f = function("pool", "forwarded", 1);
@@ -258,7 +232,7 @@ async fn peer_controllers_authenticate_to_each_other() {
         ))
         .await
         .unwrap();
-    eventually(Duration::from_secs(5), "the forwarded heartbeat on B", || async {
+    eventually("the forwarded heartbeat on B", Duration::from_secs(5), || async {
         let h = b.core.supervisors.get(f.id())?;
         (h.shared.with_heartbeats(|s| s.combined([]).in_flight) == 3).then_some(())
     })

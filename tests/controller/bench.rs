@@ -66,7 +66,7 @@ async fn cold_and_warm_get_instance_latency() {
     let http = reqwest::Client::new();
     let mut direct = Vec::new();
     for i in 0..COLD {
-        let pod = eventually(Duration::from_secs(30), "a free pool pod", || async {
+        let pod = eventually("a free pool pod", Duration::from_secs(30), || async {
             sim.free_pods("direct").await.first().cloned()
         })
         .await;
@@ -89,7 +89,7 @@ async fn cold_and_warm_get_instance_latency() {
         assert_eq!(resp.status(), 200);
         // Take it out of the pool (as a claim would) and delete it.
         sim.delete_pod(NS, &pod).await;
-        eventually(Duration::from_secs(10), "pod gone from the pool", || async {
+        eventually("pod gone from the pool", Duration::from_secs(10), || async {
             (!sim.free_pods("direct").await.contains(&pod)).then_some(())
         })
         .await;
@@ -99,20 +99,8 @@ async fn cold_and_warm_get_instance_latency() {
     let mut grpc = ctl.grpc.clone();
     let mut warm_tenant = None;
     for i in 0..COLD {
-        eventually(Duration::from_secs(30), "a free pool pod", || async {
-            (!sim.free_pods("bench").await.is_empty()).then_some(())
-        })
-        .await;
-        // Let the controller's cache see it too.
-        eventually(Duration::from_secs(5), "cache shows a free pod", || async {
-            let ns = ctl.core.cluster.namespace(NS).unwrap();
-            ns.pods
-                .pool("bench")
-                .iter()
-                .any(|p| skipper::controller::kube::is_ready(p))
-                .then_some(())
-        })
-        .await;
+        // A free pool pod, in the controller's cache too.
+        sim.wait_pool("bench", 1, Duration::from_secs(30)).await;
         let f = function("bench", &format!("cold-{i}"), 1);
         let started = Instant::now();
         grpc.get_instance(get_instance(&f, Duration::from_secs(30)))
@@ -209,7 +197,7 @@ async fn idle_supervisors_at_scale() {
     );
 
     ctl.core.supervisors.stop_all();
-    eventually(Duration::from_secs(60), "every supervisor to stop", || async {
+    eventually("every supervisor to stop", Duration::from_secs(60), || async {
         ctl.core.supervisors.is_empty().then_some(())
     })
     .await;

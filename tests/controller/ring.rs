@@ -8,84 +8,31 @@ use skipper_test_support::controller as harness;
 
 use std::time::Duration;
 
-use harness::{CTL_NS, Ctl, NS, Sim, eventually, function, heartbeat};
+use harness::{CTL_NS, Ctl, NS, Sim, eventually, function, heartbeat, listeners, scale, tenant_owned_by};
 use skipper::api;
-use skipper::ring::HashRing;
 use tokio::net::TcpListener;
 
-/// Binds `ip1:0` and `ip2:<same port>` (peers are dialled on one port).
-async fn listeners(ip1: &str, ip2: &str) -> (TcpListener, TcpListener) {
-    for _ in 0..20 {
-        let a = TcpListener::bind((ip1, 0)).await.unwrap();
-        let port = a.local_addr().unwrap().port();
-        if let Ok(b) = TcpListener::bind((ip2, port)).await {
-            return (a, b);
-        }
-    }
-    panic!("no common free port on {ip1} and {ip2}");
-}
-
 fn ring_config(sim: &Sim<'_>, namespace: &str, pod_ip: &str) -> skipper::controller::Config {
-    let mut c = sim.config(pod_ip);
-    c.single_controller_mode = false;
+    let mut c = sim.ring_config(pod_ip);
     c.namespace = namespace.into();
     c
-}
-
-/// A tenant whose function the ring `members` gives to `owner`.
-fn tenant_owned_by(members: &[&str], owner: &str) -> String {
-    let ring = HashRing::new(members.iter().copied());
-    (0..1000)
-        .map(|i| format!("t{i}"))
-        .find(|t| ring.owner(function("pool", t, 1).id()) == Some(owner))
-        .unwrap()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn two_controllers_share_a_ring_forward_heartbeats_and_take_over() {
     let sim = Sim::start().await;
     sim.deploy_pool("pool", 1, &[]).await;
-    let ip1 = sim.controller_pod(CTL_NS, "controller-a").await;
-    let ip2 = sim.controller_pod(CTL_NS, "controller-b").await;
-    let (la, lb) = listeners(&ip1, &ip2).await;
-    let (a, b) = tokio::join!(
-        Ctl::start(&sim, ring_config(&sim, CTL_NS, &ip1), la),
-        Ctl::start(&sim, ring_config(&sim, CTL_NS, &ip2), lb)
-    );
-    let mut a = a;
-    let b = b;
-    eventually(Duration::from_secs(5), "both rings complete", || async {
-        (a.core.cluster.ring.current().sorted_members().len() == 2
-            && b.core.cluster.ring.current().sorted_members().len() == 2)
-            .then_some(())
-    })
-    .await;
+    let (mut a, b) = sim.ring_of_two(|ip| sim.ring_config(ip)).await;
+    let (ip1, ip2) = (a.pod_ip().to_owned(), b.pod_ip().to_owned());
 
     // Health reports SERVING once ready.
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{}", a.addr))
-        .unwrap()
-        .connect()
-        .await
-        .unwrap();
-    let mut health = tonic_health::pb::health_client::HealthClient::new(channel);
-    let status = health
-        .check(tonic_health::pb::HealthCheckRequest {
-            service: String::new(),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .status;
-    assert_eq!(
-        status,
-        tonic_health::pb::health_check_response::ServingStatus::Serving as i32
-    );
+    assert_eq!(harness::health_status(a.addr, "").await, Some(harness::SERVING));
 
     // A heartbeat sent to A reaches B through forwarding.
-    let tenant = tenant_owned_by(&[&ip1, &ip2], &ip2);
+    let tenant = tenant_owned_by("pool", &[&ip1, &ip2], &ip2);
     let f = function("pool", &tenant, 1);
     a.grpc.heartbeat(heartbeat("10.7.7.7", &f, 4)).await.unwrap();
-    eventually(Duration::from_secs(5), "forwarded heartbeat on B", || async {
+    eventually("forwarded heartbeat on B", Duration::from_secs(5), || async {
         let h = b.core.supervisors.get(f.id())?;
         let n = h.shared.with_heartbeats(|s| s.combined([]).in_flight);
         (n == 4).then_some(())
@@ -118,16 +65,7 @@ async fn two_controllers_share_a_ring_forward_heartbeats_and_take_over() {
     assert_eq!(sups.len(), 1);
     assert_eq!(sups[0].responsible_controller_ip.as_deref(), Some(ip2.as_str()));
     assert_eq!(sups[0].router_heartbeats.len(), 1);
-    let local = a
-        .grpc
-        .get_cluster_state(api::GetClusterStateRequest {
-            local_only: Some(true),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .cluster_state
-        .unwrap();
+    let local = a.local_state().await;
     assert_eq!(local.pod_ip.as_deref(), Some(ip1.as_str()));
     assert!(
         local
@@ -139,7 +77,7 @@ async fn two_controllers_share_a_ring_forward_heartbeats_and_take_over() {
     // B's pod goes away: A owns everything.
     assert!(!a.core.cluster.is_owner(f.id()));
     sim.delete_pod(CTL_NS, "controller-b").await;
-    eventually(Duration::from_secs(10), "A takes over", || async {
+    eventually("A takes over", Duration::from_secs(10), || async {
         a.core.cluster.is_owner(f.id()).then_some(())
     })
     .await;
@@ -149,11 +87,27 @@ async fn two_controllers_share_a_ring_forward_heartbeats_and_take_over() {
     b.stop().await;
 }
 
+/// Scales `f` to one instance through `ctl`: answered with it within 5 s
+/// (however the call was forwarded, it did not deadlock).
+async fn scales_to_one_at_once(ctl: &mut Ctl, f: &skipper::domain::Function) {
+    let started = tokio::time::Instant::now();
+    let resp = ctl
+        .grpc
+        .scale(scale(f, 1, Duration::from_secs(10)))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.instances.len(), 1);
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "no deadlock: {:?}",
+        started.elapsed()
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn forwarded_scale_between_disagreeing_rings_does_not_deadlock() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("pool", 2, &[]).await;
-    sim.wait_pool("pool", 2, Duration::from_secs(20)).await;
+    let sim = Sim::with_pool("pool", 2).await;
     // A's ring holds only B and B's ring holds only A: each thinks the other
     // owns every function.
     let ip1 = sim.controller_pod("ring-a", "controller-a").await;
@@ -165,20 +119,7 @@ async fn forwarded_scale_between_disagreeing_rings_does_not_deadlock() {
     );
     let mut a = a;
     let f = function("pool", "pingpong", 1);
-    let mut req = tonic::Request::new(api::ScaleRequest {
-        function: Some((&f).into()),
-        desired_instances: Some(1),
-        reason: Some(api::ScaleReason::InFlightRequests as i32),
-    });
-    req.set_timeout(Duration::from_secs(10));
-    let started = tokio::time::Instant::now();
-    let resp = a.grpc.scale(req).await.unwrap().into_inner();
-    assert_eq!(resp.instances.len(), 1);
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "no deadlock: {:?}",
-        started.elapsed()
-    );
+    scales_to_one_at_once(&mut a, &f).await;
     // B executed it (the hop limit stops the bounce).
     assert_eq!(sim.tenant_pods("pingpong").await.len(), 1);
     assert!(b.core.supervisors.get(f.id()).is_some());
@@ -197,14 +138,7 @@ async fn an_empty_ring_fails_lookups_not_start_up() {
     let mut ctl = Ctl::start(&sim, config, listener).await;
     let f = function("pool", "lonely", 1);
     let started = tokio::time::Instant::now();
-    let err = ctl
-        .grpc
-        .get_instance(api::GetInstanceRequest {
-            function: Some((&f).into()),
-            exclude_instance_names: vec![],
-        })
-        .await
-        .unwrap_err();
+    let err = ctl.refusal(&f, Duration::from_secs(10)).await;
     assert_eq!(err.code(), tonic::Code::Unavailable, "{err:?}");
     assert!(err.message().contains("hash ring is still empty"), "{err:?}");
     assert!(
@@ -221,11 +155,8 @@ async fn ring_inspect_reads_live_membership() {
     let ip1 = sim.controller_pod(CTL_NS, "controller-a").await;
     let ip2 = sim.controller_pod(CTL_NS, "controller-b").await;
     let (la, _lb) = listeners(&ip1, &ip2).await;
-    let a = Ctl::start(&sim, ring_config(&sim, CTL_NS, &ip1), la).await;
-    eventually(Duration::from_secs(5), "ring complete", || async {
-        (a.core.cluster.ring.current().sorted_members().len() == 2).then_some(())
-    })
-    .await;
+    let a = Ctl::start(&sim, sim.ring_config(&ip1), la).await;
+    Ctl::await_rings(&[&a], 2).await;
     let mut expected = vec![ip1.clone(), ip2.clone()];
     expected.sort();
     let kubeconfig = sim.backend.kubeconfig();
@@ -246,12 +177,8 @@ async fn ring_inspect_reads_live_membership() {
             .output()
             .await
             .unwrap();
-        assert!(
-            out.status.success(),
-            "{argv:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let stdout = skipper_test_support::process::succeeded(&format!("ring-inspect {argv:?}"), out);
+        let v: serde_json::Value = serde_json::from_slice(&stdout).unwrap();
         let mut members: Vec<String> = v["members"]
             .as_array()
             .unwrap()
@@ -274,29 +201,14 @@ async fn ring_inspect_reads_live_membership() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn wrong_pod_ip_forwards_to_itself_once_and_does_not_deadlock() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("pool", 1, &[]).await;
-    sim.wait_pool("pool", 1, Duration::from_secs(20)).await;
+    let sim = Sim::with_pool("pool", 1).await;
     let real_ip = sim.controller_pod(CTL_NS, "controller-a").await;
     let listener = TcpListener::bind((real_ip.as_str(), 0)).await.unwrap();
     // --pod-ip does not match the pod's IP: the ring owner is "someone else"
     // who is in fact this very controller.
     let mut a = Ctl::start(&sim, ring_config(&sim, CTL_NS, "127.0.0.1"), listener).await;
     let f = function("pool", "mirror", 1);
-    let mut req = tonic::Request::new(api::ScaleRequest {
-        function: Some((&f).into()),
-        desired_instances: Some(1),
-        reason: Some(api::ScaleReason::InFlightRequests as i32),
-    });
-    req.set_timeout(Duration::from_secs(10));
-    let started = tokio::time::Instant::now();
-    let resp = a.grpc.scale(req).await.unwrap().into_inner();
-    assert_eq!(resp.instances.len(), 1);
-    assert!(
-        started.elapsed() < Duration::from_secs(5),
-        "no deadlock: {:?}",
-        started.elapsed()
-    );
+    scales_to_one_at_once(&mut a, &f).await;
     a.stop().await;
 }
 

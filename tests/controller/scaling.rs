@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use harness::{Ctl, NS, Sim, eventually, function, get_instance, heartbeat};
-use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
@@ -49,15 +48,13 @@ fn in_flight_function(deployment: &str, tenant: &str, max: u32, target: u32) -> 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn in_flight_load_scales_up_and_clamps_at_max() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("load", 4, &[]).await;
-    sim.wait_pool("load", 4, Duration::from_secs(20)).await;
+    let sim = Sim::with_pool("load", 4).await;
     let ctl = Ctl::single(&sim).await;
     let f = in_flight_function("load", "busy", 2, 10);
     let load = Arc::new(AtomicU32::new(25));
     let stop = keep_alive(&ctl, &f, load);
 
-    eventually(Duration::from_secs(10), "two instances", || async {
+    eventually("two instances", Duration::from_secs(10), || async {
         (sim.tenant_pods("busy").await.len() == 2).then_some(())
     })
     .await;
@@ -90,9 +87,7 @@ async fn in_flight_load_scales_up_and_clamps_at_max() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn idle_function_scales_to_zero_after_the_heartbeat_timeout() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("idle", 1, &[]).await;
-    sim.wait_pool("idle", 1, Duration::from_secs(20)).await;
+    let sim = Sim::with_pool("idle", 1).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut config = sim.config("127.0.0.1");
     config.scale.heartbeat_timeout = Duration::from_secs(1);
@@ -102,11 +97,11 @@ async fn idle_function_scales_to_zero_after_the_heartbeat_timeout() {
     let f = function("idle", "sleepy", 1);
     let inst = ctl.instance(&f, Duration::from_secs(10)).await;
     let name = inst.name.unwrap();
-    eventually(Duration::from_secs(10), "idle pod deleted", || async {
+    eventually("idle pod deleted", Duration::from_secs(10), || async {
         sim.live_pod(&name).await.is_none().then_some(())
     })
     .await;
-    eventually(Duration::from_secs(5), "supervisor stopped", || async {
+    eventually("supervisor stopped", Duration::from_secs(5), || async {
         ctl.core.supervisors.get(f.id()).is_none().then_some(())
     })
     .await;
@@ -121,9 +116,7 @@ async fn idle_function_scales_to_zero_after_the_heartbeat_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stabilization_keeps_the_maximum_before_scaling_down() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("wave", 4, &[]).await;
-    sim.wait_pool("wave", 4, Duration::from_secs(20)).await;
+    let sim = Sim::with_pool("wave", 4).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let mut config = sim.config("127.0.0.1");
     config.scale.heartbeat_timeout = Duration::from_secs(2);
@@ -132,13 +125,13 @@ async fn stabilization_keeps_the_maximum_before_scaling_down() {
     let f = in_flight_function("wave", "surfer", 3, 10);
     let load = Arc::new(AtomicU32::new(20));
     let stop = keep_alive(&ctl, &f, load.clone());
-    eventually(Duration::from_secs(10), "two instances", || async {
+    eventually("two instances", Duration::from_secs(10), || async {
         (sim.tenant_pods("surfer").await.len() == 2).then_some(())
     })
     .await;
     // Let the protection period pass, then drop the load.
     let started = ctl.core.cluster.started_at;
-    eventually(Duration::from_secs(5), "protection period over", || async {
+    eventually("protection period over", Duration::from_secs(5), || async {
         (started.elapsed().unwrap_or_default() > Duration::from_secs(2)).then_some(())
     })
     .await;
@@ -153,7 +146,7 @@ async fn stabilization_keeps_the_maximum_before_scaling_down() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    eventually(Duration::from_secs(10), "scale down to one", || async {
+    eventually("scale down to one", Duration::from_secs(10), || async {
         (sim.tenant_pods("surfer").await.len() == 1).then_some(())
     })
     .await;
@@ -169,25 +162,20 @@ async fn stabilization_keeps_the_maximum_before_scaling_down() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn template_rollout_replaces_stale_instances_one_for_one() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("roll", 2, &[]).await;
-    sim.wait_pool("roll", 2, Duration::from_secs(20)).await;
+    let sim = Sim::with_pool("roll", 2).await;
     let mut ctl = Ctl::single(&sim).await;
     let f = function("roll", "rider", 2);
     let stop = keep_alive(&ctl, &f, Arc::new(AtomicU32::new(0)));
     let inst = ctl.instance(&f, Duration::from_secs(10)).await;
     let old_rs = inst.replica_set.clone().unwrap();
-    Api::<Deployment>::namespaced(sim.client.clone(), NS)
-        .patch(
-            "roll",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"template": {"metadata": {"annotations": {"rollout": "2"}}}}})),
-        )
-        .await
-        .unwrap();
+    sim.patch_pool(
+        "roll",
+        json!({"spec": {"template": {"metadata": {"annotations": {"rollout": "2"}}}}}),
+    )
+    .await;
     let replaced = eventually(
-        Duration::from_secs(30),
         "replacement from the new ReplicaSet",
+        Duration::from_secs(30),
         || async {
             let pods = sim.tenant_pods("rider").await;
             assert!(pods.len() <= 3, "never more than max_instances + 1");
@@ -217,9 +205,7 @@ async fn template_rollout_replaces_stale_instances_one_for_one() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stuck_instance_is_cleaned_up() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("stuck", 2, &[]).await;
-    sim.wait_pool("stuck", 2, Duration::from_secs(20)).await;
+    let sim = Sim::with_pool("stuck", 2).await;
     let ctl = Ctl::single(&sim).await;
     let f = function("stuck", "frozen", 1);
     // Claim a pod the way a controller that crashed before the assign
@@ -239,23 +225,14 @@ async fn stuck_instance_is_cleaned_up() {
     // a tick that saw the heartbeat but not the claim would assign a second
     // pod, and with two instances (scaling down) the start-up protection
     // period holds the stuck cleanup back for 30 s.
-    let ns = ctl.core.cluster.state.namespace(NS).unwrap();
-    eventually(Duration::from_secs(10), "the claim in the pod cache", || async {
-        ns.pods
-            .get(&victim)
-            .is_some_and(|p| {
-                skipper::controller::kube::label(&p, skipper::domain::LABEL_TENANT) == Some("frozen")
-            })
-            .then_some(())
-    })
-    .await;
+    sim.caught_up().await;
     let stop = keep_alive(&ctl, &f, Arc::new(AtomicU32::new(0)));
     // The event is recorded once the delete has returned, which may be after
     // the test already sees the pod gone: wait for both.
     let message = format!("terminated stuck instance {victim}");
     eventually(
-        Duration::from_secs(10),
         "stuck pod deleted and its event",
+        Duration::from_secs(10),
         || async {
             let event = ctl
                 .core
@@ -269,7 +246,7 @@ async fn stuck_instance_is_cleaned_up() {
     )
     .await;
     // The function is served by a fresh instance.
-    eventually(Duration::from_secs(10), "fresh instance", || async {
+    eventually("fresh instance", Duration::from_secs(10), || async {
         let pods = sim.tenant_pods("frozen").await;
         (pods.len() == 1 && pods[0].metadata.name.as_deref() != Some(victim.as_str())).then_some(())
     })
@@ -280,9 +257,7 @@ async fn stuck_instance_is_cleaned_up() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn oneshot_gets_a_pod_per_request_and_release_deletes_it() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("once", 3, &[]).await;
-    sim.wait_pool("once", 3, Duration::from_secs(20)).await;
+    let sim = Sim::with_pool("once", 3).await;
     let mut ctl = Ctl::single(&sim).await;
     let mut f = function("once", "burst", 5);
     f.oneshot = Some(true);
@@ -300,7 +275,7 @@ async fn oneshot_gets_a_pod_per_request_and_release_deletes_it() {
             .await
             .unwrap();
         let name = inst.name.clone().unwrap();
-        eventually(Duration::from_secs(5), "released pod gone", || async {
+        eventually("released pod gone", Duration::from_secs(5), || async {
             sim.live_pod(&name).await.is_none().then_some(())
         })
         .await;
@@ -341,9 +316,7 @@ async fn oneshot_gets_a_pod_per_request_and_release_deletes_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn no_ready_instance_at_max_plus_one_waits_instead_of_spinning() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("full", 3, &[]).await;
-    sim.wait_pool("full", 3, Duration::from_secs(20)).await;
+    let sim = Sim::with_pool("full", 3).await;
     let mut ctl = Ctl::single(&sim).await;
     let f = function("full", "jammed", 1);
     // Two claimed, never-ready instances (max 1 → max + 1 = 2 exist).
@@ -355,17 +328,9 @@ async fn no_ready_instance_at_max_plus_one_waits_instead_of_spinning() {
             .await
             .unwrap();
     }
-    eventually(Duration::from_secs(5), "cache shows both", || async {
-        let ns = ctl.core.cluster.namespace(NS).unwrap();
-        (ns.pods.of_function(f.id()).len() == 2).then_some(())
-    })
-    .await;
+    sim.caught_up().await;
     let started = tokio::time::Instant::now();
-    let err = ctl
-        .grpc
-        .get_instance(get_instance(&f, Duration::from_millis(800)))
-        .await
-        .unwrap_err();
+    let err = ctl.refusal(&f, Duration::from_millis(800)).await;
     // The server's DEADLINE_EXCEEDED and the client's own timer (tonic
     // enforces grpc-timeout too) end the call at the same moment; on a
     // loaded machine either may come first. Both mean it waited.
@@ -388,9 +353,7 @@ async fn no_ready_instance_at_max_plus_one_waits_instead_of_spinning() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn discovery_deletes_tenant_pods_without_a_valid_function() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("junk", 2, &[]).await;
-    sim.wait_pool("junk", 2, Duration::from_secs(20)).await;
+    let sim = Sim::with_pool("junk", 2).await;
     let ctl = Ctl::single(&sim).await;
     let victim = sim.free_pods("junk").await[0].clone();
     Api::<Pod>::namespaced(sim.client.clone(), NS)
@@ -402,7 +365,7 @@ async fn discovery_deletes_tenant_pods_without_a_valid_function() {
         )
         .await
         .unwrap();
-    eventually(Duration::from_secs(5), "invalid pod deleted", || async {
+    eventually("invalid pod deleted", Duration::from_secs(5), || async {
         sim.live_pod(&victim).await.is_none().then_some(())
     })
     .await;
@@ -412,9 +375,7 @@ async fn discovery_deletes_tenant_pods_without_a_valid_function() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn pod_metrics_drive_memory_scaling() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("mem", 3, &[]).await;
-    sim.wait_pool("mem", 3, Duration::from_secs(20)).await;
+    let sim = Sim::with_pool("mem", 3).await;
     let mut ctl = Ctl::single(&sim).await;
     // Every fixture process uses more than 1 MiB, so a 1 MiB target wants
     // more instances than max_instances allows.
@@ -426,21 +387,12 @@ async fn pod_metrics_drive_memory_scaling() {
         .await
         .unwrap();
     eventually(
-        Duration::from_secs(20),
         "memory-driven scale up to max",
+        Duration::from_secs(20),
         || async { (sim.tenant_pods("hungry").await.len() == 2).then_some(()) },
     )
     .await;
-    let state = ctl
-        .grpc
-        .get_cluster_state(api::GetClusterStateRequest {
-            local_only: Some(true),
-        })
-        .await
-        .unwrap()
-        .into_inner()
-        .cluster_state
-        .unwrap();
+    let state = ctl.local_state().await;
     let sup = state
         .supervisors
         .iter()

@@ -16,41 +16,33 @@ use skipper::api;
 use skipper::controller::namespace_service;
 use skipper::shutdown::Shutdown;
 use tokio::net::TcpListener;
-use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus;
-use tonic_health::pb::health_client::HealthClient;
 
 /// A second function namespace.
 const OTHER: &str = "other";
 
-async fn health_of(addr: std::net::SocketAddr) -> Option<i32> {
-    status_of(addr, "").await
-}
+/// Why the forbidden-namespace tests run on the simulator alone.
+const FORBIDS: &str =
+    "it forbids a namespace by the simulator's fault injection (the controller runs as the administrator)";
 
-/// The status of health service `service`.
-async fn status_of(addr: std::net::SocketAddr, service: &str) -> Option<i32> {
-    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
-        .unwrap()
-        .connect_timeout(Duration::from_millis(500))
-        .connect()
+/// Stops a controller this file's test runs by hand (it never becomes
+/// Ready, or the test holds its start-up callback): it returns `Ok` within
+/// 10 s.
+async fn stopped(
+    shutdown: &Shutdown,
+    task: tokio::task::JoinHandle<Result<(), skipper::controller::RunError>>,
+) {
+    shutdown.trigger();
+    let result = tokio::time::timeout(Duration::from_secs(10), task)
         .await
-        .ok()?;
-    let resp = HealthClient::new(channel)
-        .check(HealthCheckRequest {
-            service: service.to_owned(),
-        })
-        .await
-        .ok()?;
-    Some(resp.into_inner().status)
+        .expect("stops")
+        .unwrap();
+    assert!(result.is_ok(), "{result:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forbidden_namespace_is_retried_while_the_others_are_served_and_served_once_allowed() {
-    let Some(sim) = Sim::simulator_only(
-        "it forbids a namespace by the simulator's fault injection (the controller runs as the administrator)",
-    )
-    .await
-    else {
+    let Some(sim) = Sim::simulator_only(FORBIDS).await else {
         return;
     };
     sim.deploy_pool("pool", 2, &[]).await;
@@ -62,13 +54,16 @@ async fn a_forbidden_namespace_is_retried_while_the_others_are_served_and_served
     let mut ctl = Ctl::start(&sim, config, listener).await;
     let other = namespace_service(OTHER);
     // Running and Ready: it serves NS, not OTHER, and says so.
-    assert_eq!(status_of(addr, "").await, Some(ServingStatus::Serving as i32));
     assert_eq!(
-        status_of(addr, &namespace_service(NS)).await,
+        harness::health_status(addr, "").await,
         Some(ServingStatus::Serving as i32)
     );
     assert_eq!(
-        status_of(addr, &other).await,
+        harness::health_status(addr, &namespace_service(NS)).await,
+        Some(ServingStatus::Serving as i32)
+    );
+    assert_eq!(
+        harness::health_status(addr, &other).await,
         Some(ServingStatus::NotServing as i32)
     );
     let served = ctl
@@ -99,9 +94,11 @@ async fn a_forbidden_namespace_is_retried_while_the_others_are_served_and_served
     // Allowed: the next retry of its watches lists it, and it is served.
     sim.cluster().allow_namespace(OTHER);
     eventually(
-        Duration::from_secs(60),
         "the namespace served once allowed",
-        || async { (status_of(addr, &other).await == Some(ServingStatus::Serving as i32)).then_some(()) },
+        Duration::from_secs(60),
+        || async {
+            (harness::health_status(addr, &other).await == Some(ServingStatus::Serving as i32)).then_some(())
+        },
     )
     .await;
     ctl.stop().await;
@@ -109,11 +106,7 @@ async fn a_forbidden_namespace_is_retried_while_the_others_are_served_and_served
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_controller_whose_only_namespace_is_forbidden_keeps_running_not_ready_and_skips_it_when_told() {
-    let Some(sim) = Sim::simulator_only(
-        "it forbids a namespace by the simulator's fault injection (the controller runs as the administrator)",
-    )
-    .await
-    else {
+    let Some(sim) = Sim::simulator_only(FORBIDS).await else {
         return;
     };
     sim.cluster().forbid_namespace(NS);
@@ -132,33 +125,34 @@ async fn a_controller_whose_only_namespace_is_forbidden_keeps_running_not_ready_
         |_| {},
     ));
     eventually(
-        Duration::from_secs(15),
         "the namespace reported not served",
+        Duration::from_secs(15),
         || async {
-            (status_of(addr, &namespace_service(NS)).await == Some(ServingStatus::NotServing as i32))
-                .then_some(())
+            (harness::health_status(addr, &namespace_service(NS)).await
+                == Some(ServingStatus::NotServing as i32))
+            .then_some(())
         },
     )
     .await;
-    assert_eq!(status_of(addr, "").await, Some(ServingStatus::NotServing as i32));
     assert_eq!(
-        status_of(addr, skipper::controller::LIVENESS_SERVICE).await,
+        harness::health_status(addr, "").await,
+        Some(ServingStatus::NotServing as i32)
+    );
+    assert_eq!(
+        harness::health_status(addr, skipper::controller::LIVENESS_SERVICE).await,
         Some(ServingStatus::Serving as i32)
     );
     assert!(!task.is_finished(), "the controller keeps running");
     sim.cluster().allow_namespace(NS);
     eventually(
-        Duration::from_secs(60),
         "ready once the namespace is allowed",
-        || async { (status_of(addr, "").await == Some(ServingStatus::Serving as i32)).then_some(()) },
+        Duration::from_secs(60),
+        || async {
+            (harness::health_status(addr, "").await == Some(ServingStatus::Serving as i32)).then_some(())
+        },
     )
     .await;
-    shutdown.trigger();
-    let result = tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .expect("stops")
-        .unwrap();
-    assert!(result.is_ok(), "{result:?}");
+    stopped(&shutdown, task).await;
     shutdown.drain(Duration::from_secs(5)).await;
 
     // With the flag: the controller serves, and the skipped namespace is unmanaged.
@@ -168,14 +162,7 @@ async fn a_controller_whose_only_namespace_is_forbidden_keeps_running_not_ready_
     config.skip_forbidden_namespaces = true;
     let mut ctl = Ctl::start(&sim, config, listener).await;
     let f = function("pool", "tenant-a", 1);
-    let err = ctl
-        .grpc
-        .get_instance(api::GetInstanceRequest {
-            function: Some((&f).into()),
-            exclude_instance_names: vec![],
-        })
-        .await
-        .unwrap_err();
+    let err = ctl.refusal(&f, Duration::from_secs(10)).await;
     assert_eq!(err.code(), tonic::Code::InvalidArgument, "{err:?}");
     assert!(err.message().contains(NS), "{err:?}");
     ctl.stop().await;
@@ -206,7 +193,10 @@ async fn health_is_serving_once_caches_sync_before_the_ring_forms() {
         .await
         .expect("ready in time")
         .expect("ready");
-    assert_eq!(health_of(addr).await, Some(ServingStatus::Serving as i32));
+    assert_eq!(
+        harness::health_status(addr, "").await,
+        Some(ServingStatus::Serving as i32)
+    );
     assert!(
         running.core.cluster.ring.current().sorted_members().is_empty(),
         "no ring yet"
@@ -214,16 +204,14 @@ async fn health_is_serving_once_caches_sync_before_the_ring_forms() {
 
     // A controller pod becomes Ready: the ring forms.
     sim.controller_pod(CTL_NS, "controller-0").await;
-    eventually(Duration::from_secs(10), "the ring has a member", || async {
+    eventually("the ring has a member", Duration::from_secs(10), || async {
         (!running.core.cluster.ring.current().sorted_members().is_empty()).then_some(())
     })
     .await;
-    assert_eq!(health_of(addr).await, Some(ServingStatus::Serving as i32));
+    assert_eq!(
+        harness::health_status(addr, "").await,
+        Some(ServingStatus::Serving as i32)
+    );
 
-    shutdown.trigger();
-    let result = tokio::time::timeout(Duration::from_secs(10), task)
-        .await
-        .expect("stops")
-        .unwrap();
-    assert!(result.is_ok(), "{result:?}");
+    stopped(&shutdown, task).await;
 }

@@ -4,7 +4,9 @@
 //! actors run over an in-memory context on paused time, with the same
 //! tracing subscriber as the controller (JSON at `info`).
 //!
-//! This binary holds one test so the allocation counts are its own.
+//! The counts are the process's: under a runner that runs the tests of a
+//! binary side by side in one process (plain `cargo test`), the test runs
+//! itself again, alone, in a process of its own.
 
 #![allow(clippy::unwrap_used, clippy::cast_precision_loss, clippy::cast_possible_wrap)]
 
@@ -98,8 +100,33 @@ fn function(i: usize) -> Function {
     }
 }
 
-#[tokio::test(flavor = "current_thread", start_paused = true)]
-async fn an_idle_supervisor_holds_at_most_two_kib_and_gives_it_back_when_it_stops() {
+/// Set in the process the test runs alone in.
+const ALONE: &str = "SKIPPER_TEST_SUPERVISOR_MEMORY_ALONE";
+
+#[test]
+fn an_idle_supervisor_holds_at_most_two_kib_and_gives_it_back_when_it_stops() {
+    const NAME: &str =
+        "supervisor_memory::an_idle_supervisor_holds_at_most_two_kib_and_gives_it_back_when_it_stops";
+    if std::env::var_os(ALONE).is_some() {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .start_paused(true)
+            .build()
+            .unwrap()
+            .block_on(idle_supervisors());
+        return;
+    }
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+        .env(ALONE, "1")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8(skipper_test_support::process::succeeded(NAME, out)).unwrap();
+    print!("{stdout}");
+    assert!(stdout.contains("1 passed"), "the test ran alone: {stdout}");
+}
+
+async fn idle_supervisors() {
     const N: usize = 10_000;
     let subscriber = tracing_subscriber::fmt()
         .json()

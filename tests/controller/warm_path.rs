@@ -55,7 +55,7 @@ fn start_load(
         let functions = functions.clone();
         let stop = stop.clone();
         tasks.push(tokio::spawn(async move {
-            let http = reqwest::Client::builder().no_proxy().build().unwrap();
+            let http = skipper_test_support::http();
             let mut i = 0usize;
             while !stop.is_cancelled() {
                 let f = &functions[i % functions.len()];
@@ -97,87 +97,41 @@ fn start_load(
 
 async fn more_requests(seen: &Arc<Mutex<Seen>>, n: usize, what: &str) {
     let target = seen.lock().unwrap().ok + n;
-    eventually(LIMIT, what, || async {
+    eventually(what, LIMIT, || async {
         (seen.lock().unwrap().ok >= target).then_some(())
     })
     .await;
 }
 
 fn scale(f: &Function, desired: u32) -> tonic::Request<api::ScaleRequest> {
-    let mut r = tonic::Request::new(api::ScaleRequest {
-        function: Some(f.into()),
-        desired_instances: Some(desired),
-        reason: Some(api::ScaleReason::InFlightRequests as i32),
-    });
-    r.set_timeout(LIMIT);
-    r
+    harness::scale(f, desired, LIMIT)
 }
 
-fn ring_config(sim: &Sim<'_>, pod_ip: &str) -> skipper::controller::Config {
-    let mut c = sim.config(pod_ip);
-    c.single_controller_mode = false;
-    c.drain_timeout = Duration::from_secs(10);
-    c
-}
-
-/// Binds `ip1:0` and `ip2:<same port>` (peers are dialled on one port).
-async fn listeners(ip1: &str, ip2: &str) -> (TcpListener, TcpListener) {
-    for _ in 0..20 {
-        let a = TcpListener::bind((ip1, 0)).await.unwrap();
-        let port = a.local_addr().unwrap().port();
-        if let Ok(b) = TcpListener::bind((ip2, port)).await {
-            return (a, b);
-        }
-    }
-    panic!("no common free port on {ip1} and {ip2}");
-}
-
-async fn router_metric(addr: std::net::SocketAddr, prefix: &str) -> f64 {
-    let text = reqwest::Client::builder()
-        .no_proxy()
-        .build()
-        .unwrap()
-        .get(format!("http://{addr}/metrics"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    text.lines()
-        .filter(|l| l.starts_with(prefix))
-        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-        .sum()
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn instances_change_under_load_and_no_request_fails_or_crosses_tenants() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("pool", 6, &[]).await;
-    sim.wait_pool("pool", 6, LIMIT).await;
-    let ip_a = sim.controller_pod(CTL_NS, "controller-a").await;
-    let ip_b = sim.controller_pod(CTL_NS, "controller-b").await;
-    let (la, lb) = listeners(&ip_a, &ip_b).await;
-    let port = la.local_addr().unwrap().port();
-    let (a, b) = tokio::join!(
-        Ctl::start(&sim, ring_config(&sim, &ip_a), la),
-        Ctl::start(&sim, ring_config(&sim, &ip_b), lb)
-    );
-    let mut b = b;
-    eventually(LIMIT, "both rings complete", || async {
-        (a.core.cluster.ring.current().sorted_members().len() == 2
-            && b.core.cluster.ring.current().sorted_members().len() == 2)
-            .then_some(())
-    })
-    .await;
-
-    let mut config = router_harness::test_config(vec![a.addr, b.addr]);
+/// A router in front of `controllers` that retries as a loaded machine
+/// needs: every request under load must succeed.
+async fn start_router(controllers: Vec<std::net::SocketAddr>) -> router_harness::RouterHandle {
+    let mut config = router_harness::test_config(controllers);
     config.heartbeat_interval = Duration::from_millis(500);
     config.retry_min = Duration::from_millis(20);
     config.retry_max = Duration::from_millis(200);
     config.max_round_trip_attempts = 8;
     config.get_instance_timeout = Duration::from_secs(10);
-    let router = router_harness::start_router(config).await;
+    router_harness::start_router(config).await
+}
+
+fn ring_config(sim: &Sim<'_>, pod_ip: &str) -> skipper::controller::Config {
+    let mut c = sim.ring_config(pod_ip);
+    c.drain_timeout = Duration::from_secs(10);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn instances_change_under_load_and_no_request_fails_or_crosses_tenants() {
+    let sim = Sim::with_pool("pool", 6).await;
+    let (a, mut b) = sim.ring_of_two(|ip| ring_config(&sim, ip)).await;
+    let port = a.addr.port();
+
+    let router = start_router(vec![a.addr, b.addr]).await;
     let red = function("pool", "red", 3);
     let blue = function("pool", "blue", 3);
     let stop = CancellationToken::new();
@@ -186,7 +140,7 @@ async fn instances_change_under_load_and_no_request_fails_or_crosses_tenants() {
 
     // Scale up: two more red instances join the router's table.
     b.grpc.scale(scale(&red, 3)).await.unwrap();
-    eventually(LIMIT, "three red instances", || async {
+    eventually("three red instances", LIMIT, || async {
         (sim.tenant_pods("red").await.len() == 3).then_some(())
     })
     .await;
@@ -211,19 +165,15 @@ async fn instances_change_under_load_and_no_request_fails_or_crosses_tenants() {
     let ip_c = sim.controller_pod(CTL_NS, "controller-c").await;
     let lc = TcpListener::bind((ip_c.as_str(), port)).await.unwrap();
     let c = Ctl::start(&sim, ring_config(&sim, &ip_c), lc).await;
-    eventually(LIMIT, "B and C form the ring", || async {
-        let m = b.core.cluster.ring.current().sorted_members().len();
-        (m == 2 && c.core.cluster.ring.current().sorted_members().len() == 2).then_some(())
-    })
-    .await;
+    Ctl::await_rings(&[&b, &c], 2).await;
     more_requests(&seen, 200, "requests after the controller was replaced").await;
     // The tables are warm again: a stretch of requests without a controller
     // call.
     tokio::time::timeout(LIMIT, async {
         loop {
-            let before = router_metric(router.metrics_addr, "skipper_router_controller_calls_total").await;
+            let before = router.metric("skipper_router_controller_calls_total").await;
             more_requests(&seen, 100, "a warm stretch").await;
-            if router_metric(router.metrics_addr, "skipper_router_controller_calls_total").await == before {
+            if router.metric("skipper_router_controller_calls_total").await == before {
                 return;
             }
         }
@@ -261,7 +211,7 @@ async fn instances_change_under_load_and_no_request_fails_or_crosses_tenants() {
         "at most one request per client was in flight: {:?}",
         seen.failed
     );
-    let calls = router_metric(router.metrics_addr, "skipper_router_controller_calls_total").await;
+    let calls = router.metric("skipper_router_controller_calls_total").await;
     eprintln!(
         "{} requests, {} POSTs lost in the killed pod {:?}, {calls} controller calls",
         seen.ok,
@@ -307,19 +257,13 @@ async fn a_rolling_update_replaces_stale_instances(backend: &Backend) {
     .await;
     sim.wait_pool("roll", 4, LIMIT).await;
     let ctl = Ctl::single(&sim).await;
-    let mut config = router_harness::test_config(vec![ctl.addr]);
-    config.heartbeat_interval = Duration::from_millis(500);
-    config.retry_min = Duration::from_millis(20);
-    config.retry_max = Duration::from_millis(200);
-    config.max_round_trip_attempts = 8;
-    config.get_instance_timeout = Duration::from_secs(10);
-    let router = router_harness::start_router(config).await;
+    let router = start_router(vec![ctl.addr]).await;
     let tenants = [function("roll", "red", 1), function("roll", "blue", 1)];
     let stop = CancellationToken::new();
     let (seen, loaders) = start_load(router.addr, tenants.to_vec(), stop.clone());
     more_requests(&seen, 50, "requests to flow").await;
 
-    let old_rs = eventually(LIMIT, "an instance of each tenant", || async {
+    let old_rs = eventually("an instance of each tenant", LIMIT, || async {
         let mut sets = Vec::new();
         for f in &tenants {
             let pods = sim.tenant_pods(&f.tenant).await;

@@ -10,10 +10,9 @@ use skipper_test_support::controller as harness;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use harness::{CTL_NS, Ctl, Sim, eventually, function};
+use harness::{CTL_NS, Ctl, Sim, eventually, function, tenant_owned_by};
 use skipper::api::{self, InstanceState};
 use skipper::domain::Function;
-use skipper::ring::HashRing;
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
@@ -133,13 +132,7 @@ fn ready(t: &BTreeMap<String, InstanceState>) -> Vec<String> {
 }
 
 fn scale(f: &Function, desired: u32) -> tonic::Request<api::ScaleRequest> {
-    let mut r = tonic::Request::new(api::ScaleRequest {
-        function: Some(f.into()),
-        desired_instances: Some(desired),
-        reason: Some(api::ScaleReason::InFlightRequests as i32),
-    });
-    r.set_timeout(LIMIT);
-    r
+    harness::scale(f, desired, LIMIT)
 }
 
 type ScaleDown = tokio::task::JoinHandle<Result<tonic::Response<api::ScaleResponse>, tonic::Status>>;
@@ -182,9 +175,7 @@ async fn drain_one(grpc: &Grpc, w: &mut Watcher, f: &Function) -> (ScaleDown, St
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_stream_follows_the_instances_and_a_scale_down_waits_for_idle_reports() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("pool", 3, &[]).await;
-    sim.wait_pool("pool", 3, LIMIT).await;
+    let sim = Sim::with_pool("pool", 3).await;
     let mut config = sim.config("127.0.0.1");
     // Long enough that only the reports can end the drain in this test.
     config.drain_timeout = Duration::from_secs(60);
@@ -227,9 +218,7 @@ async fn a_stream_follows_the_instances_and_a_scale_down_waits_for_idle_reports(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_drain_ends_at_its_deadline_or_when_every_stream_reported_or_left() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("pool", 3, &[]).await;
-    sim.wait_pool("pool", 3, LIMIT).await;
+    let sim = Sim::with_pool("pool", 3).await;
     let mut config = sim.config("127.0.0.1");
     config.drain_timeout = Duration::from_secs(1);
     let ctl = Ctl::start(&sim, config, TcpListener::bind("127.0.0.1:0").await.unwrap()).await;
@@ -261,49 +250,12 @@ async fn a_drain_ends_at_its_deadline_or_when_every_stream_reported_or_left() {
     ctl.stop().await;
 }
 
-/// Binds `ip1:0` and `ip2:<same port>` (peers are dialled on one port).
-async fn listeners(ip1: &str, ip2: &str) -> (TcpListener, TcpListener) {
-    for _ in 0..20 {
-        let a = TcpListener::bind((ip1, 0)).await.unwrap();
-        let port = a.local_addr().unwrap().port();
-        if let Ok(b) = TcpListener::bind((ip2, port)).await {
-            return (a, b);
-        }
-    }
-    panic!("no common free port on {ip1} and {ip2}");
-}
-
-fn ring_config(sim: &Sim<'_>, pod_ip: &str) -> skipper::controller::Config {
-    let mut c = sim.config(pod_ip);
-    c.single_controller_mode = false;
-    c
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_non_owner_forwards_the_stream_and_a_ring_change_aborts_it() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("pool", 2, &[]).await;
-    sim.wait_pool("pool", 2, LIMIT).await;
-    let ip1 = sim.controller_pod(CTL_NS, "controller-a").await;
-    let ip2 = sim.controller_pod(CTL_NS, "controller-b").await;
-    let (la, lb) = listeners(&ip1, &ip2).await;
-    let (a, b) = tokio::join!(
-        Ctl::start(&sim, ring_config(&sim, &ip1), la),
-        Ctl::start(&sim, ring_config(&sim, &ip2), lb)
-    );
-    let (mut a, b) = (a, b);
-    eventually(LIMIT, "both rings complete", || async {
-        (a.core.cluster.ring.current().sorted_members().len() == 2
-            && b.core.cluster.ring.current().sorted_members().len() == 2)
-            .then_some(())
-    })
-    .await;
+    let sim = Sim::with_pool("pool", 2).await;
+    let (mut a, b) = sim.ring_of_two(|ip| sim.ring_config(ip)).await;
     // A function A owns, watched through B (forwarded) and on A itself.
-    let ring = HashRing::new([ip1.as_str(), ip2.as_str()]);
-    let tenant = (0..1000)
-        .map(|i| format!("t{i}"))
-        .find(|t| ring.owner(function("pool", t, 1).id()) == Some(ip1.as_str()))
-        .unwrap();
+    let tenant = tenant_owned_by("pool", &[a.pod_ip(), b.pod_ip()], a.pod_ip());
     let f = function("pool", &tenant, 1);
     let mut via_b = Watcher::open(&b.grpc, &f).await;
     let mut on_a = Watcher::open(&a.grpc, &f).await;
@@ -320,11 +272,11 @@ async fn a_non_owner_forwards_the_stream_and_a_ring_change_aborts_it() {
     );
     assert!(a.core.cluster.feeds.get(f.id()).is_some());
     // A new owner's snapshot comes from its own cache: B must have seen A's
-    // ready-at annotation of the instance (A has it in memory at once; B
-    // sees it once the patch comes back through its watch).
-    eventually(LIMIT, "B's cache has the instance ready", || async {
-        let ns = b.core.cluster.namespace(&f.namespace).ok()?;
-        let pod = ns.pods.get(&name)?;
+    // ready-at annotation of the instance (A has it in memory at once and
+    // patches it in the background; B sees it through its watch): the
+    // patch on the API server, then the barrier.
+    eventually("the instance's ready-at annotation", LIMIT, || async {
+        let pod = sim.live_pod(&name).await?;
         pod.metadata
             .annotations
             .as_ref()?
@@ -332,13 +284,14 @@ async fn a_non_owner_forwards_the_stream_and_a_ring_change_aborts_it() {
             .then_some(())
     })
     .await;
+    sim.caught_up().await;
 
     // A leaves the ring: both streams end with ABORTED, and B serves the
     // function from then on.
     sim.delete_pod(CTL_NS, "controller-a").await;
     assert_eq!(via_b.ended().await.code(), Code::Aborted);
     assert_eq!(on_a.ended().await.code(), Code::Aborted);
-    eventually(LIMIT, "B owns the function", || async {
+    eventually("B owns the function", LIMIT, || async {
         b.core.cluster.is_owner(f.id()).then_some(())
     })
     .await;

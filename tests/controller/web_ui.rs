@@ -50,9 +50,7 @@ async fn patch_until(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pages_answer_and_a_live_view_shows_a_new_tenant() {
-    let sim = Sim::start().await;
-    sim.deploy_pool("fixture", 2, &[]).await;
-    sim.wait_pool("fixture", 2, Duration::from_secs(30)).await;
+    let sim = Sim::with_pool("fixture", 2).await;
     let mut config = sim.config("127.0.0.1");
     config.web_addr = Some("127.0.0.1:0".parse().unwrap());
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -119,36 +117,25 @@ async fn pages_answer_and_a_live_view_shows_a_new_tenant() {
         html.contains("data-sse=\"&#x2f;sse&#x2f;function&#x2f;"),
         "the page is live"
     );
-    let page = get(&format!("/instances/{name}")).await;
-    assert_eq!(page.status(), 200);
-    assert!(page.text().await.unwrap().contains("ready"));
-    assert!(
-        get("/tenants/t-live")
-            .await
-            .text()
-            .await
-            .unwrap()
-            .contains("fixture")
-    );
-    let deployments = get("/deployments").await.text().await.unwrap();
-    assert!(deployments.contains("Pool size"), "{deployments}");
-    assert!(
-        get("/controllers")
-            .await
-            .text()
-            .await
-            .unwrap()
-            .contains("127.0.0.1")
-    );
-    let events = get("/events?severity=1").await.text().await.unwrap();
-    assert!(events.contains("pod assigned"), "{events}");
+    for (path, says) in [
+        (format!("/instances/{name}"), "ready"),
+        ("/tenants/t-live".to_owned(), "fixture"),
+        ("/deployments".to_owned(), "Pool size"),
+        ("/controllers".to_owned(), "127.0.0.1"),
+        ("/events?severity=1".to_owned(), "pod assigned"),
+    ] {
+        let page = get(&path).await;
+        assert_eq!(page.status(), 200, "{path}");
+        let html = page.text().await.unwrap();
+        assert!(html.contains(says), "{path}: {html}");
+    }
     let config = get("/config").await.text().await.unwrap();
     assert!(config.contains("****") && !config.contains("PRIVATE KEY"));
     assert_eq!(get(&format!("/functions/{NS}%3Anope%3Ax")).await.status(), 404);
 
     // Router heartbeats and the autoscaler's recommendations show up.
     ctl.grpc.heartbeat(heartbeat("10.9.0.1", &f, 2)).await.unwrap();
-    eventually(Duration::from_secs(10), "the router on /routers", || async {
+    eventually("the router on /routers", Duration::from_secs(10), || async {
         get("/routers")
             .await
             .text()
@@ -159,8 +146,8 @@ async fn pages_answer_and_a_live_view_shows_a_new_tenant() {
     })
     .await;
     eventually(
-        Duration::from_secs(10),
         "a recommendation on the function page",
+        Duration::from_secs(10),
         || async {
             let html = get(&format!("/functions/{key}")).await.text().await.unwrap();
             (!html.contains("No converge tick yet")).then_some(())

@@ -66,12 +66,7 @@ async fn run_helm(helm: &PathBuf, b: &Backend, args: &[&str]) {
         .output()
         .await
         .unwrap();
-    assert!(
-        out.status.success(),
-        "helm {args:?}:\n{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let _ = skipper_test_support::process::succeeded(&format!("helm {args:?}"), out);
 }
 
 /// The chart's values for this test besides the image: short shutdown

@@ -34,6 +34,8 @@ use skipper::dev::playground::{
 use skipper::token::SigningKey;
 use skipper_devcluster::real_cluster::{self, RealCluster};
 
+use crate::steps::{self, ready_ips};
+
 const WAIT: Duration = Duration::from_secs(120);
 const CONTROLLERS: i64 = 3;
 
@@ -135,46 +137,12 @@ mod manifests_install_from_zero_with_three_controllers_and_serve_a_request {
     }
 }
 
-fn ready(pod: &Pod) -> bool {
-    pod.status
-        .as_ref()
-        .and_then(|s| s.conditions.as_ref())
-        .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-}
-
-/// The IPs of the Ready pods of `ns` matching `selector`.
-async fn ready_ips(client: &kube::Client, ns: &str, selector: &str) -> BTreeSet<String> {
-    let pods: Api<Pod> = Api::namespaced(client.clone(), ns);
-    let Ok(list) = pods.list(&ListParams::default().labels(selector)).await else {
-        return BTreeSet::new();
-    };
-    list.items
-        .iter()
-        .filter(|p| ready(p))
-        .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
-        .collect()
-}
-
-/// Points every container of a Deployment that names `skipper` at `image`,
-/// never pulled (there is no registry), as `kustomization.yaml`'s `images:`
-/// does for an operator's registry.
-/// On kubelet nodes Namespaces also enforce Pod Security `restricted`, as
-/// the README's `kubectl label namespace` does.
+/// `d` as it runs on kubelet nodes when `image` is given: every container
+/// that names `skipper` runs `image`, never pulled, and Namespaces enforce
+/// Pod Security `restricted` (`skipper::dev::kubelet::for_image`).
 fn with_image(mut d: Value, image: Option<&str>) -> Value {
-    if image.is_some() && d["kind"] == "Namespace" {
-        d["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] = json!("restricted");
-    }
-    if let (Some(image), "Deployment") = (image, d["kind"].as_str().unwrap_or_default()) {
-        for c in d["spec"]["template"]["spec"]["containers"]
-            .as_array_mut()
-            .into_iter()
-            .flatten()
-        {
-            if c["image"] == "skipper" {
-                c["image"] = json!(image);
-                c["imagePullPolicy"] = json!("Never");
-            }
-        }
+    if let Some(image) = image {
+        skipper::dev::kubelet::for_image(&mut d, image);
     }
     d
 }
@@ -278,25 +246,7 @@ async fn install_and_serve(client: &kube::Client, image: Option<&str>) {
     .await;
     // A request through a router pod reaches a pool pod assigned to the tenant.
     let router = routers.iter().next().unwrap();
-    let function = format!(
-        r#"{{"namespace":"{pool_ns}","deployment":"fixture","tenant":"first","scale":{{"max_instances":1}}}}"#
-    );
-    let http = reqwest::Client::new();
-    let body: Value = common::eventually("an answer through the router", WAIT, || {
-        let req = http
-            .get(format!("http://{router}:8080/hello"))
-            .header("X-Skipper-Function", &function)
-            .send();
-        async move {
-            let resp = req.await.ok()?;
-            if resp.status() != 200 {
-                return None;
-            }
-            resp.json().await.ok()
-        }
-    })
-    .await;
-    assert_eq!(body["tenant"], "first", "{body}");
+    steps::request_in(router, &pool_ns, "first").await;
     let assigned = ready_ips(client, &pool_ns, "skipper/tenant=first").await;
     assert_eq!(assigned.len(), 1, "{assigned:?}");
 }

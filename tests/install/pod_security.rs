@@ -35,14 +35,10 @@ fn workloads() -> Vec<(String, Vec<Value>)> {
         .current_dir(&root)
         .output()
         .unwrap();
-    assert!(
-        kustomized.status.success(),
-        "{}",
-        String::from_utf8_lossy(&kustomized.stderr)
-    );
+    let kustomized = skipper_test_support::process::succeeded("kubectl kustomize manifests/", kustomized);
     out.push((
         "kubectl kustomize manifests/".to_owned(),
-        deployments(&String::from_utf8_lossy(&kustomized.stdout)),
+        deployments(&String::from_utf8_lossy(&kustomized)),
     ));
     out.push((
         "manifests/example-pool.yaml".to_owned(),

@@ -656,17 +656,9 @@ async fn claim_path_as_its_service_account(
             .await
             .map_err(|e| format!("health: {e}"))?;
         ready_pool(b, pool, &key.verifying_key().to_pem()).await;
-        tokio::time::timeout(limit, async {
-            while !core
-                .cluster
-                .namespace(FN_NS)
-                .is_ok_and(|ns| ns.replica_sets.knows_deployment(pool) && !ns.pods.pool(pool).is_empty())
-            {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
-        })
-        .await
-        .map_err(|_| format!("the controller's caches never saw pool {pool} within {limit:?}"))?;
+        skipper_test_support::controller::caught_up_within(&b.client().await, &core, limit)
+            .await
+            .map_err(|e| format!("pool {pool}: {e}"))?;
         let mut grpc = skipper::api::controller_service_client::ControllerServiceClient::connect(format!(
             "http://{addr}"
         ))

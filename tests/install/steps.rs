@@ -177,8 +177,13 @@ pub async fn serve(client: &kube::Client, controllers: usize, tenant: &str) -> S
 /// A request for `tenant` through the router at `router_ip` answered by a
 /// pod that serves that tenant.
 pub async fn request(router_ip: &str, tenant: &str) {
+    request_in(router_ip, POOL_NS, tenant).await;
+}
+
+/// [`request`] for a tenant of the pool `fixture` in namespace `pool_ns`.
+pub async fn request_in(router_ip: &str, pool_ns: &str, tenant: &str) {
     let function = format!(
-        r#"{{"namespace":"{POOL_NS}","deployment":"fixture","tenant":"{tenant}","scale":{{"max_instances":1}}}}"#
+        r#"{{"namespace":"{pool_ns}","deployment":"fixture","tenant":"{tenant}","scale":{{"max_instances":1}}}}"#
     );
     let http = reqwest::Client::new();
     let body: Value = eventually(

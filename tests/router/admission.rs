@@ -13,14 +13,11 @@ use std::time::Duration;
 
 use harness::{FakeController, start_router, start_upstream, test_config};
 use skipper::domain::HEADER_FUNCTION;
+use skipper_test_support::http;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 const LIMIT: Duration = Duration::from_secs(10);
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
-}
 
 fn limited(tenant: &str, limit: u32) -> String {
     format!(

@@ -63,63 +63,46 @@ fn assert_code(e: &Error, code: Code) {
     assert_eq!(e.code(), code, "{e}");
 }
 
-#[tokio::test]
-async fn get_instance_succeeds_after_two_unavailable() {
-    let (fake, client, _stop) = setup().await;
-    fake.fail("GetInstance", Code::Unavailable, 2);
-    let resp = client.get_instance(get_instance_req(), DEADLINE).await.unwrap();
-    assert_eq!(resp.instance.unwrap().name.as_deref(), Some("pod-a"));
-    assert_eq!(fake.calls("GetInstance"), 3);
+/// One call of `method` (`GetInstance`, `Heartbeat`, `Scale` or
+/// `ReleaseInstance`) through `client`.
+async fn call(client: &Client, method: &str) -> Result<(), Error> {
+    match method {
+        "GetInstance" => client.get_instance(get_instance_req(), DEADLINE).await.map(|r| {
+            assert_eq!(r.instance.unwrap().name.as_deref(), Some("pod-a"));
+        }),
+        "Heartbeat" => client.heartbeat(heartbeat_req(), DEADLINE).await.map(drop),
+        "Scale" => client.scale(scale_req(), DEADLINE).await.map(drop),
+        "ReleaseInstance" => {
+            let req = api::ReleaseInstanceRequest {
+                instance: Some(api::Instance::default()),
+            };
+            client.release_instance(req, DEADLINE).await.map(drop)
+        }
+        other => panic!("no RPC {other}"),
+    }
 }
 
 #[tokio::test]
-async fn get_instance_fails_after_three_unavailable() {
-    let (fake, client, _stop) = setup().await;
-    fake.fail("GetInstance", Code::Unavailable, 3);
-    let err = client
-        .get_instance(get_instance_req(), DEADLINE)
-        .await
-        .unwrap_err();
-    assert_code(&err, Code::Unavailable);
-    assert_eq!(fake.calls("GetInstance"), 3);
-}
-
-#[tokio::test]
-async fn heartbeat_succeeds_after_one_unavailable_and_fails_after_two() {
-    let (fake, client, _stop) = setup().await;
-    fake.fail("Heartbeat", Code::Unavailable, 1);
-    client.heartbeat(heartbeat_req(), DEADLINE).await.unwrap();
-    assert_eq!(fake.calls("Heartbeat"), 2);
-
-    fake.fail("Heartbeat", Code::Unavailable, 2);
-    let err = client.heartbeat(heartbeat_req(), DEADLINE).await.unwrap_err();
-    assert_code(&err, Code::Unavailable);
-    assert_eq!(fake.calls("Heartbeat"), 4);
-}
-
-#[tokio::test]
-async fn scale_succeeds_after_two_unavailable_and_fails_after_three() {
-    let (fake, client, _stop) = setup().await;
-    fake.fail("Scale", Code::Unavailable, 2);
-    client.scale(scale_req(), DEADLINE).await.unwrap();
-    assert_eq!(fake.calls("Scale"), 3);
-
-    fake.fail("Scale", Code::Unavailable, 3);
-    let err = client.scale(scale_req(), DEADLINE).await.unwrap_err();
-    assert_code(&err, Code::Unavailable);
-    assert_eq!(fake.calls("Scale"), 6);
-}
-
-#[tokio::test]
-async fn release_instance_retries_once() {
-    let (fake, client, _stop) = setup().await;
-    fake.fail("ReleaseInstance", Code::Unavailable, 2);
-    let req = api::ReleaseInstanceRequest {
-        instance: Some(api::Instance::default()),
-    };
-    let err = client.release_instance(req, DEADLINE).await.unwrap_err();
-    assert_code(&err, Code::Unavailable);
-    assert_eq!(fake.calls("ReleaseInstance"), 2);
+async fn each_method_is_tried_up_to_its_attempts_while_unavailable() {
+    for (method, attempts) in [
+        ("GetInstance", 3),
+        ("Heartbeat", 2),
+        ("Scale", 3),
+        ("ReleaseInstance", 2),
+    ] {
+        let (fake, client, _stop) = setup().await;
+        // One failure fewer than the attempts: the last attempt succeeds.
+        fake.fail(method, Code::Unavailable, attempts - 1);
+        call(&client, method)
+            .await
+            .unwrap_or_else(|e| panic!("{method}: {e}"));
+        assert_eq!(fake.calls(method), attempts, "{method}");
+        // As many failures as attempts: the call fails with the last.
+        fake.fail(method, Code::Unavailable, attempts);
+        let err = call(&client, method).await.unwrap_err();
+        assert_code(&err, Code::Unavailable);
+        assert_eq!(fake.calls(method), 2 * attempts, "{method}");
+    }
 }
 
 #[tokio::test]

@@ -1,6 +1,11 @@
 //! The pprof endpoint: `/debug/pprof/profile?seconds=1` returns a CPU
 //! profile that parses as pprof protobuf and names the function that was
 //! burning CPU; one profile at a time; bad `seconds` are refused.
+//!
+//! The sampler is the process's (one at a time in a process): the tests
+//! that take a profile hold [`SAMPLER`], so that a runner that runs them
+//! side by side in one process (plain `cargo test`) runs them one after
+//! the other.
 
 #![allow(clippy::unwrap_used)]
 
@@ -11,6 +16,17 @@ use std::time::Duration;
 use prost::Message as _;
 use skipper::profiling::proto::Profile;
 use skipper::shutdown::Shutdown;
+
+/// Held by each test that takes a profile.
+static SAMPLER: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+/// [`SAMPLER`], once the test holding it is done (each ends within a
+/// minute).
+async fn sampler() -> tokio::sync::MutexGuard<'static, ()> {
+    tokio::time::timeout(Duration::from_secs(120), SAMPLER.lock())
+        .await
+        .expect("the other profiling test let the sampler go")
+}
 
 /// Spins until `stop` is set (the work the profile must catch).
 #[inline(never)]
@@ -67,6 +83,7 @@ async fn running_profile(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_one_second_profile_parses_as_pprof_and_names_the_hot_function() {
+    let _sampler = sampler().await;
     let (addr, shutdown) = start().await;
     let stop = Arc::new(AtomicBool::new(false));
     let burner = {
@@ -146,12 +163,8 @@ async fn a_one_second_profile_parses_as_pprof_and_names_the_hot_function() {
             .arg(&file)
             .output()
             .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "go tool pprof: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
+        let top = skipper_test_support::process::succeeded("go tool pprof", out);
+        let text = String::from_utf8_lossy(&top);
         assert!(text.contains("burn_cpu_for_profile"), "{text}");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -160,44 +173,41 @@ async fn a_one_second_profile_parses_as_pprof_and_names_the_hot_function() {
 
 #[tokio::test]
 async fn bad_lengths_are_refused_and_the_index_lists_the_profile() {
+    use reqwest::StatusCode;
     let (addr, shutdown) = start().await;
-    let http = reqwest::Client::new();
-    for bad in ["0", "121", "abc"] {
-        let r = http
-            .get(format!("http://{addr}/debug/pprof/profile?seconds={bad}"))
+    // The endpoint serves this process, the test binary: its arguments.
+    let cmdline = std::env::args().collect::<Vec<_>>().join("\0");
+    for (path, status, says) in [
+        ("profile?seconds=0", StatusCode::BAD_REQUEST, "between 1 and 120"),
+        (
+            "profile?seconds=121",
+            StatusCode::BAD_REQUEST,
+            "between 1 and 120",
+        ),
+        (
+            "profile?seconds=abc",
+            StatusCode::BAD_REQUEST,
+            "between 1 and 120",
+        ),
+        ("", StatusCode::OK, "profile?seconds="),
+        ("heap", StatusCode::NOT_IMPLEMENTED, ""),
+        ("cmdline", StatusCode::OK, cmdline.as_str()),
+    ] {
+        let r = skipper_test_support::http()
+            .get(format!("http://{addr}/debug/pprof/{path}"))
             .send()
             .await
             .unwrap();
-        assert_eq!(r.status(), reqwest::StatusCode::BAD_REQUEST, "{bad}");
-        assert!(r.text().await.unwrap().contains("between 1 and 120"));
+        assert_eq!(r.status(), status, "{path}");
+        let body = r.text().await.unwrap();
+        assert!(body.contains(says), "{path}: {body}");
     }
-    let index = http
-        .get(format!("http://{addr}/debug/pprof/"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(index.status(), reqwest::StatusCode::OK);
-    assert!(index.text().await.unwrap().contains("profile?seconds="));
-    let heap = http
-        .get(format!("http://{addr}/debug/pprof/heap"))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(heap.status(), reqwest::StatusCode::NOT_IMPLEMENTED);
-    let cmdline = http
-        .get(format!("http://{addr}/debug/pprof/cmdline"))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
-    assert!(cmdline.contains("profiling"), "{cmdline}");
     shutdown.trigger();
 }
 
 #[tokio::test]
 async fn a_profile_ends_early_at_shutdown() {
+    let _sampler = sampler().await;
     let (addr, shutdown) = start().await;
     let http = reqwest::Client::new();
     let (req, _) = running_profile(&http, addr, 60).await;

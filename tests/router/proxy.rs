@@ -12,13 +12,10 @@ use harness::{
     FakeController, World, function_header, refused_addr, start_router, start_upstream, test_config, world,
 };
 use skipper::domain::HEADER_FUNCTION;
+use skipper_test_support::http;
 use tokio_util::sync::CancellationToken;
 
 const LIMIT: Duration = Duration::from_secs(10);
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
-}
 
 fn header() -> String {
     function_header("app", "t1", false)
@@ -529,14 +526,7 @@ async fn metrics_count_requests_and_durations() {
         let resp = get(&w, "/x").await;
         resp.bytes().await.unwrap();
     }
-    let metrics = http()
-        .get(format!("http://{}/metrics", w.router.metrics_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = w.router.metrics().await;
     assert!(
         metrics.contains("skipper_router_requests_total{function_deployment=\"app\"} 5"),
         "{metrics}"
@@ -551,14 +541,7 @@ async fn metrics_count_requests_and_durations() {
         .await
         .unwrap();
     assert_eq!(resp.status(), 404);
-    let metrics = http()
-        .get(format!("http://{}/metrics", w.router.metrics_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = w.router.metrics().await;
     assert!(!metrics.contains("made-up-deployment"), "{metrics}");
     assert!(
         metrics.contains("skipper_router_requests_total{function_deployment=\"other\"} 1"),
@@ -812,14 +795,7 @@ async fn a_stalled_upload_is_408_after_the_body_timeout() {
     );
     assert!(started.elapsed() >= Duration::from_millis(300));
     // The in-flight count is released with the request.
-    let metrics = http()
-        .get(format!("http://{}/metrics", w.router.metrics_addr))
-        .send()
-        .await
-        .unwrap()
-        .text()
-        .await
-        .unwrap();
+    let metrics = w.router.metrics().await;
     assert!(
         metrics.contains("skipper_router_requests_in_flight{function_deployment=\"other\"} 0"),
         "{metrics}"

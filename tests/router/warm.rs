@@ -14,13 +14,10 @@ use std::time::Duration;
 
 use harness::{FakeController, function_header, start_router, start_upstream, test_config};
 use skipper::domain::{HEADER_FUNCTION, HEADER_INSTANCE, HEADER_TENANT};
+use skipper_test_support::http;
 use tokio_util::sync::CancellationToken;
 
 const LIMIT: Duration = Duration::from_secs(10);
-
-fn http() -> reqwest::Client {
-    reqwest::Client::builder().no_proxy().build().unwrap()
-}
 
 fn header() -> String {
     function_header("app", "t1", false)
@@ -92,18 +89,7 @@ impl World {
     }
 
     async fn metric(&self, line_prefix: &str) -> f64 {
-        let text = http()
-            .get(format!("http://{}/metrics", self.router.metrics_addr))
-            .send()
-            .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .filter(|l| l.starts_with(line_prefix))
-            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-            .sum()
+        self.router.metric(line_prefix).await
     }
 }
 

@@ -47,7 +47,8 @@
 //! A node holds a lock file under [`STATE_DIR`] while it lives; when
 //! [`KubeletNodes::start`] finds a node cgroup tree whose lock nobody holds
 //! (its process was SIGKILLed), it kills what still runs there and removes
-//! it, before it starts anything.
+//! it and the lock file, before it starts anything; lock files of trees
+//! that are gone already are removed too ([`crate::lockfile`]).
 
 use std::collections::BTreeSet;
 use std::fs::File;
@@ -66,6 +67,7 @@ use tokio::time::Instant;
 use super::control_plane::{ControlPlane, ControlPlaneError};
 use super::kubelet::NodeSpec;
 use super::kubelet::network::{Bridge, NetworkError};
+use super::lockfile::{self, Lock};
 use super::pki::{self, PkiError};
 
 /// What `make nodes` builds into [`Config::bin_dir`].
@@ -464,27 +466,13 @@ fn lock_path(id: &str) -> PathBuf {
 }
 
 /// Takes the lock of `id` (`None` when a live process holds it).
-fn try_lock(id: &str) -> Result<Option<File>, NodesError> {
+fn try_lock(id: &str) -> Result<Option<Lock>, NodesError> {
     let path = lock_path(id);
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|source| NodesError::Io {
-            what: "opening",
-            path: path.clone(),
-            source,
-        })?;
-    match file.try_lock() {
-        Ok(()) => Ok(Some(file)),
-        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
-        Err(std::fs::TryLockError::Error(source)) => Err(NodesError::Io {
-            what: "locking",
-            path,
-            source,
-        }),
-    }
+    Lock::try_take(&path).map_err(|source| NodesError::Io {
+        what: "locking",
+        path,
+        source,
+    })
 }
 
 /// A node's cgroup tree: `<base>/skipper-kubelet-<id>` in every hierarchy.
@@ -654,16 +642,13 @@ fn walkdir(dir: &Path) -> Vec<PathBuf> {
     out
 }
 
-/// Node cgroup trees anywhere in the first levels of every hierarchy whose
-/// lock nobody holds: what a SIGKILLed harness left. Each is destroyed (its
-/// processes killed: the shims and containers, which outlive containerd by
-/// design, and with them the node's mount namespace and the pods' network
-/// namespaces).
-async fn sweep_stale(timeout: Duration) -> Result<(), NodesError> {
-    let mut stale = BTreeSet::new();
+/// Node cgroup trees anywhere in the first levels of every hierarchy: each
+/// tree's id, hierarchy and directory (one per hierarchy). The base is this
+/// process's memory cgroup or another's of the same depth: three levels
+/// down are looked at.
+fn node_trees() -> Vec<(String, PathBuf, PathBuf)> {
+    let mut out = Vec::new();
     for hierarchy in hierarchies() {
-        // The base is this process's memory cgroup or another's of the
-        // same depth: look three levels down.
         let mut level = vec![hierarchy.clone()];
         for _ in 0..3 {
             let mut next = Vec::new();
@@ -673,29 +658,47 @@ async fn sweep_stale(timeout: Duration) -> Result<(), NodesError> {
                         continue;
                     }
                     let name = e.file_name().to_string_lossy().into_owned();
-                    if let Some(id) = parse_cgroup_name(&name) {
-                        let rel = e
-                            .path()
-                            .strip_prefix(&hierarchy)
-                            .map(Path::to_path_buf)
-                            .unwrap_or_default();
-                        stale.insert((id.to_owned(), format!("/{}", rel.display())));
-                    } else {
-                        next.push(e.path());
+                    match parse_cgroup_name(&name) {
+                        Some(id) => out.push((id.to_owned(), hierarchy.clone(), e.path())),
+                        None => next.push(e.path()),
                     }
                 }
             }
             level = next;
         }
     }
+    out
+}
+
+/// The trees of [`node_trees`] whose lock nobody holds: what a SIGKILLed
+/// harness left. Each is destroyed (its processes killed: the shims and
+/// containers, which outlive containerd by design, and with them the
+/// node's mount namespace and the pods' network namespaces).
+async fn sweep_stale(timeout: Duration) -> Result<(), NodesError> {
+    let mut stale = BTreeSet::new();
+    for (id, hierarchy, dir) in node_trees() {
+        let rel = dir
+            .strip_prefix(&hierarchy)
+            .map(Path::to_path_buf)
+            .unwrap_or_default();
+        stale.insert((id, format!("/{}", rel.display())));
+    }
     for (id, path) in stale {
         let Some(lock) = try_lock(&id)? else {
             continue;
         };
         tracing::info!(cgroup = %path, "removing a kubelet node whose harness is gone");
-        CgroupTree { path }.destroy(timeout).await;
-        drop(lock);
-        let _ = std::fs::remove_file(lock_path(&id));
+        if (CgroupTree { path }).destroy(timeout).await {
+            lock.remove();
+        }
+    }
+    // Lock files of nodes whose tree is gone already (or was never made).
+    for (id, _) in lockfile::list(Path::new(STATE_DIR)) {
+        if parse_cgroup_name(&format!("{CGROUP_PREFIX}{id}")).is_some()
+            && let Some(lock) = try_lock(&id)?
+        {
+            lock.remove();
+        }
     }
     Ok(())
 }
@@ -782,7 +785,7 @@ struct Node {
     layout: Layout,
     cgroup: CgroupTree,
     /// Held while the node lives (see [`sweep_stale`]).
-    lock: Option<File>,
+    lock: Option<Lock>,
     lock_id: String,
     /// Holds the node's mount namespace (the pause program).
     holder: Child,
@@ -1072,9 +1075,8 @@ impl Node {
             let _ = tokio::time::timeout(Duration::from_secs(1), child.wait()).await;
         }
         bridge.remove_address(self.layout.ip);
-        if gone {
-            self.lock.take();
-            let _ = std::fs::remove_file(lock_path(&self.lock_id));
+        if gone && let Some(lock) = self.lock.take() {
+            lock.remove();
         }
     }
 
@@ -1136,6 +1138,32 @@ async fn await_namespace(pid: u32, timeout: Duration) -> Result<(), NodesError> 
     }
 }
 
+/// The processes of the container `container_id` (`containerd://<id>` or
+/// the bare id) in the cgroup trees `trees`: those of its cgroup, a
+/// directory named by the id.
+fn pids_of_container(trees: &[PathBuf], container_id: &str) -> Vec<i32> {
+    let id = container_id.rsplit("://").next().unwrap_or(container_id);
+    let mut pids = BTreeSet::new();
+    for tree in trees {
+        for d in walkdir(tree) {
+            if d.file_name().is_some_and(|n| n == id) {
+                let text = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
+                pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
+            }
+        }
+    }
+    pids.into_iter().collect()
+}
+
+/// [`KubeletNodes::container_pids`] for a process that does not hold the
+/// nodes (a test of `skipper dev --nodes kubelet`): the container's
+/// processes in any kubelet node's cgroup tree on this host.
+#[must_use]
+pub fn host_container_pids(container_id: &str) -> Vec<i32> {
+    let trees: Vec<PathBuf> = node_trees().into_iter().map(|(_, _, dir)| dir).collect();
+    pids_of_container(&trees, container_id)
+}
+
 // ---------------------------------------------------------------------------
 // The nodes.
 
@@ -1146,6 +1174,8 @@ pub struct KubeletNodes {
     nodes: Vec<Node>,
     bridge: Arc<Bridge>,
     stop_timeout: Duration,
+    /// `ctr`, for what is done to every node's images.
+    ctr: PathBuf,
 }
 
 /// Whether `path` is an executable file.
@@ -1217,11 +1247,6 @@ pub fn check(config: &Config, count: usize) -> Result<(), NodesError> {
 /// # Errors
 /// [`NodesError::Io`] when the lock directory cannot be used.
 pub async fn sweep(stop_timeout: Duration) -> Result<(), NodesError> {
-    std::fs::create_dir_all(STATE_DIR).map_err(|source| NodesError::Io {
-        what: "creating",
-        path: STATE_DIR.into(),
-        source,
-    })?;
     sweep_stale(stop_timeout).await
 }
 
@@ -1248,6 +1273,7 @@ impl KubeletNodes {
             nodes: Vec::new(),
             bridge: bridge.clone(),
             stop_timeout: config.stop_timeout,
+            ctr: config.bin_dir.join("ctr"),
         };
         let cluster = Cluster {
             config,
@@ -1355,19 +1381,56 @@ impl KubeletNodes {
     /// (`containerd://<id>` or the bare id): the processes of its cgroup.
     #[must_use]
     pub fn container_pids(&self, container_id: &str) -> Vec<i32> {
-        let id = container_id.rsplit("://").next().unwrap_or(container_id);
-        let mut pids = BTreeSet::new();
+        let trees: Vec<PathBuf> = self.nodes.iter().flat_map(|n| n.cgroup.dirs()).collect();
+        pids_of_container(&trees, container_id)
+    }
+
+    /// Gives the image `source` (a name [`Self::image_names`] lists) the
+    /// name `target` too, in every node (`ctr images tag`): a second tag of
+    /// an imported image, as a registry would serve it.
+    ///
+    /// # Errors
+    /// [`NodesError::Command`] with what `ctr` said.
+    pub async fn tag_image(&self, source: &str, target: &str) -> Result<(), NodesError> {
         for node in &self.nodes {
-            for dir in node.cgroup.dirs() {
-                for d in walkdir(&dir) {
-                    if d.file_name().is_some_and(|n| n == id) {
-                        let text = std::fs::read_to_string(d.join("cgroup.procs")).unwrap_or_default();
-                        pids.extend(text.lines().filter_map(|l| l.trim().parse::<i32>().ok()));
-                    }
-                }
-            }
+            run(
+                &format!("tagging {source} as {target} in {}", node.layout.name),
+                &[
+                    s(&self.ctr),
+                    "--address".into(),
+                    s(&node.layout.containerd_socket()),
+                    "--namespace".into(),
+                    "k8s.io".into(),
+                    "images".into(),
+                    "tag".into(),
+                    "--force".into(),
+                    source.into(),
+                    target.into(),
+                ],
+                Duration::from_secs(30),
+            )
+            .await?;
         }
-        pids.into_iter().collect()
+        Ok(())
+    }
+
+    /// The directory of volume `volume` of plugin `plugin`
+    /// (`kubernetes.io~empty-dir`) of the pod with UID `uid`, on whichever
+    /// node runs it.
+    #[must_use]
+    pub fn pod_volume(&self, uid: &str, plugin: &str, volume: &str) -> Option<PathBuf> {
+        self.nodes
+            .iter()
+            .map(|n| {
+                n.layout
+                    .dir
+                    .join("kubelet/root/pods")
+                    .join(uid)
+                    .join("volumes")
+                    .join(plugin)
+                    .join(volume)
+            })
+            .find(|d| d.is_dir())
     }
 
     /// Stops every node (see `Node::stop`), in reverse order.

@@ -120,6 +120,8 @@ pub mod https;
 pub mod kubelet;
 /// Upstream kubelet and containerd nodes for the real control plane.
 pub mod kubelet_nodes;
+/// Lock files under `/run` that tell a live harness's host state from a dead one's.
+pub mod lockfile;
 /// `metrics.k8s.io` as an aggregated API (an APIService), as metrics-server.
 pub mod metrics_api;
 /// JSON, merge and strategic-merge patches.

@@ -31,7 +31,11 @@
 //! [`RealCluster::shutdown`] stops the pods and the nodes, then the control
 //! plane, then removes the pod network. Dropping the value does the same
 //! without waiting (processes are SIGKILLed; what kubelet nodes leave is
-//! removed when nodes start next, see [`super::kubelet_nodes`]).
+//! removed when nodes start next, see [`super::kubelet_nodes`]). A cluster
+//! that owns its work directory holds a lock file naming it under
+//! [`WORK_DIR_LOCKS`]; when its process is SIGKILLed, the next cluster to
+//! start removes the directory (etcd's data, containerd's images and
+//! snapshots) and the lock file ([`sweep_work_dirs`]).
 //!
 //! Bridge mode needs root (`CAP_NET_ADMIN`, `CAP_SYS_ADMIN`) and the `ip`
 //! command of iproute2; [`RealCluster::start`] fails with one line naming
@@ -53,7 +57,15 @@ use super::control_plane::{self, ControlPlane, ControlPlaneError};
 use super::kubelet::network::{Bridge, NetworkError};
 use super::kubelet::{self, BackoffPolicy, Capacity, Kubelet, KubeletError, NodeSpec, PodNetwork};
 use super::kubelet_nodes::{self, KubeletNodes, MetricsServer, NodesError};
+use super::lockfile::{self, Lock};
 use super::metrics_api::{self, MetricsApiError};
+
+/// Where the lock files of the work directories real clusters own live
+/// (each names its directory; see [`sweep_work_dirs`]).
+pub const WORK_DIR_LOCKS: &str = "/run/skipper-real";
+/// Owned work directories are `skipper-real-<pid>-<random>` in the
+/// temporary directory.
+const WORK_DIR_PREFIX: &str = "skipper-real-";
 
 /// How long the agent's tasks may take to stop.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
@@ -158,6 +170,8 @@ pub struct RealCluster {
     stop: CancellationToken,
     work_dir: PathBuf,
     owns_work_dir: bool,
+    /// Held while the owned work directory is in use (see [`sweep_work_dirs`]).
+    work_dir_lock: Option<Lock>,
     metrics_api: Option<SocketAddr>,
 }
 
@@ -218,7 +232,8 @@ impl RealCluster {
             None => {
                 let suffix: u64 = rand::random();
                 (
-                    std::env::temp_dir().join(format!("skipper-real-{}-{suffix:016x}", std::process::id())),
+                    std::env::temp_dir()
+                        .join(format!("{WORK_DIR_PREFIX}{}-{suffix:016x}", std::process::id())),
                     true,
                 )
             }
@@ -243,6 +258,19 @@ impl RealCluster {
                 .map_err(|e| cleanup(e.into()))?;
         }
         let bridge = Arc::new(Bridge::create().map_err(|e| cleanup(e.into()))?);
+        // After the bridge (the privileges are there) and the nodes' sweep
+        // (nothing of a dead harness runs in its directory any more).
+        let work_dir_lock = if owns_work_dir {
+            if matches!(config.node_kind, Nodes::Agent) {
+                kubelet_nodes::sweep(kubelet_nodes::Config::default().stop_timeout)
+                    .await
+                    .map_err(|e| cleanup(e.into()))?;
+            }
+            sweep_work_dirs();
+            Some(lock_work_dir(&work_dir).map_err(cleanup)?)
+        } else {
+            None
+        };
         let mut cp = config.control_plane.clone();
         cp.bind_address = bridge.gateway();
         if matches!(config.node_kind, Nodes::Kubelet(_)) {
@@ -281,6 +309,7 @@ impl RealCluster {
             stop: CancellationToken::new(),
             work_dir,
             owns_work_dir,
+            work_dir_lock,
             metrics_api: None,
         };
         // From here on, dropping `cluster` undoes everything.
@@ -516,5 +545,57 @@ impl Drop for RealCluster {
                 }
             }
         }
+        // Kept (released) while the directory is there: the next start
+        // removes what is left.
+        if let Some(lock) = self.work_dir_lock.take()
+            && !self.work_dir.exists()
+        {
+            lock.remove();
+        }
+    }
+}
+
+/// Takes the lock of the owned work directory `dir` (a file under
+/// [`WORK_DIR_LOCKS`] naming it).
+fn lock_work_dir(dir: &Path) -> Result<Lock, RealClusterError> {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    let path = Path::new(WORK_DIR_LOCKS).join(format!("{name}.lock"));
+    let fail = |source| RealClusterError::WorkDir {
+        path: path.clone(),
+        source,
+    };
+    let mut lock = Lock::try_take(&path)
+        .map_err(fail)?
+        .ok_or_else(|| fail(std::io::Error::other("held by another process")))?;
+    lock.write(&dir.display().to_string()).map_err(fail)?;
+    Ok(lock)
+}
+
+/// Removes the work directories of real clusters whose process is gone
+/// (SIGKILLed: nothing of its cleanup ran): etcd's data, the pods' and the
+/// kubelet nodes' directories (containerd's images and snapshots). Only a
+/// directory a lock file under [`WORK_DIR_LOCKS`] names, of the name an
+/// owned work directory has, in the temporary directory, is removed.
+pub fn sweep_work_dirs() {
+    let temp = std::env::temp_dir();
+    for (_, path) in lockfile::list(Path::new(WORK_DIR_LOCKS)) {
+        let Ok(Some(lock)) = Lock::try_take(&path) else {
+            continue;
+        };
+        let dir = PathBuf::from(lock.read().trim());
+        let owned = dir.parent() == Some(temp.as_path())
+            && dir
+                .file_name()
+                .is_some_and(|n| n.to_string_lossy().starts_with(WORK_DIR_PREFIX));
+        if owned && dir.exists() {
+            tracing::info!(dir = %dir.display(), "removing the work directory of a real cluster that is gone");
+            if std::fs::remove_dir_all(&dir).is_err() && dir.exists() {
+                continue;
+            }
+        }
+        lock.remove();
     }
 }

@@ -91,6 +91,30 @@ pub fn kubelet_nodes_config(nodes: usize) -> Option<skipper_devcluster::kubelet_
     Some(config)
 }
 
+/// The cgroup directories of the kubelet node `id` in every hierarchy
+/// (`<base>/skipper-kubelet-<id>`, a few levels down): what a stopped node
+/// must not leave.
+pub fn kubelet_node_cgroups(id: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    for h in std::fs::read_dir("/sys/fs/cgroup")
+        .into_iter()
+        .flatten()
+        .flatten()
+    {
+        let found = std::process::Command::new("find")
+            .arg(h.path())
+            .args(["-maxdepth", "4", "-type", "d", "-name"])
+            .arg(format!(
+                "{}{id}",
+                skipper_devcluster::kubelet_nodes::CGROUP_PREFIX
+            ))
+            .output()
+            .unwrap();
+        out.extend(String::from_utf8_lossy(&found.stdout).lines().map(str::to_owned));
+    }
+    out
+}
+
 /// A Kubernetes API to test against: the simulator or the real control plane.
 pub enum Backend {
     /// The in-process simulator.

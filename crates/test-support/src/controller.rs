@@ -4,15 +4,24 @@
 //! controllers, and helpers that await conditions with a deadline. Pod state
 //! is read through the Kubernetes API only; what only a node can see (a
 //! pod's files, its process) goes through [`Backend`].
+//!
+//! One barrier, [`caught_up`], stands between a test's writes and what the
+//! controllers answer from their caches: it lists what the controllers
+//! watch from the API server and waits, woken by each event a cache applies
+//! (never polling the caches), until every controller's caches hold each
+//! object at least at its listed `resourceVersion` and no longer hold the
+//! deleted ones. [`Ctl::start`] and every write helper of [`Sim`] end with
+//! it ([`Sim::caught_up`] covers each controller the harness started), so a
+//! test does not wait for its own writes to reach the informers.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-use std::future::Future;
+use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 use std::time::Duration;
 
-use k8s_openapi::api::apps::v1::Deployment;
+use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
 use serde_json::json;
@@ -28,6 +37,7 @@ use tokio::net::TcpListener;
 use tonic::transport::Channel;
 
 use crate::backend::Backend;
+pub use crate::eventually;
 
 /// Function namespace of the tests.
 pub const NS: &str = "fns";
@@ -59,28 +69,8 @@ pub struct Sim<'a> {
     pub client: kube::Client,
     pub key: SigningKey,
     pub public_pem: String,
-}
-
-/// Waits for `f` to return `Some`, polling every 10 ms, failing the test
-/// after `limit`.
-pub async fn eventually<T, F, Fut>(limit: Duration, what: &str, mut f: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Option<T>>,
-{
-    let result = tokio::time::timeout(limit, async {
-        loop {
-            if let Some(v) = f().await {
-                return v;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    })
-    .await;
-    match result {
-        Ok(v) => v,
-        Err(_) => panic!("timed out after {limit:?} waiting for {what}"),
-    }
+    /// The controllers [`Ctl::start`] ran on this cluster (the barrier's).
+    controllers: Mutex<Vec<Weak<Core>>>,
 }
 
 /// Whether a pod is Ready (its `Ready` condition is `True`) and not being
@@ -107,6 +97,15 @@ impl Sim<'static> {
             .await
             .expect("a backend (the real control plane is demanded, so a missing build fails)");
         Self::with(Held::Owned(backend)).await
+    }
+
+    /// [`Sim::start`] with the pool `name` of `replicas` pods deployed, every
+    /// one of them Ready (within 60 s).
+    pub async fn with_pool(name: &str, replicas: usize) -> Self {
+        let sim = Self::start().await;
+        sim.deploy_pool(name, i32::try_from(replicas).unwrap(), &[]).await;
+        sim.wait_pool(name, replicas, Duration::from_secs(60)).await;
+        sim
     }
 
     /// [`Sim::start`] on the simulator only, for a scenario that needs its
@@ -137,6 +136,22 @@ impl<'a> Sim<'a> {
             client,
             key,
             public_pem,
+            controllers: Mutex::default(),
+        }
+    }
+
+    /// [`caught_up`] for every controller started on this cluster that
+    /// still runs.
+    pub async fn caught_up(&self) {
+        let cores: Vec<Arc<Core>> = {
+            let mut list = self.controllers.lock().unwrap();
+            list.retain(|w| w.strong_count() > 0);
+            list.iter().filter_map(Weak::upgrade).collect()
+        };
+        for core in cores {
+            if !core.shutdown.is_shutting_down() {
+                caught_up(&self.client, &core).await;
+            }
         }
     }
 
@@ -175,6 +190,15 @@ impl<'a> Sim<'a> {
             .create(&PostParams::default(), &d)
             .await
             .unwrap();
+        // Its ReplicaSet is what tells a controller that the pool exists.
+        let sets = Api::<ReplicaSet>::namespaced(self.client.clone(), NS);
+        let selector = format!("{}={name}", skipper::domain::LABEL_DEPLOYMENT);
+        eventually("the pool's ReplicaSet", Duration::from_secs(30), || async {
+            let list = sets.list(&ListParams::default().labels(&selector)).await.ok()?;
+            (!list.items.is_empty()).then_some(())
+        })
+        .await;
+        self.caught_up().await;
     }
 
     /// Merge-patches Deployment `name` of [`NS`].
@@ -183,18 +207,13 @@ impl<'a> Sim<'a> {
             .patch(name, &PatchParams::default(), &Patch::Merge(patch))
             .await
             .unwrap();
+        self.caught_up().await;
     }
 
     /// Sets a Deployment's replica count.
     pub async fn scale_pool(&self, name: &str, replicas: i32) {
-        Api::<Deployment>::namespaced(self.client.clone(), NS)
-            .patch(
-                name,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"spec": {"replicas": replicas}})),
-            )
-            .await
-            .unwrap();
+        self.patch_pool(name, json!({"spec": {"replicas": replicas}}))
+            .await;
     }
 
     /// Ready pods of `ns` matching `selector` (through the API).
@@ -218,12 +237,14 @@ impl<'a> Sim<'a> {
             .collect()
     }
 
-    /// Waits until `n` pool pods are Ready.
+    /// Waits until `n` pool pods are Ready, and the controllers' caches
+    /// have them.
     pub async fn wait_pool(&self, deployment: &str, n: usize, limit: Duration) {
-        eventually(limit, "pool pods to be Ready", || async {
+        eventually("pool pods to be Ready", limit, || async {
             (self.free_pods(deployment).await.len() >= n).then_some(())
         })
         .await;
+        self.caught_up().await;
     }
 
     /// A pod, if it exists and is not being deleted.
@@ -252,6 +273,7 @@ impl<'a> Sim<'a> {
         let _ = Api::<Pod>::namespaced(self.client.clone(), ns)
             .delete(name, &DeleteParams::default())
             .await;
+        self.caught_up().await;
     }
 
     /// The token a fixture pod accepted, if any.
@@ -267,8 +289,15 @@ impl<'a> Sim<'a> {
     }
 
     /// A pod that stands in for a controller replica: Ready at once, no
-    /// ports, labelled as a controller. Returns its IP.
+    /// ports, labelled as a controller. Returns its IP once the running
+    /// controllers' rings may have it.
     pub async fn controller_pod(&self, ns: &str, name: &str) -> String {
+        let ip = self.stand_in(ns, name).await;
+        self.caught_up().await;
+        ip
+    }
+
+    async fn stand_in(&self, ns: &str, name: &str) -> String {
         if matches!(&*self.backend, Backend::Sim(_)) {
             return self.agent_controller_pod(ns, name).await;
         }
@@ -320,7 +349,7 @@ impl<'a> Sim<'a> {
         .unwrap();
         let api = Api::<Pod>::namespaced(self.client.clone(), ns);
         api.create(&PostParams::default(), &pod).await.unwrap();
-        eventually(Duration::from_secs(30), "controller pod to be Ready", || async {
+        eventually("controller pod to be Ready", Duration::from_secs(30), || async {
             let pod = api.get(name).await.unwrap();
             pod_ready(&pod).then_some(())?;
             pod.status?.pod_ip
@@ -342,6 +371,30 @@ impl<'a> Sim<'a> {
         // runs controllers that require tokens.
         c.auth.allow_unauthenticated = true;
         c
+    }
+
+    /// [`Sim::config`] for a controller of a ring: its members are the Ready
+    /// controller pods of [`CTL_NS`].
+    pub fn ring_config(&self, pod_ip: &str) -> Config {
+        let mut c = self.config(pod_ip);
+        c.single_controller_mode = false;
+        c
+    }
+
+    /// Two controllers of one ring, as two replicas run: the stand-in pods
+    /// `controller-a` and `controller-b` of [`CTL_NS`] and a controller on
+    /// each pod's IP, both on one port, with `config(pod_ip)`. Returns them
+    /// once both rings have both members.
+    pub async fn ring_of_two(&self, config: impl Fn(&str) -> Config) -> (Ctl, Ctl) {
+        let ip1 = self.controller_pod(CTL_NS, "controller-a").await;
+        let ip2 = self.controller_pod(CTL_NS, "controller-b").await;
+        let (la, lb) = listeners(&ip1, &ip2).await;
+        let (a, b) = tokio::join!(
+            Ctl::start(self, config(&ip1), la),
+            Ctl::start(self, config(&ip2), lb)
+        );
+        Ctl::await_rings(&[&a, &b], 2).await;
+        (a, b)
     }
 
     /// Creates ServiceAccount `name` in `ns` (an existing one is fine).
@@ -391,12 +444,12 @@ pub struct Ctl {
 
 impl Ctl {
     /// Starts a controller on `listener` and waits until it serves and its
-    /// caches know every Deployment of its function namespaces at this
-    /// moment (a call for one before that would be NOT_FOUND).
+    /// caches hold what the API server has at this moment ([`caught_up`]:
+    /// every pool Deployment's ReplicaSet among it, so no call is NOT_FOUND
+    /// by the missing-deployment fast path).
     pub async fn start(sim: &Sim<'_>, mut config: Config, listener: TcpListener) -> Self {
         let addr = listener.local_addr().unwrap();
         config.port = addr.port();
-        let function_namespaces = config.function_namespaces.clone();
         let shutdown = Shutdown::new();
         let (tx, rx) = tokio::sync::oneshot::channel();
         let task = tokio::spawn(skipper::controller::run(
@@ -412,28 +465,11 @@ impl Ctl {
             .await
             .expect("controller did not become ready")
             .expect("controller stopped before becoming ready");
-        for ns in &function_namespaces {
-            // A namespace the controller skipped (forbidden) has no cache.
-            let Ok(_) = running.core.cluster.namespace(ns) else {
-                continue;
-            };
-            let deployments = Api::<Deployment>::namespaced(sim.client.clone(), ns)
-                .list(&ListParams::default())
-                .await
-                .unwrap();
-            for d in deployments.items {
-                let name = d.metadata.name.clone().unwrap_or_default();
-                // Only pools: their pods carry `skipper/deployment=<name>`.
-                let pool = d
-                    .spec
-                    .and_then(|s| s.template.metadata)
-                    .and_then(|m| m.labels)
-                    .is_some_and(|l| l.get(skipper::domain::LABEL_DEPLOYMENT) == Some(&name));
-                if pool {
-                    await_deployment(&running.core, ns, &name).await;
-                }
-            }
-        }
+        sim.controllers
+            .lock()
+            .unwrap()
+            .push(Arc::downgrade(&running.core));
+        caught_up(&sim.client, &running.core).await;
         let grpc = ControllerServiceClient::connect(format!("http://{addr}"))
             .await
             .unwrap();
@@ -447,11 +483,36 @@ impl Ctl {
         }
     }
 
-    /// Waits until this controller's caches know Deployment `deployment`
-    /// of namespace [`NS`] (before that, a call for it is NOT_FOUND by the
-    /// missing-deployment fast path).
-    pub async fn knows(&self, deployment: &str) {
-        await_deployment(&self.core, NS, deployment).await;
+    /// The IP of the pod this controller stands for (its ring member).
+    #[must_use]
+    pub fn pod_ip(&self) -> &str {
+        &self.core.config.pod_ip
+    }
+
+    /// Waits until the ring of each of `ctls` has `members` members
+    /// (a ring follows the Ready controller pods); fails the test after
+    /// 30 s.
+    pub async fn await_rings(ctls: &[&Ctl], members: usize) {
+        let what = format!("{} rings of {members}", ctls.len());
+        eventually(&what, Duration::from_secs(30), || async {
+            ctls.iter()
+                .all(|c| c.core.cluster.ring.current().sorted_members().len() == members)
+                .then_some(())
+        })
+        .await;
+    }
+
+    /// The cluster state this controller alone holds (`local_only`).
+    pub async fn local_state(&mut self) -> api::ClusterState {
+        self.grpc
+            .get_cluster_state(api::GetClusterStateRequest {
+                local_only: Some(true),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .cluster_state
+            .unwrap()
     }
 
     /// Starts a single-controller-mode controller on 127.0.0.1:0.
@@ -471,6 +532,15 @@ impl Ctl {
             .unwrap()
     }
 
+    /// The status `GetInstance` for `f` fails with within `timeout`; panics
+    /// when it answers with an instance.
+    pub async fn refusal(&mut self, f: &Function, timeout: Duration) -> tonic::Status {
+        self.grpc
+            .get_instance(get_instance(f, timeout))
+            .await
+            .expect_err("GetInstance failed")
+    }
+
     /// Stops the controller.
     pub async fn stop(self) {
         self.shutdown.trigger();
@@ -479,20 +549,163 @@ impl Ctl {
     }
 }
 
-/// Waits until `core`'s caches know Deployment `ns/deployment` (its
-/// ReplicaSet carries `skipper/deployment=<deployment>`), failing the test
-/// after 20 s.
-pub async fn await_deployment(core: &Core, ns: &str, deployment: &str) {
-    let what = format!("the controller's cache to know Deployment {ns}/{deployment}");
-    eventually(Duration::from_secs(20), &what, || async {
-        core.cluster
-            .namespace(ns)
-            .ok()?
-            .replica_sets
-            .knows_deployment(deployment)
-            .then_some(())
-    })
-    .await;
+/// What a controller's cache should hold: `resourceVersion` by name, and
+/// whether the object is being deleted (then the cache may have dropped it).
+type Listing = HashMap<String, (u64, bool)>;
+
+/// Lists `api` with `selector`: the objects and the list's own
+/// `resourceVersion`.
+async fn listing<K>(api: Api<K>, selector: &str) -> (Listing, u64)
+where
+    K: kube::Resource + Clone + k8s_openapi::serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    let list = api.list(&ListParams::default().labels(selector)).await.unwrap();
+    let rv = |v: Option<&String>| v.and_then(|v| v.parse().ok()).unwrap_or(0);
+    let objects = list
+        .items
+        .iter()
+        .map(|o| {
+            let m = o.meta();
+            (
+                m.name.clone().unwrap_or_default(),
+                (rv(m.resource_version.as_ref()), m.deletion_timestamp.is_some()),
+            )
+        })
+        .collect();
+    (objects, rv(list.metadata.resource_version.as_ref()))
+}
+
+/// What keeps `cached` from holding `listed` (listed at `at`): an object
+/// missing or older, or one the list no longer has (deleted before it)
+/// still cached. `None` once caught up.
+fn lag(what: &str, listed: &(Listing, u64), cached: &HashMap<String, Option<u64>>) -> Option<String> {
+    let (objects, at) = listed;
+    for (name, (rv, deleting)) in objects {
+        match cached.get(name).copied().flatten() {
+            Some(have) if have >= *rv => {}
+            None if *deleting => {}
+            have => return Some(format!("{what} {name} at {rv} (cached: {have:?})")),
+        }
+    }
+    cached
+        .iter()
+        .find(|(name, rv)| !objects.contains_key(*name) && rv.is_none_or(|rv| rv <= *at))
+        .map(|(name, rv)| format!("{what} {name} gone by {at} (cached at {rv:?})"))
+}
+
+fn versions<K: kube::Resource>(objects: &[Arc<K>]) -> HashMap<String, Option<u64>> {
+    objects
+        .iter()
+        .map(|o| {
+            let m = o.meta();
+            let rv = m.resource_version.as_deref().and_then(|v| v.parse().ok());
+            (m.name.clone().unwrap_or_default(), rv)
+        })
+        .collect()
+}
+
+/// The barrier: lists what `core` watches from the API server now (function
+/// pods and ReplicaSets of each namespace it follows, the controller pods of
+/// its ring) and waits until its caches hold each object at least at the
+/// listed `resourceVersion` and no longer hold the ones deleted before the
+/// list. Event-driven: it checks again only when a cache applied an event.
+/// A namespace whose watches the API server refuses is left out (its caches
+/// stand still). Fails the test after 30 s, naming what lags.
+pub async fn caught_up(client: &kube::Client, core: &Core) {
+    if let Err(e) = caught_up_within(client, core, Duration::from_secs(30)).await {
+        panic!("{e}");
+    }
+}
+
+/// [`caught_up`] within `limit`; the error names what lags.
+///
+/// # Errors
+/// When the caches do not catch up within `limit`.
+pub async fn caught_up_within(client: &kube::Client, core: &Core, limit: Duration) -> Result<(), String> {
+    let state = &core.cluster.state;
+    let mut applied = state.applied();
+    let selector = skipper::domain::LABEL_DEPLOYMENT;
+    let mut listed = Vec::new();
+    for (ns, n) in state.namespaces.iter().filter(|(_, n)| n.is_synced()) {
+        let pods = listing(Api::<Pod>::namespaced(client.clone(), ns), selector).await;
+        let sets = listing(Api::<ReplicaSet>::namespaced(client.clone(), ns), selector).await;
+        listed.push((n.clone(), pods, sets));
+    }
+    let controllers = match &state.controller_pods {
+        Some(store) => Some((
+            store,
+            listing(
+                Api::<Pod>::namespaced(client.clone(), &core.config.namespace),
+                skipper::controller::kube::stores::CONTROLLER_SELECTOR,
+            )
+            .await,
+        )),
+        None => None,
+    };
+    let behind = || {
+        listed
+            .iter()
+            .find_map(|(n, pods, sets)| {
+                lag("pod", pods, &n.pods.resource_versions())
+                    .or_else(|| lag("replicaset", sets, &versions(&n.replica_sets.store().state())))
+            })
+            .or_else(|| {
+                let (store, pods) = controllers.as_ref()?;
+                lag("controller pod", pods, &versions(&store.state()))
+            })
+    };
+    let waited = tokio::time::timeout(limit, applied.wait_for(|_| behind().is_none())).await;
+    if matches!(waited, Ok(Ok(_))) {
+        return Ok(());
+    }
+    Err(format!(
+        "controller {}'s caches did not catch up with the API server within {limit:?}: {}",
+        core.config.pod_ip,
+        behind().unwrap_or_else(|| "its watches stopped".into())
+    ))
+}
+
+/// Binds `ip1:0` and `ip2:<same port>` (peers are dialled on one port).
+pub async fn listeners(ip1: &str, ip2: &str) -> (TcpListener, TcpListener) {
+    for _ in 0..20 {
+        let a = TcpListener::bind((ip1, 0)).await.unwrap();
+        let port = a.local_addr().unwrap().port();
+        if let Ok(b) = TcpListener::bind((ip2, port)).await {
+            return (a, b);
+        }
+    }
+    panic!("no common free port on {ip1} and {ip2}");
+}
+
+/// `SERVING`, as the health service answers it.
+pub const SERVING: i32 = tonic_health::pb::health_check_response::ServingStatus::Serving as i32;
+
+/// The status the health service at `addr` gives `service` (`""`: the
+/// controller's readiness), `None` when it does not answer.
+pub async fn health_status(addr: SocketAddr, service: &str) -> Option<i32> {
+    let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_millis(500))
+        .connect()
+        .await
+        .ok()?;
+    let resp = tonic_health::pb::health_client::HealthClient::new(channel)
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: service.to_owned(),
+        })
+        .await
+        .ok()?;
+    Some(resp.into_inner().status)
+}
+
+/// A tenant whose function of the pool `deployment` the ring of `members`
+/// gives to `owner`.
+pub fn tenant_owned_by(deployment: &str, members: &[&str], owner: &str) -> String {
+    let ring = skipper::ring::HashRing::new(members.iter().copied());
+    (0..1000)
+        .map(|i| format!("t{i}"))
+        .find(|t| ring.owner(function(deployment, t, 1).id()) == Some(owner))
+        .expect("one of 1000 tenants falls to each member")
 }
 
 /// A regular function of the pool `deployment`.
@@ -516,6 +729,18 @@ pub fn get_instance(f: &Function, timeout: Duration) -> tonic::Request<api::GetI
     let mut r = tonic::Request::new(api::GetInstanceRequest {
         function: Some(f.into()),
         exclude_instance_names: vec![],
+    });
+    r.set_timeout(timeout);
+    r
+}
+
+/// A Scale request of `f` to `desired` instances (for in-flight
+/// requests) with a deadline.
+pub fn scale(f: &Function, desired: u32, timeout: Duration) -> tonic::Request<api::ScaleRequest> {
+    let mut r = tonic::Request::new(api::ScaleRequest {
+        function: Some(f.into()),
+        desired_instances: Some(desired),
+        reason: Some(api::ScaleReason::InFlightRequests as i32),
     });
     r.set_timeout(timeout);
     r

@@ -64,6 +64,20 @@ pub fn api_http(cluster: &Cluster) -> reqwest::Client {
 
 pub use crate::eventually;
 
+/// The JSON the API server answers a GET of `path` with when asked for
+/// the representation `accept` (a Table, PartialObjectMetadata, ...).
+pub async fn api_get_as(cluster: &Cluster, path: &str, accept: &str) -> serde_json::Value {
+    api_http(cluster)
+        .get(format!("{}{path}", cluster.base_url()))
+        .header("Accept", accept)
+        .send()
+        .await
+        .expect("API request")
+        .json()
+        .await
+        .expect("a JSON answer")
+}
+
 /// A fresh signing key and its public key PEM.
 pub fn keys() -> (SigningKey, String) {
     let key = SigningKey::generate();

@@ -1,9 +1,11 @@
 //! What Skipper's integration, end-to-end and reliability suites share: the
 //! Kubernetes backends they run on ([`backend`]), the controller harness
 //! ([`controller`]), the router harness with its scriptable fake controller
-//! ([`router`]), a gRPC client that writes as Go's does ([`grpc`]), the simulator's test settings and pod helpers
-//! ([`devcluster`]), process checks ([`process`]), and the one condition
-//! wait ([`eventually`]).
+//! ([`router`]), a gRPC client that writes as Go's does ([`grpc`]), the
+//! simulator's test settings and pod helpers ([`devcluster`]), process
+//! checks ([`process`]), the one condition wait ([`eventually`]), and the
+//! requests tests repeat ([`http`], [`get_text`], [`get_status`],
+//! [`patch`], [`api_error`]).
 //!
 //! The root package takes this crate as a dev-dependency only; the product
 //! never links it.
@@ -73,4 +75,44 @@ where
     })
     .await
     .unwrap_or_else(|_| panic!("timed out after {timeout:?} waiting for {what}"))
+}
+
+/// An HTTP client that dials every address itself (no proxy from the
+/// environment: the tests' addresses are local).
+#[must_use]
+pub fn http() -> reqwest::Client {
+    reqwest::Client::builder().no_proxy().build().unwrap()
+}
+
+/// The body of a GET of `url` through [`http`]; panics on a transport
+/// error (the status is not checked).
+pub async fn get_text(url: impl reqwest::IntoUrl) -> String {
+    http().get(url).send().await.unwrap().text().await.unwrap()
+}
+
+/// The status a GET of `url` through [`http`] answers with; panics on a
+/// transport error.
+pub async fn get_status(url: impl reqwest::IntoUrl) -> reqwest::StatusCode {
+    http().get(url).send().await.unwrap().status()
+}
+
+/// `(code, reason, message)` of an error the API server answered; panics
+/// on any other error.
+#[must_use]
+pub fn api_error(e: kube::Error) -> (u16, String, String) {
+    match e {
+        kube::Error::Api(s) => (s.code, s.reason, s.message),
+        other => panic!("not an API error: {other}"),
+    }
+}
+
+/// Applies `patch` to object `name` of `api`; panics when the API server
+/// refuses it.
+pub async fn patch<K>(api: &kube::Api<K>, name: &str, patch: kube::api::Patch<serde_json::Value>) -> K
+where
+    K: Clone + std::fmt::Debug + k8s_openapi::serde::de::DeserializeOwned,
+{
+    api.patch(name, &kube::api::PatchParams::default(), &patch)
+        .await
+        .unwrap_or_else(|e| panic!("patch {name}: {e}"))
 }

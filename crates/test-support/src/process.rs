@@ -1,6 +1,7 @@
-//! Process checks shared by the integration tests (`tests/common/devcluster.rs`)
-//! and the end-to-end and reliability suites (`e2e/harness.rs`): liveness,
-//! process trees, and the process behind a listening socket.
+//! Process checks shared by the integration tests and the end-to-end and
+//! reliability suites (`e2e/harness.rs`): liveness,
+//! process trees, the process behind a listening socket, and a command's
+//! success.
 
 use std::collections::{HashMap, HashSet};
 use std::net::Ipv4Addr;
@@ -83,4 +84,18 @@ pub fn listener_pid(ip: Ipv4Addr, port: u16) -> Option<u32> {
             .flatten()
             .any(|fd| std::fs::read_link(fd.path()).is_ok_and(|l| l.to_string_lossy() == link))
     })
+}
+
+/// The standard output of a command that ran to success; panics naming
+/// `what` with its status, standard output and standard error otherwise.
+#[must_use]
+pub fn succeeded(what: &str, out: std::process::Output) -> Vec<u8> {
+    assert!(
+        out.status.success(),
+        "{what}: {}\nstdout: {}\nstderr: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    out.stdout
 }

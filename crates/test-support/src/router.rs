@@ -420,22 +420,18 @@ impl RouterHandle {
         format!("http://{}{path}", self.addr)
     }
 
-    /// The value of the router's metric `name`: the sum of its series (a
-    /// counter by its `_total` name).
-    pub async fn metric(&self, name: &str) -> f64 {
-        let text = reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .unwrap()
-            .get(format!("http://{}/metrics", self.metrics_addr))
-            .send()
+    /// The router's metrics, as its `/metrics` endpoint exposes them.
+    pub async fn metrics(&self) -> String {
+        crate::get_text(format!("http://{}/metrics", self.metrics_addr)).await
+    }
+
+    /// The sum of the samples whose metrics line starts with `line_prefix`
+    /// (every series of a metric, or one series).
+    pub async fn metric(&self, line_prefix: &str) -> f64 {
+        self.metrics()
             .await
-            .unwrap()
-            .text()
-            .await
-            .unwrap();
-        text.lines()
-            .filter(|l| l.split(['{', ' ']).next() == Some(name))
+            .lines()
+            .filter(|l| l.starts_with(line_prefix))
             .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
             .sum()
     }

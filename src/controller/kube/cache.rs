@@ -424,6 +424,14 @@ impl PodCache {
             .collect()
     }
 
+    /// The `resourceVersion` of every cached pod, by name (the test
+    /// harness's barrier compares them with what the API server lists).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn resource_versions(&self) -> HashMap<String, Option<u64>> {
+        self.read().pods.iter().map(|(n, e)| (n.clone(), e.rv)).collect()
+    }
+
     /// Number of cached pods.
     #[must_use]
     pub fn len(&self) -> usize {

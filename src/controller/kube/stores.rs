@@ -110,6 +110,13 @@ impl ReplicaSets {
         store_ready(&self.store)
     }
 
+    /// The store itself (the test harness's barrier reads its versions).
+    #[doc(hidden)]
+    #[must_use]
+    pub fn store(&self) -> &Store<ReplicaSet> {
+        &self.store
+    }
+
     /// Resolves once the first list has been applied (or the watch ended).
     pub async fn wait_synced(&self) {
         let _ = self.store.wait_until_ready().await;
@@ -205,9 +212,21 @@ pub struct State {
     /// The controller pods the ring is made of (none with
     /// `--single-controller-mode`).
     pub controller_pods: Option<Store<Pod>>,
+    /// Bumped by every watch once it applied an event to its cache.
+    applied: Arc<watch::Sender<u64>>,
 }
 
 impl State {
+    /// Woken each time a watch has applied an event to its cache (function
+    /// pods, ReplicaSets, controller pods). The test harness's barrier waits
+    /// on it until the caches hold what the API server lists; the
+    /// controller itself never reads it.
+    #[doc(hidden)]
+    #[must_use]
+    pub fn applied(&self) -> watch::Receiver<u64> {
+        self.applied.subscribe()
+    }
+
     /// A managed namespace.
     #[must_use]
     pub fn namespace(&self, ns: &str) -> Option<&Namespace> {
@@ -263,6 +282,10 @@ impl State {
                 .filter(|n| !n.is_synced())
                 .map(|n| Box::pin(n.wait_synced()))
                 .collect();
+            if unsynced.is_empty() {
+                // The last one listed since `settled` looked.
+                continue;
+            }
             tokio::select! {
                 _ = futures::future::select_all(unsynced) => {}
                 r = refused.changed() => if r.is_err() { return },
@@ -335,11 +358,13 @@ fn lag_since(t: Option<&k8s_openapi::apimachinery::pkg::apis::meta::v1::Time>) -
     )
 }
 
+/// Runs one watch until `token` fires, handing each event to `on` and then
+/// bumping `applied`.
 async fn run_watch<K, F>(
     api: Api<K>,
     config: watcher::Config,
     token: CancellationToken,
-    resource: &'static str,
+    (resource, applied): (&'static str, Arc<watch::Sender<u64>>),
     mut on: F,
 ) where
     K: kube::Resource + Clone + DeserializeOwned + Debug + Send + 'static,
@@ -351,7 +376,10 @@ async fn run_watch<K, F>(
             () = token.cancelled() => return,
             next = stream.next() => match next {
                 None => return,
-                Some(Ok(ev)) => on(ev),
+                Some(Ok(ev)) => {
+                    on(ev);
+                    applied.send_modify(|n| *n = n.wrapping_add(1));
+                }
                 Some(Err(e)) => {
                     if matches!(&e, watcher::Error::WatchError(s) if s.code == 410) {
                         tracing::debug!(watch_resource = resource, error = %e, "informer watch error");
@@ -529,6 +557,7 @@ pub async fn start(
 ) -> Result<State, StartError> {
     let mut namespaces = BTreeMap::new();
     let refusals = Refusals::new();
+    let applied = Arc::new(watch::channel(0).0);
     for ns in function_namespaces {
         if skip_forbidden {
             let probe: Api<Pod> = Api::namespaced(client.clone(), ns);
@@ -560,7 +589,7 @@ pub async fn start(
                     Api::namespaced(refusals.client(client, pods_watch), ns),
                     config.clone(),
                     shutdown.token().clone(),
-                    "pods",
+                    ("pods", applied.clone()),
                     move |ev| {
                         handle_pod_event(&cache, &metrics, ev);
                     },
@@ -576,7 +605,7 @@ pub async fn start(
                     rs_api,
                     config,
                     shutdown.token().clone(),
-                    "replicasets",
+                    ("replicasets", applied.clone()),
                     move |ev| {
                         let kind = match &ev {
                             Event::Apply(_) => Some("update"),
@@ -621,7 +650,7 @@ pub async fn start(
                 api,
                 watcher::Config::default().labels(CONTROLLER_SELECTOR),
                 shutdown.token().clone(),
-                "controller_pods",
+                ("controller_pods", applied.clone()),
                 move |ev| {
                     if let Event::Apply(_) | Event::Delete(_) = &ev {
                         metrics.informer_event("controller_pods", "update", None);
@@ -638,6 +667,7 @@ pub async fn start(
         usage: Arc::new(Usage::default()),
         refusals,
         controller_pods,
+        applied,
     };
     {
         let state = state.clone();

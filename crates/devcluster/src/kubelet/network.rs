@@ -18,9 +18,10 @@
 //!
 //! Concurrent agents (one per test process) never share a /24: each /24
 //! has a lock file under [`STATE_DIR`] that its agent holds (`flock`) while
-//! it lives, and a /24 that overlaps any route of the host is skipped. A
-//! bridge or namespace whose lock nobody holds belongs to a dead agent and
-//! is removed when an agent starts.
+//! it lives and removes with its bridge ([`crate::lockfile`]), and a /24
+//! that overlaps any route of the host is skipped. A bridge, namespace or
+//! lock file whose lock nobody holds belongs to a dead agent and is removed
+//! when an agent starts.
 //!
 //! Links and namespaces are managed with the `ip` command of iproute2
 //! rather than raw netlink: `ip netns` is the standard way to pin a network
@@ -28,12 +29,13 @@
 //! the same tool.
 
 use std::collections::BTreeSet;
-use std::fs::File;
 use std::net::Ipv4Addr;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
+
+use crate::lockfile::{self, Lock};
 
 /// Where the per-/24 lock files live.
 pub const STATE_DIR: &str = "/run/skipper-podnet";
@@ -338,27 +340,13 @@ fn exists_error(e: &NetworkError) -> bool {
 }
 
 /// Tries to take the lock of `slot` (`None` when another agent holds it).
-fn try_lock(slot: u16) -> Result<Option<File>, NetworkError> {
+fn try_lock(slot: u16) -> Result<Option<Lock>, NetworkError> {
     let path = Path::new(STATE_DIR).join(format!("{slot}.lock"));
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|source| NetworkError::State {
-            what: "opening",
-            path: path.clone(),
-            source,
-        })?;
-    match file.try_lock() {
-        Ok(()) => Ok(Some(file)),
-        Err(std::fs::TryLockError::WouldBlock) => Ok(None),
-        Err(std::fs::TryLockError::Error(source)) => Err(NetworkError::State {
-            what: "locking",
-            path,
-            source,
-        }),
-    }
+    Lock::try_take(&path).map_err(|source| NetworkError::State {
+        what: "locking",
+        path,
+        source,
+    })
 }
 
 /// Pod namespaces pinned under [`NETNS_DIR`] that belong to `slot`.
@@ -400,11 +388,20 @@ fn sweep_stale(exe: &Path) -> Result<(), NetworkError> {
             .flatten()
             .filter_map(|e| parse_netns_name(e.file_name().to_str()?)),
     );
+    // Lock files of slots whose bridge is gone already.
+    slots.extend(
+        lockfile::list(Path::new(STATE_DIR))
+            .into_iter()
+            .filter_map(|(name, _)| name.parse::<u16>().ok()),
+    );
     for slot in slots {
         if let Some(lock) = try_lock(slot)? {
-            tracing::info!(bridge = %bridge_name(slot), "removing the pod network of an agent that is gone");
-            clean_slot(exe, slot);
-            drop(lock);
+            if Path::new("/sys/class/net").join(bridge_name(slot)).exists() || !namespaces_of(slot).is_empty()
+            {
+                tracing::info!(bridge = %bridge_name(slot), "removing the pod network of an agent that is gone");
+                clean_slot(exe, slot);
+            }
+            lock.remove();
         }
     }
     Ok(())
@@ -419,7 +416,7 @@ pub struct Bridge {
     exe: PathBuf,
     pool: Mutex<IpPool>,
     seq: AtomicU64,
-    lock: Mutex<Option<File>>,
+    lock: Mutex<Option<Lock>>,
     removed: AtomicBool,
 }
 
@@ -439,11 +436,6 @@ impl Bridge {
             });
         }
         let exe = find_ip().ok_or(NetworkError::IpMissing)?;
-        std::fs::create_dir_all(STATE_DIR).map_err(|source| NetworkError::State {
-            what: "creating",
-            path: STATE_DIR.into(),
-            source,
-        })?;
         sweep_stale(&exe)?;
         let routes = parse_routes(&ip(
             &exe,
@@ -458,13 +450,20 @@ impl Bridge {
                 continue;
             };
             if routes.iter().any(|r| overlaps(*r, (subnet(slot), 24))) {
+                lock.remove();
                 continue;
             }
             let name = bridge_name(slot);
             match ip(&exe, None, &["link", "add", "name", &name, "type", "bridge"], &[]) {
                 Ok(_) => {}
-                Err(e) if exists_error(&e) => continue,
-                Err(e) => return Err(e),
+                Err(e) if exists_error(&e) => {
+                    lock.remove();
+                    continue;
+                }
+                Err(e) => {
+                    lock.remove();
+                    return Err(e);
+                }
             }
             let gw = format!("{}/24", gateway(slot));
             let up = ip(
@@ -475,13 +474,10 @@ impl Bridge {
             );
             if let Err(e) = up {
                 let _ = ip(&exe, None, &["link", "del", &name], &[]);
+                lock.remove();
                 return Err(e);
             }
-            {
-                use std::io::Write as _;
-                let _ = lock.set_len(0);
-                let _ = writeln!(lock, "{}", std::process::id());
-            }
+            let _ = lock.write(&format!("{}\n", std::process::id()));
             tracing::info!(bridge = %name, gateway = %gateway(slot), "pod network ready");
             return Ok(Self {
                 slot,
@@ -602,10 +598,15 @@ impl Bridge {
             return;
         }
         clean_slot(&self.exe, self.slot);
-        self.lock
+        // With the bridge gone, its lock file goes too (removed while held).
+        if let Some(lock) = self
+            .lock
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .take();
+            .take()
+        {
+            lock.remove();
+        }
     }
 }
 
