@@ -2,7 +2,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: build dist test test-real e2e e2e-real chaos fuzz fuzz-smoke lint fmt bench bench-router bench-cold bench-sim bench-controller clean control-plane \
+.PHONY: build dist test test-real e2e e2e-real e2e-kubelet chaos fuzz fuzz-smoke lint fmt bench bench-router bench-cold bench-sim bench-controller clean control-plane \
 	helm helm-lint nodes image image-check
 
 ## build: the release binary at target/release/skipper
@@ -49,8 +49,9 @@ METRICS_SERVER_LDFLAGS := -s -w -X k8s.io/client-go/pkg/version.gitVersion=v$(ME
 NODES_GO_BUILD := CGO_ENABLED=0 nice -n 10 go build -buildvcs=false -mod=readonly
 NODES_DIR := $(CURDIR)/target/nodes
 # buildah keeps its images and layers under target/ (vfs: plain directories, no mounts) and
-# leaves nothing in the host's container storage.
-BUILDAH = buildah --root $(CURDIR)/target/buildah/root --runroot $(CURDIR)/target/buildah/run --storage-driver vfs
+# leaves nothing in the host's container storage; tools/containers-private keeps what it writes
+# elsewhere (its blob-info cache under /var/lib/containers) off the host.
+BUILDAH = $(CURDIR)/tools/containers-private buildah --root $(CURDIR)/target/buildah/root --runroot $(CURDIR)/target/buildah/run --storage-driver vfs
 PAUSE_IMAGE := localhost/skipper/pause:1
 nodes:
 	@test -n "$(NODES_K8S_VERSION)" -a -n "$(CONTAINERD_VERSION)" -a -n "$(METRICS_SERVER_VERSION)" || { \
@@ -100,7 +101,7 @@ image: dist
 ## no capabilities): `skipper controller --help`, `skipper fixture` answering HTTP, `skipper router`
 ## answering /livez
 image-check:
-	tools/image-check target/image/skipper.oci.tar
+	tools/containers-private tools/image-check target/image/skipper.oci.tar
 
 ## helm: the helm command from tools/helm (helm.sh/helm/v3, Go modules) into target/helm/helm,
 ## versioned as the module it is built from; the chart's lint, golden and install tests use it
@@ -147,6 +148,13 @@ e2e:
 ## it is skipped
 e2e-real: control-plane
 	SKIPPER_TEST_CONTROL_PLANE=real $(CARGO) test --test e2e -- --test-threads 2 --nocapture
+
+## e2e-kubelet: scenarios on kubelet nodes (`skipper dev --control-plane real --nodes kubelet`: the
+## controllers, the router and the pool pods of the image; needs `make control-plane nodes image`):
+## echo and affinity, oneshot, a WebSocket keeping its pod
+E2E_KUBELET_SCENARIOS := s01_echo_and_affinity s03_oneshot s07_websocket_keeps_pod
+e2e-kubelet:
+	SKIPPER_TEST_NODES=kubelet $(CARGO) test --test e2e -- --test-threads 1 --nocapture $(E2E_KUBELET_SCENARIOS)
 
 ## chaos: the reliability suite against the real binary (header and heartbeat floods, races
 ## across controllers, pod and controller kills, leaked pods), two scenarios at a time; every

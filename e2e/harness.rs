@@ -7,7 +7,9 @@
 //! `SKIPPER_TEST_CONTROL_PLANE=real` runs every `skipper dev` with
 //! `--control-plane real` (the control plane `make control-plane` builds;
 //! `make e2e-real`); scenarios that need the simulator say why and skip
-//! ([`skipped_on_real`]).
+//! ([`skipped_on_real`]). `SKIPPER_TEST_NODES=kubelet` runs them with
+//! `--control-plane real --nodes kubelet` (`make e2e-kubelet`): every part
+//! of Skipper a pod of the image on kubelet nodes; the same scenarios skip.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::net::SocketAddr;
@@ -69,14 +71,25 @@ impl Default for Opts {
 }
 
 /// Whether the suite runs on the real control plane
-/// (`SKIPPER_TEST_CONTROL_PLANE=real`).
+/// (`SKIPPER_TEST_CONTROL_PLANE=real`, or kubelet nodes).
 pub fn real_control_plane() -> bool {
-    std::env::var("SKIPPER_TEST_CONTROL_PLANE").is_ok_and(|v| v == "real")
+    std::env::var("SKIPPER_TEST_CONTROL_PLANE").is_ok_and(|v| v == "real") || kubelet_nodes()
+}
+
+/// Whether the suite runs on kubelet nodes (`SKIPPER_TEST_NODES=kubelet`).
+pub fn kubelet_nodes() -> bool {
+    std::env::var("SKIPPER_TEST_NODES").is_ok_and(|v| v == "kubelet")
 }
 
 /// The name of the control plane the suite runs on, for printed figures.
 pub fn control_plane_name() -> &'static str {
-    if real_control_plane() { "real" } else { "sim" }
+    if kubelet_nodes() {
+        "real, kubelet nodes"
+    } else if real_control_plane() {
+        "real"
+    } else {
+        "sim"
+    }
 }
 
 /// On the real control plane: prints why `scenario` does not run there and
@@ -91,7 +104,9 @@ pub fn skipped_on_real(scenario: &str, reason: &str) -> bool {
 
 /// `skipper dev` arguments selecting the suite's control plane.
 pub fn control_plane_args() -> Vec<&'static str> {
-    if real_control_plane() {
+    if kubelet_nodes() {
+        vec!["--control-plane", "real", "--nodes", "kubelet"]
+    } else if real_control_plane() {
         vec!["--control-plane", "real"]
     } else {
         Vec::new()

@@ -4,7 +4,8 @@
 //! after `skipper dev` is SIGKILLed and started again, then stopped with
 //! Ctrl-C.
 //!
-//! Runs in `make e2e` (it chooses its own control plane and nodes); skipped
+//! Runs in `make e2e` (it chooses its own control plane and nodes; `make
+//! e2e-kubelet` runs other scenarios on kubelet nodes); skipped
 //! with a message when `make control-plane nodes image` has not run or this
 //! process is not root (a failure under `CI=true`).
 
