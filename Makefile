@@ -2,7 +2,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: build dist test test-real e2e e2e-real e2e-kubelet chaos fuzz fuzz-smoke lint fmt bench bench-router bench-sim bench-controller clean control-plane \
+.PHONY: build dist test test-real e2e e2e-real e2e-kubelet chaos fuzz fuzz-smoke lint fmt bench bench-router bench-cold bench-sim bench-controller clean control-plane \
 	helm helm-lint nodes image image-check
 
 ## build: the release binary at target/release/skipper
@@ -189,6 +189,11 @@ bench:
 ## bench-router: router load benchmark, direct vs through the router at 1 and 32 connections
 bench-router:
 	$(CARGO) bench --bench router_load
+
+## bench-cold: cold starts through the router (new tenants, free pool pods, simulator; p50/p95/max and
+## the Server-Timing parts) and GetInstance latency with a Go-style gRPC client
+bench-cold:
+	$(CARGO) bench --bench cold_start
 
 ## bench-sim: simulator figures (pool of 50 Ready, RSS per fixture pod, watch latency p50/p99)
 bench-sim:

@@ -23,10 +23,17 @@
 //! table shows medians. The bench asserts that the router made no
 //! controller RPC for requests during its warm runs (its
 //! `skipper_router_controller_calls_total` and the fake's GetInstance
-//! count), then reports the router's CPU per request and streams 1 GiB
-//! each way with the router's peak RSS.
+//! count), reports the CPU per request of every proxy (its processes' user
+//! and system time over its runs; nginx's workers included) and the
+//! router's ratio to nginx's, then streams 1 GiB each way with the
+//! router's peak RSS, and measures the router's memory per request waiting
+//! for a cold start (`SKIPPER_BENCH_WAITING`, default 1000, held waiting on
+//! the fake controller).
 //!
 //! `SKIPPER_BENCH_SECS` sets the measuring time per scenario (default 5).
+//! `SKIPPER_BENCH_PROFILE=DIR` saves a CPU profile of each router under the
+//! first round's 32 connections (`/debug/pprof/profile`, pprof's format) as
+//! `DIR/<target>.pb`; `go tool pprof -top DIR/router.pb` reads it.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
@@ -265,6 +272,26 @@ fn proc_cpu_ticks(pid: u32) -> u64 {
     f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
 }
 
+/// CPU ticks of `pid` and of its child processes (nginx's workers).
+fn tree_cpu_ticks(pid: u32) -> u64 {
+    let mut ticks = proc_cpu_ticks(pid);
+    if let Ok(dir) = std::fs::read_dir("/proc") {
+        for e in dir.flatten() {
+            let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
+                continue;
+            };
+            let rest = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
+            if rest.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok()) == Some(pid) {
+                ticks += proc_cpu_ticks(child);
+            }
+        }
+    }
+    ticks
+}
+
 fn proc_status_kib(pid: u32, key: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
@@ -310,11 +337,13 @@ struct Router {
     pid: u32,
     addr: SocketAddr,
     metrics: SocketAddr,
+    pprof: SocketAddr,
 }
 
 async fn start_router(exe: &str, controller: SocketAddr) -> Router {
     let port = free_port();
     let metrics_port = free_port();
+    let pprof_port = free_port();
     let child = tokio::process::Command::new(exe)
         .args([
             "router",
@@ -328,6 +357,12 @@ async fn start_router(exe: &str, controller: SocketAddr) -> Router {
             "127.0.0.1",
             "--controller-port",
             &controller.port().to_string(),
+            "--controller-token-file",
+            "",
+            "--pprof-host",
+            "127.0.0.1",
+            "--pprof-port",
+            &pprof_port.to_string(),
             "--log-level",
             "warn",
             "--telemetry",
@@ -337,6 +372,10 @@ async fn start_router(exe: &str, controller: SocketAddr) -> Router {
             &metrics_port.to_string(),
         ])
         .env_clear()
+        // Room for the waiting-memory measurement (a binary without these
+        // flags ignores them).
+        .env("SKIPPER_MAX_WAITING_REQUESTS", "4096")
+        .env("SKIPPER_MAX_WAITING_REQUESTS_PER_FUNCTION", "4096")
         .stdout(Stdio::null())
         .stderr(Stdio::inherit())
         .kill_on_drop(true)
@@ -350,6 +389,7 @@ async fn start_router(exe: &str, controller: SocketAddr) -> Router {
         pid,
         addr,
         metrics: format!("127.0.0.1:{metrics_port}").parse().unwrap(),
+        pprof: format!("127.0.0.1:{pprof_port}").parse().unwrap(),
     }
 }
 
@@ -357,6 +397,12 @@ impl Router {
     /// The sum of `skipper_router_controller_calls_total`, `None` when the
     /// router does not export it.
     async fn controller_calls(&self) -> Option<f64> {
+        self.metric("skipper_router_controller_calls").await
+    }
+
+    /// The sum of the series of metric `name` (a counter's `_total`
+    /// included), `None` when the router does not export it.
+    async fn metric(&self, name: &str) -> Option<f64> {
         let text = reqwest::Client::builder()
             .no_proxy()
             .build()
@@ -368,13 +414,17 @@ impl Router {
             .text()
             .await
             .ok()?;
-        let lines: Vec<&str> = text
-            .lines()
-            .filter(|l| l.starts_with("skipper_router_controller_calls_total"))
-            .collect();
-        if !text.contains("skipper_router_controller_calls") {
+        if !text.contains(&format!("# TYPE {name} ")) {
             return None;
         }
+        let total = format!("{name}_total");
+        let lines: Vec<&str> = text
+            .lines()
+            .filter(|l| {
+                let series = l.split(['{', ' ']).next().unwrap_or_default();
+                series == name || series == total
+            })
+            .collect();
         Some(
             lines
                 .iter()
@@ -394,6 +444,95 @@ impl Router {
             .unwrap();
         println!("router exit after SIGTERM: {status}");
     }
+}
+
+/// Saves a CPU profile of the process serving pprof at `pprof`, over
+/// `secs` less one second, to `to`.
+async fn profile(pprof: SocketAddr, secs: Duration, to: PathBuf) {
+    let seconds = secs.as_secs().saturating_sub(1).max(1);
+    let body = reqwest::Client::builder()
+        .no_proxy()
+        .build()
+        .unwrap()
+        .get(format!("http://{pprof}/debug/pprof/profile?seconds={seconds}"))
+        .send()
+        .await
+        .and_then(reqwest::Response::error_for_status)
+        .expect("the router serves /debug/pprof/profile")
+        .bytes()
+        .await
+        .unwrap();
+    if let Some(dir) = to.parent() {
+        std::fs::create_dir_all(dir).unwrap();
+    }
+    std::fs::write(&to, body).unwrap();
+    println!("CPU profile: {}", to.display());
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Waiting {
+    /// Each request the first of a new tenant, its GetInstance held.
+    Cold,
+    /// One tenant at `max_in_flight_requests` 1, its one request held by
+    /// the upstream.
+    Queued,
+}
+
+/// Holds `n` requests waiting in the router and returns the router's RSS
+/// growth per request (KiB); then lets them finish.
+async fn waiting_memory(
+    router: &Router,
+    n: usize,
+    how: Waiting,
+    fake: &harness::FakeController,
+    upstream: &harness::Upstream,
+) -> f64 {
+    use tokio::io::AsyncWriteExt as _;
+    let request = |tenant: &str, path: &str, limit: &str| {
+        format!(
+            "GET {path} HTTP/1.1\r\nhost: bench\r\nx-skipper-function: {{\"namespace\":\"ns\",\"deployment\":\"bench\",\"tenant\":\"{tenant}\",\"scale\":{{\"max_instances\":1{limit}}}}}\r\n\r\n"
+        )
+    };
+    let mut held = Vec::new();
+    if how == Waiting::Queued {
+        let mut s = tokio::net::TcpStream::connect(router.addr).await.unwrap();
+        s.write_all(request("queue", "/block", ",\"max_in_flight_requests\":1").as_bytes())
+            .await
+            .unwrap();
+        held.push(s);
+        upstream.wait_arrived(1).await;
+    } else {
+        fake.close_get_instance();
+    }
+    let rss_before = proc_status_kib(router.pid, "VmRSS:");
+    for i in 0..n {
+        let mut s = tokio::net::TcpStream::connect(router.addr).await.unwrap();
+        let text = match how {
+            Waiting::Cold => request(&format!("waiting-{i}"), "/hello", ""),
+            Waiting::Queued => request("queue", "/block", ",\"max_in_flight_requests\":1"),
+        };
+        s.write_all(text.as_bytes()).await.unwrap();
+        held.push(s);
+    }
+    tokio::time::timeout(Duration::from_secs(60), async {
+        while router
+            .metric("skipper_router_requests_waiting")
+            .await
+            .unwrap_or(0.0)
+            < n as f64
+        {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    })
+    .await
+    .expect("the requests did not all wait");
+    let rss = proc_status_kib(router.pid, "VmRSS:");
+    match how {
+        Waiting::Cold => fake.open_get_instance(),
+        Waiting::Queued => upstream.open(),
+    }
+    drop(held);
+    rss.saturating_sub(rss_before) as f64 / n as f64
 }
 
 /// nginx as a plain reverse proxy with a keep-alive upstream pool.
@@ -559,20 +698,21 @@ fn main() {
             None => None,
         };
 
-        let mut targets: Vec<(&str, SocketAddr, Option<&str>)> = vec![
-            ("direct", upstream.addr, None),
-            ("minimal", minimal_addr, None),
+        // (name, address, function header, the proxy's process for its CPU)
+        let mut targets: Vec<(&str, SocketAddr, Option<&str>, Option<u32>)> = vec![
+            ("direct", upstream.addr, None, None),
+            ("minimal", minimal_addr, None, _minimal.id()),
         ];
-        if let Some((_, addr, _)) = &nginx {
-            targets.push(("nginx", *addr, None));
+        if let Some((child, addr, _)) = &nginx {
+            targets.push(("nginx", *addr, None, child.id()));
         }
-        targets.push(("router", router.addr, Some(header.as_str())));
+        targets.push(("router", router.addr, Some(header.as_str()), Some(router.pid)));
         if let Some(b) = &base {
-            targets.push(("baseline", b.addr, Some(header.as_str())));
+            targets.push(("baseline", b.addr, Some(header.as_str()), Some(b.pid)));
         }
 
         // Warm up every path (the router's table fills from its stream).
-        for (_, addr, h) in &targets {
+        for (_, addr, h, _) in &targets {
             builtin(*addr, *h, 4, Duration::from_millis(500)).await;
         }
         let calls_before = router.controller_calls().await.expect("the router exports skipper_router_controller_calls");
@@ -589,18 +729,34 @@ fn main() {
             println!("note: nginx is not installed; its rows are skipped (apt-get install -y nginx-light)");
         }
         let mut results: BTreeMap<(usize, usize), Vec<Outcome>> = BTreeMap::new();
-        let mut router_requests = 0;
-        let mut router_ticks = 0;
+        // (ticks, requests) per (conns, target)
+        let mut cpu: BTreeMap<(usize, usize), (u64, usize)> = BTreeMap::new();
         let mut fake_during_base = 0;
-        for _ in 0..rounds {
+        let profile_dir = env("SKIPPER_BENCH_PROFILE").map(PathBuf::from);
+        for round in 0..rounds {
             for conns in CONNS {
-                for (i, (name, addr, h)) in targets.iter().enumerate() {
-                    let ticks = (*name == "router").then(|| proc_cpu_ticks(router.pid));
+                for (i, (name, addr, h, pid)) in targets.iter().enumerate() {
+                    let ticks = pid.map(tree_cpu_ticks);
                     let fake0 = fake.calls("GetInstance");
+                    let pprof = match *name {
+                        "router" => Some(router.pprof),
+                        "baseline" => base.as_ref().map(|b| b.pprof),
+                        _ => None,
+                    };
+                    let profiling = match (&profile_dir, pprof) {
+                        (Some(dir), Some(pprof)) if round == 0 && conns == 32 => {
+                            Some(tokio::spawn(profile(pprof, secs, dir.join(format!("{name}.pb")))))
+                        }
+                        _ => None,
+                    };
                     let o = load(loadgen, *addr, *h, conns, secs).await;
-                    if let Some(t) = ticks {
-                        router_ticks += proc_cpu_ticks(router.pid) - t;
-                        router_requests += o.requests;
+                    if let Some(p) = profiling {
+                        p.await.unwrap();
+                    }
+                    if let (Some(t), Some(pid)) = (ticks, pid) {
+                        let c = cpu.entry((conns, i)).or_default();
+                        c.0 += tree_cpu_ticks(*pid) - t;
+                        c.1 += o.requests;
                     }
                     if *name == "baseline" {
                         fake_during_base += fake.calls("GetInstance") - fake0;
@@ -620,7 +776,7 @@ fn main() {
         let mut by: BTreeMap<(&str, usize), Summary> = BTreeMap::new();
         for conns in CONNS {
             let direct_p50 = summarize(&results[&(conns, 0)]).p50_us;
-            for (i, (name, _, _)) in targets.iter().enumerate() {
+            for (i, (name, _, _, _)) in targets.iter().enumerate() {
                 let s = summarize(&results[&(conns, i)]);
                 println!(
                     "{:<10} {:>3} {:>10.0} {:>9.1} {:>9.1} {:>9.1} {:>7}",
@@ -658,11 +814,28 @@ fn main() {
         println!(
             "targets (router vs minimal): added p50 at c=1 <= 1.5x, throughput at c=32 >= 0.8x"
         );
-        let cpu = router_ticks as f64 / TICKS_PER_SEC;
-        println!(
-            "router CPU: {cpu:.2} s for {router_requests} requests = {:.1} µs per request",
-            cpu / router_requests.max(1) as f64 * 1e6
-        );
+        // CPU per request: user + system time of the proxy's processes
+        // over its runs, divided by the requests they served.
+        let us_per_request = |conns: usize, name: &str| {
+            let i = targets.iter().position(|t| t.0 == name)?;
+            let (ticks, requests) = cpu.get(&(conns, i))?;
+            Some(*ticks as f64 / TICKS_PER_SEC / (*requests).max(1) as f64 * 1e6)
+        };
+        for conns in CONNS {
+            let mut line = format!("CPU µs per request at c={conns}:");
+            for name in ["minimal", "nginx", "router", "baseline"] {
+                if let Some(us) = us_per_request(conns, name) {
+                    line.push_str(&format!(" {name} {us:.1}"));
+                }
+            }
+            if let (Some(r), Some(n)) = (us_per_request(conns, "router"), us_per_request(conns, "nginx")) {
+                line.push_str(&format!("; router/nginx {:.2}x", r / n));
+            }
+            if let (Some(r), Some(b)) = (us_per_request(conns, "router"), us_per_request(conns, "baseline")) {
+                line.push_str(&format!("; router/baseline {:.2}x", r / b));
+            }
+            println!("{line}");
+        }
         let router_calls = calls_after - calls_before;
         println!(
             "controller RPCs for requests during the router's warm runs: {router_calls} (router metric), {fake_router} GetInstance at the fake controller"
@@ -687,6 +860,15 @@ fn main() {
             1024.0 / up.as_secs_f64()
         );
         println!("router RSS: {rss_before} KiB before, {rss_after} KiB after, peak {hwm} KiB");
+
+        let waiting: usize = env("SKIPPER_BENCH_WAITING").and_then(|s| s.parse().ok()).unwrap_or(1000);
+        if waiting > 0 {
+            let cold = waiting_memory(&router, waiting, Waiting::Cold, &fake, &upstream).await;
+            let queued = waiting_memory(&router, waiting, Waiting::Queued, &fake, &upstream).await;
+            println!(
+                "router memory per waiting request ({waiting} at once, RSS growth): first request of a new tenant waiting for GetInstance {cold:.1} KiB; queued under a function's max_in_flight_requests {queued:.1} KiB"
+            );
+        }
 
         router.stop().await;
         if let Some(b) = base {

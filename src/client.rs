@@ -177,8 +177,8 @@ fn full_jitter(cap: Duration) -> Duration {
     Duration::from_nanos(rand::random_range(0..=nanos))
 }
 
-/// A failed call.
-#[derive(Debug, thiserror::Error)]
+/// A failed call. Cloned when several requests await one call.
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum Error {
     /// Discovery currently knows no controller address.
     #[error("failed to call {method}: no controller endpoints known")]

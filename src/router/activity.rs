@@ -11,30 +11,86 @@
 //! the table's subscription.
 
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, SystemTime};
 
+use arc_swap::ArcSwap;
 use tokio::time::Instant;
 
 use super::entry::Parsed;
 use super::instances::Table;
-use super::metrics::{DeploymentLabel, Metrics};
+use super::metrics::{Metrics, Series};
 use crate::api;
 use crate::client::Client;
 use crate::domain::FunctionId;
 
-/// Activity of one function.
+/// Activity of one function, and everything its requests need that is
+/// resolved once: the instance table and the metric series.
 #[derive(Debug)]
 pub struct Entry {
-    /// The newest spec seen for this identity. A std mutex: the critical
-    /// sections are a pointer swap or clone, never across an await.
-    parsed: Mutex<Arc<Parsed>>,
+    /// The newest spec seen for this identity.
+    parsed: ArcSwap<Parsed>,
     in_flight: AtomicI64,
-    /// Milliseconds since [`Activity`]'s start.
+    /// Milliseconds since `start`.
     last_active_ms: AtomicU64,
+    /// [`Activity`]'s start.
+    start: Instant,
     /// Set (under the map's bucket lock) when the entry is forgotten.
     evicted: AtomicBool,
     table: Arc<Table>,
+    /// The series of deployments without their own.
+    other: Series,
+    /// The deployment's own series, once it has them ([`Metrics::learn`]).
+    own: OnceLock<Series>,
+    /// The label budget was spent when the deployment asked for its own
+    /// series: it keeps the shared ones.
+    unlearnable: AtomicBool,
+}
+
+impl Entry {
+    fn now_ms(&self) -> u64 {
+        u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
+    }
+
+    fn touch(&self) {
+        let now = self.now_ms();
+        // A read first: requests within the same millisecond write nothing.
+        if self.last_active_ms.load(Ordering::Relaxed) < now {
+            self.last_active_ms.fetch_max(now, Ordering::SeqCst);
+        }
+    }
+
+    /// The function's instance table.
+    #[must_use]
+    pub fn table(&self) -> &Arc<Table> {
+        &self.table
+    }
+
+    /// The series this function's requests count in now.
+    #[must_use]
+    pub fn series(&self) -> &Series {
+        self.own.get().unwrap_or(&self.other)
+    }
+
+    /// Whether the entry was forgotten (its requests count on a new one).
+    #[must_use]
+    pub fn is_evicted(&self) -> bool {
+        self.evicted.load(Ordering::SeqCst)
+    }
+
+    /// Gives the function its deployment's own series once a controller
+    /// served an instance of it (see [`Metrics::learn`]).
+    pub fn learn(&self, metrics: &Metrics) {
+        if self.own.get().is_some() || self.unlearnable.load(Ordering::Relaxed) {
+            return;
+        }
+        let deployment = &self.parsed.load().function.deployment;
+        if metrics.learn(deployment) {
+            let _ = self.own.set(metrics.series(deployment));
+        } else {
+            self.unlearnable.store(true, Ordering::Relaxed);
+        }
+    }
 }
 
 /// Activity of every function. Cheap to clone.
@@ -50,9 +106,9 @@ pub struct Activity {
 #[derive(Debug)]
 pub struct InFlightGuard {
     entry: Arc<Entry>,
-    activity: Activity,
-    /// The gauge series raised at the start (lowered with the same one).
-    label: DeploymentLabel,
+    /// Whether the gauge raised was the deployment's own (lowered in the
+    /// same series).
+    own: bool,
 }
 
 impl InFlightGuard {
@@ -61,13 +117,23 @@ impl InFlightGuard {
     pub fn table(&self) -> &Arc<Table> {
         &self.entry.table
     }
+
+    /// The function's entry.
+    #[must_use]
+    pub fn entry(&self) -> &Arc<Entry> {
+        &self.entry
+    }
 }
 
 impl Drop for InFlightGuard {
     fn drop(&mut self) {
-        self.entry.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.activity.touch(&self.entry);
-        self.activity.metrics.in_flight.get_or_create(&self.label).dec();
+        let e = &self.entry;
+        e.in_flight.fetch_sub(1, Ordering::SeqCst);
+        e.touch();
+        match e.own.get() {
+            Some(own) if self.own => own.in_flight().dec(),
+            _ => e.other.in_flight().dec(),
+        };
     }
 }
 
@@ -87,57 +153,74 @@ impl Activity {
         u64::try_from(self.start.elapsed().as_millis()).unwrap_or(u64::MAX)
     }
 
-    fn touch(&self, e: &Entry) {
-        e.last_active_ms.fetch_max(self.now_ms(), Ordering::SeqCst);
+    /// The entry of `parsed`'s function, made on its first request.
+    async fn entry(&self, parsed: &Arc<Parsed>) -> Arc<Entry> {
+        if let Some(e) = self.map.read_async(&parsed.id, |_, e| e.clone()).await {
+            return e;
+        }
+        self.map
+            .entry_async(parsed.id)
+            .await
+            .or_insert_with(|| {
+                let deployment = &parsed.function.deployment;
+                let own = OnceLock::new();
+                if self.metrics.is_known(deployment) {
+                    let _ = own.set(self.metrics.series(deployment));
+                }
+                Arc::new(Entry {
+                    parsed: ArcSwap::new(parsed.clone()),
+                    in_flight: AtomicI64::new(0),
+                    last_active_ms: AtomicU64::new(0),
+                    start: self.start,
+                    evicted: AtomicBool::new(false),
+                    table: Arc::new(Table::new(&parsed.function.tenant)),
+                    other: self.metrics.other().clone(),
+                    own,
+                    unlearnable: AtomicBool::new(false),
+                })
+            })
+            .get()
+            .clone()
     }
 
     /// Counts a request for `parsed` as in flight until the guard drops.
     pub async fn begin(&self, parsed: &Arc<Parsed>) -> InFlightGuard {
         loop {
-            let entry = match self.map.get_async(&parsed.id).await {
-                Some(e) => e.get().clone(),
-                None => self
-                    .map
-                    .entry_async(parsed.id)
-                    .await
-                    .or_insert_with(|| {
-                        Arc::new(Entry {
-                            parsed: Mutex::new(parsed.clone()),
-                            in_flight: AtomicI64::new(0),
-                            last_active_ms: AtomicU64::new(0),
-                            evicted: AtomicBool::new(false),
-                            table: Arc::new(Table::new(&parsed.function.tenant)),
-                        })
-                    })
-                    .get()
-                    .clone(),
-            };
-            entry.in_flight.fetch_add(1, Ordering::SeqCst);
-            if entry.evicted.load(Ordering::SeqCst) {
-                // Forgotten between lookup and increment: count on a fresh entry.
-                entry.in_flight.fetch_sub(1, Ordering::SeqCst);
-                continue;
+            let entry = self.entry(parsed).await;
+            if let Some(g) = Self::enter(&entry, parsed) {
+                return g;
             }
-            self.touch(&entry);
-            {
-                // Poisoning needs a panic inside the two-line critical
-                // sections below, which cannot happen.
-                let mut p = entry
-                    .parsed
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-                if !Arc::ptr_eq(&p, parsed) {
-                    *p = parsed.clone();
-                }
-            }
-            let label = self.metrics.deployment(&parsed.function.deployment);
-            self.metrics.in_flight.get_or_create(&label).inc();
-            return InFlightGuard {
-                entry,
-                activity: self.clone(),
-                label,
-            };
         }
+    }
+
+    /// Counts a request for `parsed` on `entry` (one the caller kept from
+    /// an earlier request), unless the entry was forgotten meanwhile.
+    #[must_use]
+    pub fn enter(entry: &Arc<Entry>, parsed: &Arc<Parsed>) -> Option<InFlightGuard> {
+        entry.in_flight.fetch_add(1, Ordering::SeqCst);
+        if entry.is_evicted() {
+            // Forgotten between lookup and increment: count on a fresh entry.
+            entry.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return None;
+        }
+        entry.touch();
+        if !Arc::ptr_eq(&entry.parsed.load(), parsed) {
+            entry.parsed.store(parsed.clone());
+        }
+        let own = match entry.own.get() {
+            Some(s) => {
+                s.in_flight().inc();
+                true
+            }
+            None => {
+                entry.other.in_flight().inc();
+                false
+            }
+        };
+        Some(InFlightGuard {
+            entry: entry.clone(),
+            own,
+        })
     }
 
     /// Builds this tick's batch: forgets functions idle (and not in flight)
@@ -168,17 +251,13 @@ impl Activity {
                 } else {
                     e.last_active_ms.load(Ordering::SeqCst)
                 };
-                let (function, label) = {
-                    let p = e.parsed.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-                    (p.api.clone(), self.metrics.deployment(&p.function.deployment))
-                };
                 let ts = self.start_wall + Duration::from_millis(last);
                 out.push(api::Heartbeat {
-                    function: Some(function),
+                    function: Some(e.parsed.load().api.clone()),
                     timestamp: Some(prost_types::Timestamp::from(ts)),
                     in_flight_requests: Some(u32::try_from(in_flight).unwrap_or(u32::MAX)),
                 });
-                self.metrics.heartbeats.get_or_create(&label).inc();
+                e.series().heartbeats().inc();
                 true
             })
             .await;

@@ -83,6 +83,18 @@ pub struct Args {
     #[arg(long, env = "SKIPPER_GET_INSTANCE_TIMEOUT", default_value = "30s", value_parser = parse_duration)]
     pub get_instance_timeout: Duration,
 
+    /// Requests that may wait for an instance at once, router-wide (cold starts, retries through the controller, queues under a function's max_in_flight_requests); more are answered 503, shared fairly between functions
+    #[arg(long, env = "SKIPPER_MAX_WAITING_REQUESTS", default_value_t = 1024)]
+    pub max_waiting_requests: usize,
+
+    /// Requests of one function that may wait for an instance at once; more are answered 503
+    #[arg(
+        long,
+        env = "SKIPPER_MAX_WAITING_REQUESTS_PER_FUNCTION",
+        default_value_t = 256
+    )]
+    pub max_waiting_requests_per_function: usize,
+
     /// Controller service DNS name (used when --controller-headless-service-host is empty)
     #[arg(long, env = "SKIPPER_CONTROLLER_SERVICE_HOST")]
     pub controller_service_host: String,
@@ -164,6 +176,8 @@ pub struct Config {
     pub trusted_proxies: TrustedProxies,
     pub idle_timeout: Duration,
     pub get_instance_timeout: Duration,
+    /// Bounds on requests waiting for instances.
+    pub waiting: crate::router::proxy::admission::Limits,
     pub discovery: Discovery,
     /// The token presented to controllers; `None`: calls carry no token.
     pub controller_token_file: Option<std::path::PathBuf>,
@@ -193,6 +207,10 @@ impl Config {
             trusted_proxies: TrustedProxies::none(),
             idle_timeout: Duration::from_secs(60),
             get_instance_timeout: Duration::from_secs(30),
+            waiting: crate::router::proxy::admission::Limits {
+                total: 1024,
+                per_function: 256,
+            },
             discovery: Discovery::Static(controllers),
             controller_token_file: None,
             metrics_addr: None,
@@ -231,6 +249,12 @@ impl Config {
         }
         if self.get_instance_timeout.is_zero() {
             return bad("--get-instance-timeout must be greater than zero".into());
+        }
+        if self.waiting.total == 0 {
+            return bad("--max-waiting-requests must be at least 1".into());
+        }
+        if self.waiting.per_function == 0 {
+            return bad("--max-waiting-requests-per-function must be at least 1".into());
         }
         match &self.discovery {
             Discovery::Dns { host, port } => {
@@ -312,6 +336,10 @@ impl TryFrom<&Args> for Config {
             trusted_proxies,
             idle_timeout: a.idle_timeout,
             get_instance_timeout: a.get_instance_timeout,
+            waiting: crate::router::proxy::admission::Limits {
+                total: a.max_waiting_requests,
+                per_function: a.max_waiting_requests_per_function,
+            },
             discovery,
             controller_token_file: Some(a.controller_token_file.trim())
                 .filter(|p| !p.is_empty())
@@ -378,6 +406,8 @@ mod tests {
         assert_eq!(c.write_timeout, Some(Duration::from_secs(30)));
         assert_eq!(c.trusted_proxies, TrustedProxies::none());
         assert_eq!(c.idle_timeout, Duration::from_secs(60));
+        assert_eq!(c.waiting.total, 1024);
+        assert_eq!(c.waiting.per_function, 256);
         assert_eq!(
             c.discovery,
             Discovery::Dns {
@@ -468,6 +498,15 @@ mod tests {
                 "--trusted-proxies: \"proxy.local\" is not an IP address or network",
             ),
             (&["--controller-port", "0"][..], "--controller-port"),
+            (
+                &["--max-waiting-requests", "0"][..],
+                "--max-waiting-requests must be at least 1",
+            ),
+            (
+                &["--max-waiting-requests-per-function", "0"][..],
+                "--max-waiting-requests-per-function must be at least 1",
+            ),
+            (&["--max-waiting-requests", "many"][..], "--max-waiting-requests"),
             (
                 &["--controller-namespace", "skipper"][..],
                 "--controller-namespace needs --controller-headless-service-name",

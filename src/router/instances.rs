@@ -1,29 +1,50 @@
 //! Router-local instance tables: for each active function, the ready
-//! instances a controller streams to the router (`WatchInstances`), and the
-//! local choice among them.
+//! instances a controller streams to the router (`WatchInstances`), the
+//! local choice among them, the function's concurrency limit and the queue
+//! of requests waiting under it.
 //!
 //! A [`Table`] is what the request path reads: a snapshot (newest first) of
-//! the instances it may choose, swapped whole on every change, and whether
-//! the stream behind it is live. A request picks by power of two choices on
-//! in-flight count ([`pick`]) and holds a [`SlotGuard`] on the instance it
-//! uses; the guard of the last request to a draining instance wakes the
-//! subscription so it can report the instance idle.
+//! the instances it may choose, swapped whole on every change and read
+//! without a lock, and whether the stream behind it is live. A request
+//! picks by power of two choices on in-flight count ([`pick`]) among the
+//! instances below the function's `max_in_flight_requests` and holds a
+//! [`SlotGuard`] on the instance it uses. When every candidate is at the
+//! limit the request queues on the table ([`Table::enqueue`]); a guard that
+//! ends, and every change of the table, hands the freed room to the oldest
+//! queued request. The guard of the last request to a draining instance
+//! wakes the subscription so it can report the instance idle.
+//!
+//! Each [`Slot`] keeps its instance's idle keep-alive connections, so they
+//! live and go with the instance. Instances a controller names on the
+//! fallback path (`GetInstance`) are kept too ([`Table::adopt`]): their
+//! requests share one slot (its count, its limit, its connections) and the
+//! stream's view takes the slot over once it lists the instance.
+//!
+//! A cold function's first requests share one `GetInstance` call
+//! ([`Table::cold_call`]).
 //!
 //! [`View`] is the pure part: a stream message applied to the previous view
 //! ([`View::apply`]) with the version check that proves nothing was missed.
 //! The stream itself lives in [`super::subscription`].
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::SystemTime;
 
+use arc_swap::ArcSwap;
+use futures::future::{BoxFuture, Shared};
 use http::HeaderValue;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, oneshot};
 use tokio_util::sync::CancellationToken;
 
+use super::proxy::upstream::IdleConnections;
 use crate::api::{self, InstanceState};
+use crate::domain::AssignTiming;
+
+/// Instances named by a controller (not by the stream) kept per function.
+pub const MAX_ADOPTED: usize = 16;
 
 /// One instance as the router knows it. Shared by the table and by the
 /// requests using it.
@@ -33,6 +54,8 @@ pub struct Slot {
     pub addr: SocketAddr,
     /// `X-Skipper-Instance` for requests sent to it.
     pub header: HeaderValue,
+    /// Idle keep-alive connections to the instance.
+    pub connections: IdleConnections,
     assigned_at: SystemTime,
     in_flight: AtomicU32,
     draining: AtomicBool,
@@ -76,6 +99,7 @@ impl Slot {
             name,
             addr,
             header,
+            connections: IdleConnections::default(),
             assigned_at,
             in_flight: AtomicU32::new(0),
             draining: AtomicBool::new(false),
@@ -94,37 +118,32 @@ impl Slot {
     pub fn is_draining(&self) -> bool {
         self.draining.load(Ordering::SeqCst)
     }
+
+    /// Counts one more request unless `limit` (0: none) are in flight.
+    fn try_count(&self, limit: u32) -> bool {
+        self.in_flight
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| {
+                (limit == 0 || n < limit).then_some(n + 1)
+            })
+            .is_ok()
+    }
 }
 
 /// Counts one request on a slot until dropped.
+///
+/// The count is raised before the draining flag is read, and the
+/// subscription sets the flag before it reads the count (both sequentially
+/// consistent), so either a request sees the flag and backs off, or the
+/// subscription sees the request and waits for it. Likewise a guard lowers
+/// the count before it looks for queued requests, and a request queues
+/// before it looks for room, so freed room never goes unseen.
 #[derive(Debug)]
 pub struct SlotGuard {
     slot: Arc<Slot>,
-    idle: Arc<Notify>,
+    table: Arc<Table>,
 }
 
 impl SlotGuard {
-    /// Counts a request on `slot`, unless it is draining. `idle` is woken
-    /// when the last request to a draining slot ends.
-    ///
-    /// The count is raised before the draining flag is read, and the
-    /// subscription sets the flag before it reads the count (both
-    /// sequentially consistent), so either this request sees the flag and
-    /// backs off, or the subscription sees the request and waits for it.
-    #[must_use]
-    pub fn acquire(slot: &Arc<Slot>, idle: &Arc<Notify>) -> Option<Self> {
-        slot.in_flight.fetch_add(1, Ordering::SeqCst);
-        let guard = Self {
-            slot: slot.clone(),
-            idle: idle.clone(),
-        };
-        if slot.is_draining() {
-            drop(guard);
-            return None;
-        }
-        Some(guard)
-    }
-
     /// The slot.
     #[must_use]
     pub fn slot(&self) -> &Arc<Slot> {
@@ -134,8 +153,12 @@ impl SlotGuard {
 
 impl Drop for SlotGuard {
     fn drop(&mut self) {
-        if self.slot.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 && self.slot.is_draining() {
-            self.idle.notify_one();
+        let before = self.slot.in_flight.fetch_sub(1, Ordering::SeqCst);
+        if self.table.queued.load(Ordering::SeqCst) > 0 {
+            self.table.serve_queue();
+        }
+        if before == 1 && self.slot.is_draining() {
+            self.table.idle.notify_one();
         }
     }
 }
@@ -295,12 +318,83 @@ struct Published {
     all: HashMap<String, Arc<Slot>>,
 }
 
+/// The answer of a cold function's shared `GetInstance` call.
+pub type ColdAnswer = Result<(api::GetInstanceResponse, Option<AssignTiming>), crate::client::Error>;
+
+/// A `GetInstance` call that every request of a cold function awaits.
+pub type ColdCall = Shared<BoxFuture<'static, ColdAnswer>>;
+
+/// What choosing found.
+#[derive(Debug)]
+pub enum Choice {
+    /// An instance, with the request counted on it.
+    Chosen(SlotGuard),
+    /// Every candidate is at the function's limit: the request may queue.
+    Full,
+    /// No candidate: the table is not in use, or every instance is
+    /// excluded or draining.
+    Empty,
+}
+
+/// What a queued request is woken with.
+#[derive(Debug)]
+pub enum Wake {
+    /// Room on an instance, the request already counted on it.
+    Chosen(SlotGuard),
+    /// The table has nothing to offer any more (its stream went down, every
+    /// candidate went away): the request chooses again from the start.
+    Reselect,
+}
+
+/// A request waiting for room under the function's limit.
+#[derive(Debug)]
+struct Waiter {
+    id: u64,
+    max: usize,
+    limit: u32,
+    excluded: Vec<String>,
+    wake: oneshot::Sender<Wake>,
+}
+
+/// A request's place in its function's queue; dropping it leaves.
+#[derive(Debug)]
+pub struct Queued {
+    table: Arc<Table>,
+    id: u64,
+    woken: oneshot::Receiver<Wake>,
+}
+
+impl Queued {
+    /// Completes when room was found for the request (or it must choose
+    /// again).
+    pub async fn woken(&mut self) -> Wake {
+        // The sender is dropped unsent only when the entry was removed,
+        // which only this handle does.
+        (&mut self.woken).await.unwrap_or(Wake::Reselect)
+    }
+}
+
+impl Drop for Queued {
+    fn drop(&mut self) {
+        let mut q = self.table.lock_queue();
+        if let Some(pos) = q.iter().position(|w| w.id == self.id) {
+            q.remove(pos);
+            self.table.queued.fetch_sub(1, Ordering::SeqCst);
+        }
+        drop(q);
+        // A guard handed over but never taken goes back (and to the next
+        // request in line).
+        if let Ok(Wake::Chosen(g)) = self.woken.try_recv() {
+            drop(g);
+        }
+    }
+}
+
 /// A function's table, shared by its subscription and its requests.
 #[derive(Debug)]
 pub struct Table {
-    /// Swapped whole on every change. A std lock: the critical sections are
-    /// a pointer clone or swap, never across an await.
-    published: RwLock<Arc<Published>>,
+    /// Swapped whole on every change; read without a lock.
+    published: ArcSwap<Published>,
     /// Whether the stream is up and the table is current.
     live: AtomicBool,
     /// Set once a subscription has been started.
@@ -311,6 +405,19 @@ pub struct Table {
     stop: CancellationToken,
     /// `X-Skipper-Tenant` for requests of this function.
     pub tenant: HeaderValue,
+    /// Requests waiting for room under the limit, oldest first. A std
+    /// mutex: the critical sections hand out guards, never across an
+    /// await.
+    queue: Mutex<VecDeque<Waiter>>,
+    /// `queue`'s length, read without the lock on every guard's drop.
+    queued: AtomicUsize,
+    next_waiter: AtomicU64,
+    /// Instances a controller named that the stream has not listed,
+    /// newest last (at most [`MAX_ADOPTED`]). A std mutex: a short scan.
+    adopted: Mutex<Vec<Arc<Slot>>>,
+    /// The cold function's shared `GetInstance` call. A std mutex: a
+    /// clone or a store.
+    cold: Mutex<Option<ColdCall>>,
 }
 
 impl Table {
@@ -319,20 +426,31 @@ impl Table {
     #[must_use]
     pub fn new(tenant: &str) -> Self {
         Self {
-            published: RwLock::default(),
+            published: ArcSwap::default(),
             live: AtomicBool::new(false),
             subscribed: AtomicBool::new(false),
             idle: Arc::new(Notify::new()),
             stop: CancellationToken::new(),
             tenant: HeaderValue::from_str(tenant).unwrap_or_else(|_| HeaderValue::from_static("")),
+            queue: Mutex::default(),
+            queued: AtomicUsize::new(0),
+            next_waiter: AtomicU64::new(0),
+            adopted: Mutex::default(),
+            cold: Mutex::default(),
         }
     }
 
-    fn current(&self) -> Arc<Published> {
-        self.published
-            .read()
+    fn lock_queue(&self) -> std::sync::MutexGuard<'_, VecDeque<Waiter>> {
+        // Poisoning needs a panic inside a queue operation, which cannot happen.
+        self.queue
+            .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone()
+    }
+
+    fn lock_adopted(&self) -> std::sync::MutexGuard<'_, Vec<Arc<Slot>>> {
+        self.adopted
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Whether the stream is up (the table may be used).
@@ -342,61 +460,246 @@ impl Table {
     }
 
     /// Marks the stream down: requests fall back to `GetInstance` until a
-    /// new snapshot arrives.
-    pub fn set_down(&self) {
+    /// new snapshot arrives; queued requests that no adopted instance can
+    /// take choose again.
+    pub fn set_down(self: &Arc<Self>) {
         self.live.store(false, Ordering::Release);
+        self.serve_queue();
     }
 
-    /// Publishes `view` and marks the table live.
-    pub fn publish(&self, view: &View) {
+    /// Publishes `view`, marks the table live and hands new room to
+    /// queued requests.
+    pub fn publish(self: &Arc<Self>, view: &View) {
         let next = Arc::new(Published {
             ready: view.choosable(),
             all: view.slots.clone(),
         });
-        *self
-            .published
-            .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = next;
+        self.lock_adopted()
+            .retain(|s| next.all.get(&s.name).is_none_or(|v| !Arc::ptr_eq(v, s)));
+        self.published.store(next);
         self.live.store(true, Ordering::Release);
+        self.serve_queue();
     }
 
-    /// Every slot known (to reuse in-flight counts across streams).
+    /// Every slot known (to reuse in-flight counts and connections across
+    /// streams and from the fallback path).
     #[must_use]
     pub fn known(&self) -> HashMap<String, Arc<Slot>> {
-        self.current().all.clone()
+        let mut all = self.published.load().all.clone();
+        for s in self.lock_adopted().iter() {
+            all.entry(s.name.clone()).or_insert_with(|| s.clone());
+        }
+        all
     }
 
-    /// A locally chosen instance with a request counted on it, when the
-    /// table is live and has a candidate that is not excluded.
-    #[must_use]
-    pub fn choose(&self, max: usize, excluded: &[String]) -> Option<SlotGuard> {
-        if !self.is_live() {
+    /// The slot of `instance`, named by a controller: the table's own when
+    /// it knows the instance at that address, else one kept for the
+    /// requests it is named to.
+    ///
+    /// # Errors
+    /// [`BadInstance`] when the instance cannot be used.
+    pub fn adopt(&self, instance: &api::Instance) -> Result<Arc<Slot>, BadInstance> {
+        let fresh = Slot::new(instance)?;
+        if let Some(s) = self.published.load().all.get(&fresh.name)
+            && s.addr == fresh.addr
+        {
+            return Ok(s.clone());
+        }
+        let mut adopted = self.lock_adopted();
+        if let Some(s) = adopted
+            .iter()
+            .find(|s| s.name == fresh.name && s.addr == fresh.addr)
+        {
+            return Ok(s.clone());
+        }
+        adopted.retain(|s| s.name != fresh.name);
+        if adopted.len() >= MAX_ADOPTED {
+            adopted.remove(0);
+        }
+        let slot = Arc::new(fresh);
+        adopted.push(slot.clone());
+        Ok(slot)
+    }
+
+    /// The instances a request may be sent to: the stream's ready ones
+    /// while the table is live, else those controllers named.
+    fn candidates(&self) -> Vec<Arc<Slot>> {
+        if self.is_live() {
+            self.published.load().ready.clone()
+        } else {
+            self.lock_adopted()
+                .iter()
+                .rev()
+                .filter(|s| !s.is_draining())
+                .cloned()
+                .collect()
+        }
+    }
+
+    /// Counts a request on `slot` unless it is at `limit` or draining.
+    fn count_on(self: &Arc<Self>, slot: &Arc<Slot>, limit: u32) -> Option<SlotGuard> {
+        if !slot.try_count(limit) {
             return None;
         }
-        let current = self.current();
-        for _ in 0..2 {
-            let slot = pick(&current.ready, max, excluded, |n| rand::random_range(0..n))?;
-            // `None`: it turned draining since the table was read.
-            if let Some(g) = SlotGuard::acquire(&slot, &self.idle) {
-                return Some(g);
+        if slot.is_draining() {
+            // It turned draining since the table was read. Undone by hand,
+            // not by a guard's drop: this may run under the queue's lock,
+            // and room on a draining instance is no room for the queue.
+            if slot.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+                self.idle.notify_one();
             }
+            return None;
+        }
+        Some(SlotGuard {
+            slot: slot.clone(),
+            table: self.clone(),
+        })
+    }
+
+    /// Chooses among the newest `max` candidates that are not `excluded`:
+    /// power of two choices on in-flight requests, else (near the limit)
+    /// the newest with room.
+    fn choose_among(
+        self: &Arc<Self>,
+        ready: &[Arc<Slot>],
+        max: usize,
+        limit: u32,
+        excluded: &[String],
+    ) -> Choice {
+        let Some(slot) = pick(ready, max, excluded, |n| rand::random_range(0..n)) else {
+            return Choice::Empty;
+        };
+        if let Some(g) = self.count_on(&slot, limit) {
+            return Choice::Chosen(g);
+        }
+        let newest = &ready[..ready.len().min(max.max(1))];
+        let mut any = false;
+        for s in newest.iter().filter(|s| !excluded.contains(&s.name)) {
+            if s.is_draining() {
+                continue;
+            }
+            any = true;
+            if let Some(g) = self.count_on(s, limit) {
+                return Choice::Chosen(g);
+            }
+        }
+        if any { Choice::Full } else { Choice::Empty }
+    }
+
+    /// A locally chosen instance with a request counted on it (see
+    /// [`Choice`]); only while the table is live. Requests already queued
+    /// for the function go first: a newcomer then gets [`Choice::Full`].
+    #[must_use]
+    pub fn choose(self: &Arc<Self>, max: usize, limit: u32, excluded: &[String]) -> Choice {
+        if !self.is_live() {
+            return Choice::Empty;
+        }
+        if limit > 0 && self.queued.load(Ordering::SeqCst) > 0 {
+            return Choice::Full;
+        }
+        let current = self.published.load();
+        self.choose_among(&current.ready, max, limit, excluded)
+    }
+
+    /// Counts a request on `slot` (an instance a controller named) within
+    /// `limit`; `None` when it is at the limit (the request may queue).
+    #[must_use]
+    pub fn count_named(self: &Arc<Self>, slot: &Arc<Slot>, limit: u32) -> Option<SlotGuard> {
+        if limit > 0 && self.queued.load(Ordering::SeqCst) > 0 {
+            return None;
+        }
+        if slot.try_count(limit) {
+            // Draining or not: the controller chose it for this request.
+            return Some(SlotGuard {
+                slot: slot.clone(),
+                table: self.clone(),
+            });
         }
         None
     }
 
-    /// Counts a request on the known instance `name`, if the table holds
-    /// it (an instance the controller returned to the fallback path).
+    /// Queues a request for room on one of the newest `max` instances that
+    /// are not `excluded`, under `limit`. The entry is served in order
+    /// (oldest first) as guards end and the table changes.
     #[must_use]
-    pub fn guard_for(&self, name: &str) -> Option<SlotGuard> {
-        let slot = self.current().all.get(name).cloned()?;
-        SlotGuard::acquire(&slot, &self.idle)
+    pub fn enqueue(self: &Arc<Self>, max: usize, limit: u32, excluded: &[String]) -> Queued {
+        let (tx, rx) = oneshot::channel();
+        let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
+        {
+            let mut q = self.lock_queue();
+            q.push_back(Waiter {
+                id,
+                max,
+                limit,
+                excluded: excluded.to_vec(),
+                wake: tx,
+            });
+            self.queued.fetch_add(1, Ordering::SeqCst);
+        }
+        // Room freed before the entry was visible is handed out here.
+        self.serve_queue();
+        Queued {
+            table: self.clone(),
+            id,
+            woken: rx,
+        }
+    }
+
+    /// Requests queued for room now.
+    #[must_use]
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::SeqCst)
+    }
+
+    /// Hands room to queued requests, oldest first, until the oldest finds
+    /// none; requests the table has nothing for choose again.
+    fn serve_queue(self: &Arc<Self>) {
+        let mut unclaimed = Vec::new();
+        {
+            let mut q = self.lock_queue();
+            let mut candidates = None;
+            while let Some(front) = q.front() {
+                let ready = candidates.get_or_insert_with(|| self.candidates());
+                let wake = match self.choose_among(ready, front.max, front.limit, &front.excluded) {
+                    Choice::Chosen(g) => Wake::Chosen(g),
+                    Choice::Full => break,
+                    Choice::Empty => Wake::Reselect,
+                };
+                if let Some(w) = q.pop_front() {
+                    self.queued.fetch_sub(1, Ordering::SeqCst);
+                    if let Err(Wake::Chosen(g)) = w.wake.send(wake) {
+                        unclaimed.push(g);
+                    }
+                }
+            }
+        }
+        // Outside the lock: each dropped guard serves the queue again.
+        drop(unclaimed);
+    }
+
+    /// The cold function's `GetInstance` call in progress, or `start()`
+    /// made the shared one.
+    pub fn cold_call(&self, start: impl FnOnce() -> BoxFuture<'static, ColdAnswer>) -> ColdCall {
+        let mut cold = self
+            .cold
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        if let Some(call) = cold.as_ref()
+            && call.peek().is_none()
+        {
+            return call.clone();
+        }
+        let call = futures::FutureExt::shared(start());
+        *cold = Some(call.clone());
+        call
     }
 
     /// Draining instances with nothing in flight that were not reported on
     /// this stream yet; each is marked reported.
     #[must_use]
     pub fn newly_idle(&self) -> Vec<String> {
-        self.current()
+        self.published
+            .load()
             .all
             .values()
             .filter(|s| s.is_draining() && s.in_flight.load(Ordering::SeqCst) == 0)
@@ -419,7 +722,7 @@ impl Table {
     }
 
     /// Stops the subscription (the function went idle).
-    pub fn stop(&self) {
+    pub fn stop(self: &Arc<Self>) {
         self.stop.cancel();
         self.set_down();
     }
@@ -432,266 +735,4 @@ impl Table {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn inst(name: &str, port: u16, age_s: u64) -> api::Instance {
-        api::Instance {
-            name: Some(name.into()),
-            addr: Some(format!("127.0.0.1:{port}")),
-            assigned_at: Some((SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1000 - age_s)).into()),
-            ..Default::default()
-        }
-    }
-
-    fn change(i: api::Instance, state: InstanceState) -> api::InstanceChange {
-        api::InstanceChange {
-            instance: Some(i),
-            state: Some(state as i32),
-        }
-    }
-
-    fn snapshot(version: u64, changes: Vec<api::InstanceChange>) -> api::WatchInstancesResponse {
-        api::WatchInstancesResponse {
-            version: Some(version),
-            previous_version: None,
-            snapshot: Some(true),
-            changes,
-        }
-    }
-
-    fn delta(previous: u64, version: u64, changes: Vec<api::InstanceChange>) -> api::WatchInstancesResponse {
-        api::WatchInstancesResponse {
-            version: Some(version),
-            previous_version: Some(previous),
-            snapshot: Some(false),
-            changes,
-        }
-    }
-
-    fn names(slots: &[Arc<Slot>]) -> Vec<&str> {
-        slots.iter().map(|s| s.name.as_str()).collect()
-    }
-
-    #[test]
-    fn snapshot_then_changes_in_version_order() {
-        let none = HashMap::new();
-        let v0 = View::default();
-        let (v1, bad) = v0
-            .apply(
-                &snapshot(
-                    7,
-                    vec![
-                        change(inst("a", 1, 10), InstanceState::Ready),
-                        change(inst("b", 2, 5), InstanceState::Ready),
-                    ],
-                ),
-                &none,
-            )
-            .unwrap();
-        assert!(bad.is_empty());
-        assert_eq!(v1.version, Some(7));
-        assert_eq!(names(&v1.choosable()), ["b", "a"], "newest first");
-
-        let (v2, _) = v1
-            .apply(
-                &delta(
-                    7,
-                    9,
-                    vec![
-                        change(inst("c", 3, 1), InstanceState::Ready),
-                        change(inst("a", 1, 10), InstanceState::Draining),
-                    ],
-                ),
-                &none,
-            )
-            .unwrap();
-        assert_eq!(
-            names(&v2.choosable()),
-            ["c", "b"],
-            "a draining instance is not chosen"
-        );
-        assert_eq!(v2.slots.len(), 3, "but stays known until removed");
-
-        let removed = api::Instance {
-            name: Some("a".into()),
-            ..Default::default()
-        };
-        let (v3, _) = v2
-            .apply(
-                &delta(9, 10, vec![change(removed, InstanceState::Removed)]),
-                &none,
-            )
-            .unwrap();
-        assert_eq!(v3.slots.len(), 2);
-
-        // A gap, a repeated version or changes before any snapshot: refused.
-        for (view, msg) in [
-            (&v3, delta(9, 11, vec![])),
-            (&v3, delta(11, 12, vec![])),
-            (&v0, delta(0, 1, vec![])),
-        ] {
-            assert!(matches!(
-                view.apply(&msg, &none),
-                Err(ApplyError::VersionGap { .. })
-            ));
-        }
-        let mut unversioned = snapshot(1, vec![]);
-        unversioned.version = None;
-        assert_eq!(v0.apply(&unversioned, &none).unwrap_err(), ApplyError::NoVersion);
-    }
-
-    #[test]
-    fn slots_carry_over_and_bad_instances_are_left_out() {
-        let none = HashMap::new();
-        let (v1, _) = View::default()
-            .apply(
-                &snapshot(1, vec![change(inst("a", 1, 1), InstanceState::Ready)]),
-                &none,
-            )
-            .unwrap();
-        let a = v1.slots["a"].clone();
-        a.in_flight.fetch_add(2, Ordering::SeqCst);
-        // A new stream's snapshot keeps the slot (and its count) of a known
-        // instance at the same address; another address is a new slot.
-        let (v2, _) = View::default()
-            .apply(
-                &snapshot(1, vec![change(inst("a", 1, 1), InstanceState::Ready)]),
-                &v1.slots,
-            )
-            .unwrap();
-        assert!(Arc::ptr_eq(&v2.slots["a"], &a));
-        let (v3, _) = View::default()
-            .apply(
-                &snapshot(1, vec![change(inst("a", 9, 1), InstanceState::Ready)]),
-                &v1.slots,
-            )
-            .unwrap();
-        assert_eq!(v3.slots["a"].in_flight(), 0);
-
-        let mut no_addr = inst("x", 1, 1);
-        no_addr.addr = Some("nowhere".into());
-        let (v4, bad) = v2
-            .apply(
-                &delta(
-                    1,
-                    2,
-                    vec![
-                        change(no_addr, InstanceState::Ready),
-                        change(inst("", 1, 1), InstanceState::Ready),
-                    ],
-                ),
-                &none,
-            )
-            .unwrap();
-        assert_eq!(v4.slots.len(), 1);
-        assert_eq!(bad.len(), 2);
-    }
-
-    fn slots(loads: &[u32]) -> Vec<Arc<Slot>> {
-        loads
-            .iter()
-            .enumerate()
-            .map(|(i, l)| {
-                let s = Slot::new(&inst(&format!("s{i}"), 1, i as u64)).unwrap();
-                s.in_flight.store(*l, Ordering::SeqCst);
-                Arc::new(s)
-            })
-            .collect()
-    }
-
-    #[test]
-    fn two_choices_prefer_the_less_loaded() {
-        let ready = slots(&[5, 1, 3]);
-        // Draws (0, then 0 of the remaining two → index 1): s0 vs s1.
-        let mut draws = [0usize, 0].into_iter();
-        let got = pick(&ready, 3, &[], |_| draws.next().unwrap()).unwrap();
-        assert_eq!(got.name, "s1");
-        // s2 vs s0 (draw 2, then 0): s2 has 3 < 5.
-        let mut draws = [2usize, 0].into_iter();
-        assert_eq!(
-            pick(&ready, 3, &[], |_| draws.next().unwrap()).unwrap().name,
-            "s2"
-        );
-        // Ties keep the first drawn.
-        let even = slots(&[1, 1]);
-        let mut draws = [1usize, 0].into_iter();
-        assert_eq!(pick(&even, 3, &[], |_| draws.next().unwrap()).unwrap().name, "s1");
-    }
-
-    #[test]
-    fn max_instances_and_exclusions_narrow_the_candidates() {
-        let ready = slots(&[0, 0, 0]);
-        // Only the newest `max` (here one) are candidates.
-        for _ in 0..50 {
-            let got = pick(&ready, 1, &[], |n| rand::random_range(0..n)).unwrap();
-            assert_eq!(got.name, "s0");
-        }
-        let got = pick(&ready, 3, &["s0".into(), "s2".into()], |n| {
-            rand::random_range(0..n)
-        })
-        .unwrap();
-        assert_eq!(got.name, "s1");
-        assert!(
-            pick(&ready, 2, &["s0".into(), "s1".into()], |n| rand::random_range(
-                0..n
-            ))
-            .is_none()
-        );
-        assert!(pick(&[], 3, &[], |n| rand::random_range(0..n)).is_none());
-        // Both candidates are always distinct.
-        for _ in 0..200 {
-            let two = slots(&[0, 9]);
-            assert_eq!(
-                pick(&two, 2, &[], |n| rand::random_range(0..n)).unwrap().name,
-                "s0"
-            );
-        }
-    }
-
-    #[test]
-    fn draining_slots_refuse_new_requests_and_report_idle_once() {
-        let table = Table::new("t1");
-        let (v, _) = View::default()
-            .apply(
-                &snapshot(
-                    1,
-                    vec![
-                        change(inst("a", 1, 1), InstanceState::Ready),
-                        change(inst("b", 2, 2), InstanceState::Ready),
-                    ],
-                ),
-                &HashMap::new(),
-            )
-            .unwrap();
-        assert!(
-            table.choose(3, &[]).is_none(),
-            "not live before a snapshot is published"
-        );
-        table.publish(&v);
-        let held = table.guard_for("a").unwrap();
-        let (v2, _) = v
-            .apply(
-                &delta(1, 2, vec![change(inst("a", 1, 1), InstanceState::Draining)]),
-                &HashMap::new(),
-            )
-            .unwrap();
-        table.publish(&v2);
-        assert!(
-            table.guard_for("a").is_none(),
-            "a draining instance takes no new request"
-        );
-        for _ in 0..20 {
-            assert_eq!(table.choose(3, &[]).unwrap().slot().name, "b");
-        }
-        assert!(table.newly_idle().is_empty(), "a request is still in flight");
-        drop(held);
-        assert_eq!(table.newly_idle(), ["a"]);
-        assert!(table.newly_idle().is_empty(), "reported once per stream");
-        table.set_down();
-        assert!(
-            table.choose(3, &[]).is_none(),
-            "a table whose stream is down is not used"
-        );
-    }
-}
+mod tests;

@@ -7,7 +7,7 @@
 //! name a client sends counts under [`OTHER_DEPLOYMENT`].
 
 use std::collections::HashSet;
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, OnceLock, RwLock};
 
 use prometheus_client::encoding::EncodeLabelSet;
 use prometheus_client::metrics::counter::Counter;
@@ -67,22 +67,124 @@ pub struct Metrics {
     pub duration: Family<DurationLabels, Histogram>,
     pub get_instance_duration: Family<DeploymentLabel, Histogram>,
     pub controller_calls: Family<MethodLabel, Counter>,
+    /// Requests waiting for an instance now (cold starts, retries through
+    /// the controller, queues under a concurrency limit).
+    pub waiting: Gauge,
+    /// Requests answered 503 at once instead of waiting, by reason.
+    pub refused: Family<ReasonLabel, Counter>,
     /// Deployments with series of their own. A std lock: a set lookup or
     /// insert, never across an await.
     known: Arc<RwLock<HashSet<String>>>,
+    /// The series of deployments without their own.
+    other: Series,
 }
+
+/// `reason` label of refused requests.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, EncodeLabelSet)]
+pub struct ReasonLabel {
+    pub reason: &'static str,
+}
+
+/// The series of one `function_deployment` label, each resolved on its
+/// first use and then kept by the function that counts in it (handles
+/// share the values, so no label is hashed per request).
+#[derive(Debug, Clone)]
+pub struct Series {
+    families: Families,
+    deployment: Arc<str>,
+    requests: OnceLock<Counter>,
+    in_flight: OnceLock<Gauge>,
+    heartbeats: OnceLock<Counter>,
+    get_instance_duration: OnceLock<Histogram>,
+    /// By status class: `1xx` to `5xx`.
+    durations: [OnceLock<Histogram>; 5],
+}
+
+/// The families a [`Series`] draws from.
+#[derive(Debug, Clone)]
+struct Families {
+    requests: Family<DeploymentLabel, Counter>,
+    in_flight: Family<DeploymentLabel, Gauge>,
+    heartbeats: Family<DeploymentLabel, Counter>,
+    duration: Family<DurationLabels, Histogram>,
+    get_instance_duration: Family<DeploymentLabel, Histogram>,
+}
+
+impl Series {
+    fn label(&self) -> DeploymentLabel {
+        DeploymentLabel {
+            function_deployment: self.deployment.to_string(),
+        }
+    }
+
+    /// `skipper_router_requests_total`.
+    pub fn requests(&self) -> &Counter {
+        self.requests
+            .get_or_init(|| self.families.requests.get_or_create(&self.label()).clone())
+    }
+
+    /// `skipper_router_requests_in_flight`.
+    pub fn in_flight(&self) -> &Gauge {
+        self.in_flight
+            .get_or_init(|| self.families.in_flight.get_or_create(&self.label()).clone())
+    }
+
+    /// `skipper_router_heartbeats_total`.
+    pub fn heartbeats(&self) -> &Counter {
+        self.heartbeats
+            .get_or_init(|| self.families.heartbeats.get_or_create(&self.label()).clone())
+    }
+
+    /// `skipper_router_get_instance_duration_seconds`.
+    pub fn get_instance_duration(&self) -> &Histogram {
+        self.get_instance_duration.get_or_init(|| {
+            self.families
+                .get_instance_duration
+                .get_or_create(&self.label())
+                .clone()
+        })
+    }
+
+    /// The duration histogram of `status`'s class.
+    pub fn duration(&self, status: http::StatusCode) -> &Histogram {
+        let class = usize::from((status.as_u16() / 100).clamp(1, 5));
+        self.durations[class - 1].get_or_init(|| {
+            self.families
+                .duration
+                .get_or_create(&DurationLabels {
+                    function_deployment: self.deployment.to_string(),
+                    status_class: status_class(status).to_owned(),
+                })
+                .clone()
+        })
+    }
+}
+
+const HELP_WAITING: &str = "Requests waiting for an instance (cold starts, retries through the controller, queues under a concurrency limit)";
+const HELP_REFUSED: &str =
+    "Requests answered 503 at once because too many requests wait for instances, by reason";
 
 impl Metrics {
     /// Registers every router metric in `registry`.
     pub fn register(registry: &mut Registry) -> Self {
-        let m = Self {
+        let families = Families {
             requests: Family::default(),
             in_flight: Family::default(),
             heartbeats: Family::default(),
             duration: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
             get_instance_duration: Family::new_with_constructor(|| Histogram::new(duration_buckets())),
+        };
+        let m = Self {
+            requests: families.requests.clone(),
+            in_flight: families.in_flight.clone(),
+            heartbeats: families.heartbeats.clone(),
+            duration: families.duration.clone(),
+            get_instance_duration: families.get_instance_duration.clone(),
             controller_calls: Family::default(),
+            waiting: Gauge::default(),
+            refused: Family::default(),
             known: Arc::default(),
+            other: Series::new(families, OTHER_DEPLOYMENT),
         };
         registry.register("skipper_router_requests", HELP_REQUESTS, m.requests.clone());
         registry.register(
@@ -106,6 +208,8 @@ impl Metrics {
             HELP_CONTROLLER_CALLS,
             m.controller_calls.clone(),
         );
+        registry.register("skipper_router_requests_waiting", HELP_WAITING, m.waiting.clone());
+        registry.register("skipper_router_requests_refused", HELP_REFUSED, m.refused.clone());
         m
     }
 
@@ -113,33 +217,39 @@ impl Metrics {
     pub fn controller_call(&self, method: &'static str) {
         self.controller_calls.get_or_create(&MethodLabel { method }).inc();
     }
-}
 
-impl Metrics {
-    /// The label of `deployment`: its own name once [`Metrics::learn`] has
-    /// seen it, else [`OTHER_DEPLOYMENT`].
-    #[must_use]
-    pub fn deployment(&self, deployment: &str) -> DeploymentLabel {
-        let known = self
-            .known
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .contains(deployment);
-        DeploymentLabel {
-            function_deployment: if known { deployment } else { OTHER_DEPLOYMENT }.to_owned(),
-        }
+    /// Counts one request refused for `reason`.
+    pub fn refused(&self, reason: &'static str) {
+        self.refused.get_or_create(&ReasonLabel { reason }).inc();
     }
 
-    /// Gives `deployment` series of its own (a controller served an
-    /// instance of it), while fewer than [`MAX_DEPLOYMENT_LABELS`] have them.
-    pub fn learn(&self, deployment: &str) {
-        if self
-            .known
+    /// The series of deployments without their own ([`OTHER_DEPLOYMENT`]).
+    #[must_use]
+    pub fn other(&self) -> &Series {
+        &self.other
+    }
+
+    /// The series of `deployment`'s own label (whether or not it is known).
+    #[must_use]
+    pub fn series(&self, deployment: &str) -> Series {
+        Series::new(self.other.families.clone(), deployment)
+    }
+
+    /// Whether `deployment` has series of its own.
+    #[must_use]
+    pub fn is_known(&self, deployment: &str) -> bool {
+        self.known
             .read()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .contains(deployment)
-        {
-            return;
+    }
+
+    /// Gives `deployment` series of its own (a controller served an
+    /// instance of it), while fewer than [`MAX_DEPLOYMENT_LABELS`] have
+    /// them; whether it has them now.
+    pub fn learn(&self, deployment: &str) -> bool {
+        if self.is_known(deployment) {
+            return true;
         }
         let mut known = self
             .known
@@ -147,6 +257,22 @@ impl Metrics {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if known.len() < MAX_DEPLOYMENT_LABELS {
             known.insert(deployment.to_owned());
+            return true;
+        }
+        known.contains(deployment)
+    }
+}
+
+impl Series {
+    fn new(families: Families, deployment: &str) -> Self {
+        Self {
+            families,
+            deployment: Arc::from(deployment),
+            requests: OnceLock::new(),
+            in_flight: OnceLock::new(),
+            heartbeats: OnceLock::new(),
+            get_instance_duration: OnceLock::new(),
+            durations: Default::default(),
         }
     }
 }
@@ -255,18 +381,30 @@ mod label_tests {
 
     #[test]
     fn only_learned_deployments_get_series_and_their_number_is_bounded() {
-        let m = Metrics::register(&mut Registry::default());
-        assert_eq!(m.deployment("made-up").function_deployment, OTHER_DEPLOYMENT);
-        m.learn("app");
-        assert_eq!(m.deployment("app").function_deployment, "app");
+        let mut r = Registry::default();
+        let m = Metrics::register(&mut r);
+        assert!(!m.is_known("made-up"));
+        assert!(m.learn("app"));
+        assert!(m.is_known("app"));
         for i in 0..2 * MAX_DEPLOYMENT_LABELS {
             m.learn(&format!("d{i}"));
         }
-        assert_eq!(m.deployment("app").function_deployment, "app");
-        assert_eq!(
-            m.deployment(&format!("d{}", 2 * MAX_DEPLOYMENT_LABELS - 1))
-                .function_deployment,
-            OTHER_DEPLOYMENT
+        assert!(m.is_known("app"));
+        assert!(!m.learn(&format!("d{}", 2 * MAX_DEPLOYMENT_LABELS - 1)));
+        // Series appear on first use, each class of the histogram on its own.
+        assert!(!render(&r).contains("function_deployment=\"other\""));
+        let s = m.series("app");
+        s.requests().inc();
+        s.duration(http::StatusCode::NOT_FOUND).observe(0.01);
+        let text = render(&r);
+        assert!(
+            text.contains("skipper_router_requests_total{function_deployment=\"app\"} 1"),
+            "{text}"
         );
+        assert!(text.contains("status_class=\"4xx\""), "{text}");
+        assert!(!text.contains("status_class=\"2xx\""), "{text}");
+        // Handles share the values.
+        m.series("app").requests().inc();
+        assert!(render(&r).contains("skipper_router_requests_total{function_deployment=\"app\"} 2"));
     }
 }

@@ -52,11 +52,9 @@ use crate::shutdown::Shutdown;
 use crate::watch_access::Refusals;
 use activity::Activity;
 use entry::HeaderCache;
-use metrics::{DurationLabels, Metrics};
+use metrics::Metrics;
 use proxy::{Proxy, Settings};
 
-/// How often closed and expired idle instance connections are dropped.
-const POOL_SWEEP_INTERVAL: std::time::Duration = std::time::Duration::from_secs(30);
 /// Largest request line plus headers accepted from a client (larger: 431).
 pub const MAX_REQUEST_HEAD_BYTES: usize = 64 * 1024;
 /// Pause after a failed `accept`.
@@ -207,7 +205,7 @@ pub async fn serve(
     let pool = proxy::upstream::Pool::new(config.dial_timeout, shutdown.tracker().clone(), hard_stop.clone());
     let proxy = Proxy::new(
         client,
-        pool.clone(),
+        pool,
         Settings {
             retry: proxy::retry::Policy {
                 max_attempts: config.max_round_trip_attempts,
@@ -222,22 +220,12 @@ pub async fn serve(
             }),
             trusted_proxies: config.trusted_proxies.clone(),
             router_ip: config.pod_ip.clone(),
+            waiting: config.waiting,
         },
         metrics.clone(),
         shutdown.tracker().clone(),
         hard_stop.clone(),
     );
-    let sweeper = pool.clone();
-    let sweep_stop = background.token().clone();
-    background.spawn("instance-pool-sweep", async move {
-        let mut every = tokio::time::interval(POOL_SWEEP_INTERVAL);
-        loop {
-            tokio::select! {
-                () = sweep_stop.cancelled() => return,
-                _ = every.tick() => sweeper.sweep(),
-            }
-        }
-    });
     let state = Arc::new(State {
         cache: HeaderCache::default(),
         activity,
@@ -272,17 +260,17 @@ pub async fn serve(
                 }
             },
         };
-        if let Err(e) = stream.set_nodelay(true) {
-            tracing::debug!(error = %e, "cannot set TCP_NODELAY on a client connection");
-        }
+        crate::net::nodelay(&stream);
         let state = state.clone();
         let exchanges = Arc::new(proxy::client_io::Exchanges::default());
         let io = proxy::client_io::ClientIo::new(stream, write_timeout, exchanges.clone());
+        let memo = Arc::new(Memo::default());
         let svc = hyper::service::service_fn(move |req| {
             let state = state.clone();
+            let memo = memo.clone();
             let busy = exchanges.begin();
             async move {
-                let resp = handle(&state, remote, req).await;
+                let resp = handle(&state, &memo, remote, req).await;
                 Ok::<_, Infallible>(resp.map(|body| Body::new(proxy::client_io::Answered::new(body, busy))))
             }
         });
@@ -329,8 +317,8 @@ pub async fn serve(
             "requests still in flight after the shutdown timeout; closing them"
         );
     }
+    // Ends instance connections (idle ones too) and tunnels.
     hard_stop.cancel();
-    pool.clear();
     let _ = tokio::time::timeout(config.shutdown_timeout, connections.wait()).await;
     Ok(())
 }
@@ -453,8 +441,8 @@ async fn watch_access(client: Client, stop: CancellationToken) {
 /// One request; once shutdown has begun its response closes the connection
 /// (`Connection: close`), so the client's next request opens a connection
 /// to another router.
-async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Response<Body> {
-    let mut resp = respond(state, remote, req).await;
+async fn handle(state: &State, memo: &Memo, remote: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+    let mut resp = respond(state, memo, remote, req).await;
     if state.shutdown.is_cancelled() && resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         resp.headers_mut()
             .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
@@ -462,31 +450,81 @@ async fn handle(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Re
     resp
 }
 
+/// What a client connection remembers of its last request's function: a
+/// keep-alive client sending the same header again skips the header cache
+/// and the activity map. A std mutex: one request at a time uses it, never
+/// across an await.
+#[derive(Default)]
+struct Memo {
+    last: std::sync::Mutex<Option<Recalled>>,
+}
+
+/// The raw header of a connection's last request and what it named.
+type Recalled = (http::HeaderValue, Arc<entry::Parsed>, Arc<activity::Entry>);
+
+impl Memo {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Recalled>> {
+        self.last
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The function and a request counted in flight, when `req` names the
+    /// same function as the connection's last request.
+    fn recall<B>(&self, req: &Request<B>) -> Option<(Arc<entry::Parsed>, activity::InFlightGuard)> {
+        let raw = req.headers().get(crate::domain::HEADER_FUNCTION)?;
+        let (parsed, entry) = {
+            let last = self.lock();
+            let (v, p, e) = last.as_ref()?;
+            if v != raw {
+                return None;
+            }
+            (p.clone(), e.clone())
+        };
+        let guard = Activity::enter(&entry, &parsed)?;
+        Some((parsed, guard))
+    }
+
+    fn remember<B>(&self, req: &Request<B>, parsed: &Arc<entry::Parsed>, guard: &activity::InFlightGuard) {
+        if let Some(raw) = req.headers().get(crate::domain::HEADER_FUNCTION) {
+            *self.lock() = Some((raw.clone(), parsed.clone(), guard.entry().clone()));
+        }
+    }
+}
+
 /// One request: health check, header, activity, proxy, metrics.
-async fn respond(state: &State, remote: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+async fn respond(state: &State, memo: &Memo, remote: SocketAddr, req: Request<Incoming>) -> Response<Body> {
     let start = Instant::now();
     if let Err(e) = proxy::forwarding::check_host(req.version(), req.headers()) {
         return proxy::Error::from(e).into_response();
     }
-    let parsed = match state.cache.function(req.headers()) {
-        Ok(p) => p,
-        Err(e) => {
-            match entry::check(req.method(), req.uri().path()) {
-                Some(entry::Check::Health) => {
-                    return health(
-                        state.shutdown.is_cancelled(),
-                        &state.refusals.current(),
-                        state.endpoints.refusal().as_deref(),
-                    );
+    let (parsed, guard) = match memo.recall(&req) {
+        Some(hit) => hit,
+        None => {
+            let parsed = match state.cache.function(req.headers()) {
+                Ok(p) => p,
+                Err(e) => {
+                    match entry::check(req.method(), req.uri().path()) {
+                        Some(entry::Check::Health) => {
+                            return health(
+                                state.shutdown.is_cancelled(),
+                                &state.refusals.current(),
+                                state.endpoints.refusal().as_deref(),
+                            );
+                        }
+                        Some(entry::Check::Live) => return Response::new(Body::empty()),
+                        None => {}
+                    }
+                    return proxy::Error::from(e).into_response();
                 }
-                Some(entry::Check::Live) => return Response::new(Body::empty()),
-                None => {}
-            }
-            return proxy::Error::from(e).into_response();
+            };
+            let guard = state.activity.begin(&parsed).await;
+            memo.remember(&req, &parsed, &guard);
+            (parsed, guard)
         }
     };
     let span = request_span(&req);
-    let guard = state.activity.begin(&parsed).await;
+    let function = guard.entry().clone();
     let progress = proxy::Progress::default();
     let forwarding = state.proxy.forward(&parsed, req, remote, guard, progress.clone());
     let result = match state.request_timeout {
@@ -503,18 +541,13 @@ async fn respond(state: &State, remote: SocketAddr, req: Request<Incoming>) -> R
         None => forwarding.instrument(span.clone()).await,
     };
     if result.is_ok() {
-        state.metrics.learn(&parsed.function.deployment);
+        function.learn(&state.metrics);
     }
     let resp = result.unwrap_or_else(IntoResponse::into_response);
-    let label = state.metrics.deployment(&parsed.function.deployment);
-    state.metrics.requests.get_or_create(&label).inc();
-    state
-        .metrics
-        .duration
-        .get_or_create(&DurationLabels {
-            function_deployment: label.function_deployment,
-            status_class: metrics::status_class(resp.status()).to_owned(),
-        })
+    let series = function.series();
+    series.requests().inc();
+    series
+        .duration(resp.status())
         .observe(start.elapsed().as_secs_f64());
     span.record("http.response.status_code", resp.status().as_u16());
     if resp.status().is_server_error() {

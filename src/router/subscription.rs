@@ -99,7 +99,7 @@ impl Subscriber {
 
     /// One stream, until it ends. `Ok` when it delivered a snapshot before
     /// ending (the next one starts without delay), else what to do next.
-    async fn stream_once(&self, table: &Table, function: &api::Function) -> Result<(), Next> {
+    async fn stream_once(&self, table: &Arc<Table>, function: &api::Function) -> Result<(), Next> {
         let (tx, rx) = mpsc::channel(8);
         let first = api::WatchInstancesRequest {
             function: Some(function.clone()),

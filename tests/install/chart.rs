@@ -400,7 +400,9 @@ fn served_metrics() -> BTreeSet<String> {
         .collect();
     let mut registry = prometheus_client::registry::Registry::default();
     let m = skipper::router::metrics::Metrics::register(&mut registry);
-    let label = m.deployment("any");
+    let label = skipper::router::metrics::DeploymentLabel {
+        function_deployment: "any".to_owned(),
+    };
     m.requests.get_or_create(&label).inc();
     m.in_flight.get_or_create(&label).inc();
     m.heartbeats.get_or_create(&label).inc();
@@ -412,6 +414,7 @@ fn served_metrics() -> BTreeSet<String> {
         })
         .observe(0.1);
     m.controller_call("GetInstance");
+    m.refused("router_waiting_full");
     for line in skipper::router::metrics::render(&registry).lines() {
         if let Some(rest) = line.strip_prefix("# TYPE ") {
             names.extend(rest.split_whitespace().next().map(str::to_owned));

@@ -4,6 +4,7 @@
 //! headers, Host, half-close, slow clients, refused credentials) and
 //! profiling.
 
+mod admission;
 mod client;
 mod discovery;
 mod edge;

@@ -879,21 +879,34 @@ async fn a_pooled_connection_to_a_dead_instance_is_excluded_and_retried() {
 
     let tracker = tokio_util::task::TaskTracker::new();
     let pool = Pool::new(Duration::from_millis(500), tracker.clone(), stop.clone());
+    let metrics =
+        skipper::router::metrics::Metrics::register(&mut prometheus_client::registry::Registry::default());
+    let activity = skipper::router::activity::Activity::new(metrics.clone());
+    let parsed = std::sync::Arc::new(skipper::router::entry::parse(&header()).unwrap());
+    let guard = activity.begin(&parsed).await;
+    // The instance's slot, as the controller will name it, with one idle
+    // connection.
+    let slot = guard
+        .table()
+        .adopt(&skipper::api::Instance {
+            name: Some("pod-dead".into()),
+            addr: Some(dead.to_string()),
+            ..Default::default()
+        })
+        .unwrap();
     pool.adopt(
-        dead,
+        &slot,
         ClosesWhenTold {
             closed: closed.clone(),
         },
     )
     .await
     .unwrap();
-    assert_eq!(pool.idle_count(dead), 1);
+    assert_eq!(slot.connections.len(), 1);
     let client = skipper::client::Client::new(skipper::client::Endpoints::fixed(
         &[ctrl],
         skipper::client::ChannelSettings::default(),
     ));
-    let metrics =
-        skipper::router::metrics::Metrics::register(&mut prometheus_client::registry::Registry::default());
     let proxy = Proxy::new(
         client,
         pool,
@@ -908,14 +921,15 @@ async fn a_pooled_connection_to_a_dead_instance_is_excluded_and_retried() {
             body_pace: None,
             trusted_proxies: skipper::router::proxy::TrustedProxies::none(),
             router_ip: "10.1.2.3".into(),
+            waiting: skipper::router::proxy::admission::Limits {
+                total: 16,
+                per_function: 16,
+            },
         },
-        metrics.clone(),
+        metrics,
         tracker,
         stop.clone(),
     );
-    let activity = skipper::router::activity::Activity::new(metrics);
-    let parsed = std::sync::Arc::new(skipper::router::entry::parse(&header()).unwrap());
-    let guard = activity.begin(&parsed).await;
     let req = http::Request::get("/hello")
         .header("host", "x")
         .body(http_body_util::BodyExt::map_err(

@@ -1,9 +1,10 @@
 //! What Skipper's integration, end-to-end and reliability suites share: the
 //! Kubernetes backends they run on ([`backend`]), the controller harness
 //! ([`controller`]), the router harness with its scriptable fake controller
-//! ([`router`]), the simulator's test settings and pod helpers
-//! ([`devcluster`]), process checks ([`process`]), the one condition wait
-//! ([`eventually`]), and the requests tests repeat ([`http`], [`get_text`], [`get_status`],
+//! ([`router`]), a gRPC client that writes as Go's does ([`grpc`]), the
+//! simulator's test settings and pod helpers ([`devcluster`]), process
+//! checks ([`process`]), the one condition wait ([`eventually`]), and the
+//! requests tests repeat ([`http`], [`get_text`], [`get_status`],
 //! [`patch`], [`api_error`]).
 //!
 //! The root package takes this crate as a dev-dependency only; the product
@@ -14,6 +15,7 @@
 pub mod backend;
 pub mod controller;
 pub mod devcluster;
+pub mod grpc;
 pub mod process;
 pub mod router;
 

@@ -56,6 +56,8 @@ pub struct State {
 pub struct FakeController {
     state: Arc<Mutex<State>>,
     changed: Arc<watch::Sender<u64>>,
+    /// While false, GetInstance calls wait (a cold start in progress).
+    get_instance_open: Arc<watch::Sender<bool>>,
 }
 
 impl Default for FakeController {
@@ -69,7 +71,19 @@ impl FakeController {
         Self {
             state: Arc::default(),
             changed: Arc::new(watch::channel(0).0),
+            get_instance_open: Arc::new(watch::channel(true).0),
         }
+    }
+
+    /// From now on GetInstance calls wait (after being recorded) until
+    /// [`FakeController::open_get_instance`].
+    pub fn close_get_instance(&self) {
+        self.get_instance_open.send_replace(false);
+    }
+
+    /// Lets waiting and later GetInstance calls answer.
+    pub fn open_get_instance(&self) {
+        self.get_instance_open.send_replace(true);
     }
 
     /// Runs `f` on the state (and wakes waiters).
@@ -188,10 +202,7 @@ impl FakeController {
         tokio::spawn(async move {
             tonic::transport::Server::builder()
                 .add_service(svc)
-                .serve_with_incoming_shutdown(
-                    tokio_stream::wrappers::TcpListenerStream::new(listener),
-                    stop.cancelled_owned(),
-                )
+                .serve_with_incoming_shutdown(skipper::net::grpc_incoming(listener), stop.cancelled_owned())
                 .await
                 .unwrap();
         });
@@ -317,6 +328,8 @@ impl ControllerService for FakeController {
                 f.store(true, std::sync::atomic::Ordering::SeqCst);
             }
         });
+        let mut open = self.get_instance_open.subscribe();
+        let _ = open.wait_for(|o| *o).await;
         self.enter("GetInstance")?;
         self.with(|s| {
             let pick = s
@@ -470,6 +483,9 @@ pub struct Upstream {
     pub arrived: Arc<watch::Sender<usize>>,
     /// Opens the gate `/block` and `/sse` wait on.
     pub gate: Arc<watch::Sender<bool>>,
+    /// Requests inside `/block` now, and the most there were at once.
+    blocked: Arc<std::sync::atomic::AtomicUsize>,
+    peak: Arc<std::sync::atomic::AtomicUsize>,
 }
 
 impl Upstream {
@@ -483,6 +499,11 @@ impl Upstream {
 
     pub fn open(&self) {
         self.gate.send_replace(true);
+    }
+
+    /// The most requests that were inside `/block` at once.
+    pub fn peak(&self) -> usize {
+        self.peak.load(std::sync::atomic::Ordering::SeqCst)
     }
 }
 
@@ -518,6 +539,8 @@ pub async fn start_upstream() -> Upstream {
         addr,
         arrived: Arc::new(watch::channel(0).0),
         gate: Arc::new(watch::channel(false).0),
+        blocked: Arc::default(),
+        peak: Arc::default(),
     };
     let (u1, u2) = (up.clone(), up.clone());
     let app = axum::Router::new()
@@ -558,8 +581,12 @@ pub async fn start_upstream() -> Upstream {
             any(move || {
                 let up = u1.clone();
                 async move {
+                    use std::sync::atomic::Ordering;
+                    let now = up.blocked.fetch_add(1, Ordering::SeqCst) + 1;
+                    up.peak.fetch_max(now, Ordering::SeqCst);
                     up.arrived.send_modify(|n| *n += 1);
                     wait_gate(&up.gate).await;
+                    up.blocked.fetch_sub(1, Ordering::SeqCst);
                     "unblocked"
                 }
             }),
@@ -619,9 +646,12 @@ pub async fn start_upstream() -> Upstream {
         )
         .fallback(echo);
     tokio::spawn(async move {
-        axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>())
-            .await
-            .unwrap();
+        axum::serve(
+            skipper::net::http_listener(listener),
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+        .unwrap();
     });
     up
 }

@@ -29,9 +29,9 @@ impl Proxy {
         let name = &chosen.slot.name;
         let addr = chosen.slot.addr;
         let conn = if upgrade {
-            self.pool.connect_new(addr, true).await
+            self.pool.connect_new(&chosen.slot, true).await
         } else {
-            self.pool.connect(addr).await
+            self.pool.connect(&chosen.slot).await
         };
         let mut conn = match conn {
             Ok(c) => c,
@@ -69,7 +69,7 @@ impl Proxy {
                     // instance's side: one fresh connection, else the
                     // instance is unusable.
                     let fresh = if reused {
-                        self.pool.connect_new(addr, upgrade).await
+                        self.pool.connect_new(&chosen.slot, upgrade).await
                     } else {
                         Err(ConnectError::Closed { addr })
                     };

@@ -103,6 +103,18 @@ pub enum Error {
     /// request body.
     #[error("the client did not send its request within the request timeout of {0:?}")]
     RequestIncomplete(std::time::Duration),
+    /// The request may not wait for an instance: too many wait already
+    /// (router-wide or for its function), or other functions' requests
+    /// took its place.
+    #[error("{0}")]
+    Overloaded(#[source] super::admission::Refused),
+    /// Every instance stayed at the function's `max_in_flight_requests`
+    /// for as long as a request waits.
+    #[error("every instance of the function had {limit} requests in flight for {timeout:?}")]
+    NoRoom {
+        limit: u32,
+        timeout: std::time::Duration,
+    },
     /// Every attempt failed; `last` says how the final one failed.
     #[error("gave up after {attempts} attempts: {last}")]
     Exhausted { attempts: u32, last: Box<Error> },
@@ -165,7 +177,9 @@ impl Error {
             Self::ControllerUnavailable(_)
             | Self::NoCapacity(_)
             | Self::NotReplayable { .. }
-            | Self::CredentialsRefused(_) => StatusCode::SERVICE_UNAVAILABLE,
+            | Self::CredentialsRefused(_)
+            | Self::Overloaded(_)
+            | Self::NoRoom { .. } => StatusCode::SERVICE_UNAVAILABLE,
             Self::GetInstance(_)
             | Self::NoInstance
             | Self::Misdirected { .. }

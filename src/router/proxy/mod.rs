@@ -22,7 +22,14 @@
 //! The request body is a [`ReplayBody`]: after a 421 the same bytes go to
 //! the next instance (bodies up to [`replay::MAX_REPLAY_BYTES`]). Bodies
 //! stream both ways through hyper (bounded memory, backpressure).
+//!
+//! A request that has to wait for an instance — the controller starting
+//! one, or every instance at the function's `max_in_flight_requests` —
+//! holds a place among the router's waiting requests ([`admission`]); a
+//! request that gets none is answered 503 at once. A cold function's first
+//! requests share one `GetInstance` call.
 
+pub mod admission;
 mod attempt;
 pub mod body;
 pub mod client_io;
@@ -47,6 +54,7 @@ use http::{HeaderMap, HeaderValue, Method as HttpMethod, Request, Response, Uri,
 use http_body::{Frame, SizeHint};
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
 
 pub use body::{ClientBodyError, Pace, Progress, RequestBody};
 pub use error::{Error, MAX_BODY_LINE, RETRY_AFTER_SECS};
@@ -80,6 +88,8 @@ pub struct Settings {
     pub trusted_proxies: TrustedProxies,
     /// This router's IP, named in instance subscriptions.
     pub router_ip: String,
+    /// Bounds on requests waiting for instances.
+    pub waiting: admission::Limits,
 }
 
 /// Releases a oneshot instance exactly once: when dropped, a tracked task
@@ -90,6 +100,8 @@ pub struct Release {
     instance: Box<api::Instance>,
     tracker: TaskTracker,
     metrics: Metrics,
+    /// The request's span: the release belongs to it.
+    span: tracing::Span,
 }
 
 impl Drop for Release {
@@ -113,7 +125,8 @@ impl Drop for Release {
                         tracing::warn!(instance = %name, error = %e, "failed to release oneshot instance");
                     }
                 }
-            },
+            }
+            .instrument(self.span.clone()),
             &rt,
         );
     }
@@ -125,7 +138,7 @@ pub struct Hold {
     pub in_flight: InFlightGuard,
     /// The request counted on the instance's table slot.
     pub slot: Option<SlotGuard>,
-    pub release: Option<Release>,
+    pub release: Option<Box<Release>>,
 }
 
 /// The response body sent to the client: the instance's body plus the
@@ -166,6 +179,7 @@ pub struct Proxy {
     pool: Pool,
     settings: Settings,
     metrics: Metrics,
+    admission: admission::Admission,
     /// Owns subscriptions, release and tunnel tasks.
     tracker: TaskTracker,
     /// Closes open tunnels and ends subscriptions (after the drain).
@@ -203,15 +217,25 @@ impl Prepared {
         let trusted = settings.trusted_proxies.contains(client_addr.ip());
         headers::rewrite(&mut parts.headers, Some(client_addr), trusted, upgrade.clone());
         crate::telemetry::otel::inject_http(&mut parts.headers);
-        let path = parts
+        // Origin form: the path and query as the client sent them (no copy).
+        let uri = parts
             .uri
-            .path_and_query()
-            .map_or_else(|| "/".to_owned(), |p| p.as_str().to_owned());
-        let uri = Uri::try_from(path).unwrap_or_else(|_| Uri::from_static("/"));
-        let body = ReplayBody::new(
-            RequestBody::new(body, settings.body_pace, progress),
-            replay::MAX_REPLAY_BYTES,
-        );
+            .into_parts()
+            .path_and_query
+            .and_then(|pq| {
+                let mut origin = http::uri::Parts::default();
+                origin.path_and_query = Some(pq);
+                Uri::from_parts(origin).ok()
+            })
+            .unwrap_or_else(|| Uri::from_static("/"));
+        let body = if http_body::Body::is_end_stream(&body) {
+            ReplayBody::empty()
+        } else {
+            ReplayBody::new(
+                RequestBody::new(body, settings.body_pace, progress),
+                replay::MAX_REPLAY_BYTES,
+            )
+        };
         (
             Self {
                 method: parts.method,
@@ -256,11 +280,18 @@ impl Proxy {
         Self {
             client,
             pool,
+            admission: admission::Admission::new(settings.waiting, metrics.waiting.clone()),
             settings,
             metrics,
             tracker,
             tunnels,
         }
+    }
+
+    /// The router's waiting requests.
+    #[must_use]
+    pub fn admission(&self) -> &admission::Admission {
+        &self.admission
     }
 
     /// The connection pool.
@@ -283,12 +314,22 @@ impl Proxy {
         let table = table.clone();
         let function = parsed.api.clone();
         let stop = self.tunnels.clone();
-        self.tracker.spawn(async move {
-            tokio::select! {
-                () = subscriber.run(table, function) => {}
-                () = stop.cancelled() => {}
+        // Outlives the request that started it: a span of its own, linked.
+        let span = tracing::info_span!(
+            "router.subscription",
+            function.deployment = %parsed.function.deployment,
+            function.tenant = %parsed.function.tenant,
+        );
+        span.follows_from(tracing::Span::current());
+        self.tracker.spawn(
+            async move {
+                tokio::select! {
+                    () = subscriber.run(table, function) => {}
+                    () = stop.cancelled() => {}
+                }
             }
-        });
+            .instrument(span),
+        );
     }
 
     /// Forwards `req` (its body as hyper read it from the client) for
@@ -317,7 +358,11 @@ impl Proxy {
         while self.settings.retry.allows(attempt + 1) {
             attempt += 1;
             let chosen = match self.select(parsed, &in_flight, &mut tries).await {
-                Selected::Instance(c) => c,
+                Selected::Instance(c) => {
+                    // No longer waiting.
+                    tries.ticket = None;
+                    c
+                }
                 Selected::Unusable { name, failure } => {
                     tries.failed(Some(name), failure);
                     continue;
@@ -394,6 +439,8 @@ struct Tries {
     /// How the assignment a `GetInstance` call made went (a cold start):
     /// the response's `Server-Timing`.
     timing: Option<AssignTiming>,
+    /// The request's place among the waiting ones, while it waits.
+    ticket: Option<admission::Ticket>,
 }
 
 impl Tries {
@@ -419,10 +466,20 @@ fn finish(resp: Response<UpstreamBody>, hold: Hold, ms: u64) -> Response<Body> {
     headers::strip_response(&mut parts.headers);
     parts
         .headers
-        .insert(HEADER_GET_INSTANCE_DURATION_MS, HeaderValue::from(ms));
+        .insert(HEADER_GET_INSTANCE_DURATION_MS, duration_ms(ms));
     let body = ProxyBody {
         inner,
         hold: Some(hold),
     };
     Response::from_parts(parts, Body::new(body))
+}
+
+/// The `X-Skipper-Get-Instance-Duration-Ms` value (a warm request's `0`
+/// without formatting).
+fn duration_ms(ms: u64) -> HeaderValue {
+    if ms == 0 {
+        HeaderValue::from_static("0")
+    } else {
+        HeaderValue::from(ms)
+    }
 }

@@ -4,6 +4,9 @@
 //! instance with the same bytes. Past the bound the copy is dropped and the
 //! body can no longer be replayed (it still streams through untouched).
 //!
+//! A request without a body (most `GET`s) needs none of this:
+//! [`ReplayBody::empty`] is a body that ends at once and replays as itself.
+//!
 //! All clones share one state. [`ReplayBody::replay`] starts a new
 //! generation: the new body first repeats what was read, then reads on from
 //! the client; a body of an earlier generation (still held by the
@@ -44,7 +47,8 @@ struct Shared {
 /// The request body sent to instances; see the module docs.
 #[derive(Debug)]
 pub struct ReplayBody {
-    shared: Arc<Mutex<Shared>>,
+    /// `None`: a request without a body.
+    shared: Option<Arc<Mutex<Shared>>>,
     generation: u64,
     /// Next kept piece this body repeats.
     pos: usize,
@@ -60,7 +64,7 @@ impl ReplayBody {
         let hint = inner.size_hint();
         let spoiled = hint.lower() > limit as u64;
         Self {
-            shared: Arc::new(Mutex::new(Shared {
+            shared: Some(Arc::new(Mutex::new(Shared {
                 inner,
                 kept: Vec::new(),
                 trailers: None,
@@ -71,7 +75,7 @@ impl ReplayBody {
                 generation: 0,
                 limit,
                 hint,
-            })),
+            }))),
             generation: 0,
             pos: 0,
             sent: 0,
@@ -79,12 +83,22 @@ impl ReplayBody {
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Shared> {
+    /// The body of a request without one.
+    #[must_use]
+    pub fn empty() -> Self {
+        Self {
+            shared: None,
+            generation: 0,
+            pos: 0,
+            sent: 0,
+            trailers_sent: false,
+        }
+    }
+
+    fn lock(shared: &Mutex<Shared>) -> std::sync::MutexGuard<'_, Shared> {
         // Poisoning needs a panic inside a body poll, which hyper does not
         // propagate across this lock.
-        self.shared
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A body that sends the same bytes again (the whole body when
@@ -93,13 +107,16 @@ impl ReplayBody {
     /// stop working.
     #[must_use]
     pub fn replay(&self) -> Option<Self> {
-        let mut s = self.lock();
+        let Some(shared) = &self.shared else {
+            return Some(Self::empty());
+        };
+        let mut s = Self::lock(shared);
         if s.failed || (s.spoiled && s.read > 0) {
             return None;
         }
         s.generation += 1;
         Some(Self {
-            shared: self.shared.clone(),
+            shared: Some(shared.clone()),
             generation: s.generation,
             pos: 0,
             sent: 0,
@@ -116,22 +133,28 @@ impl Body for ReplayBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let this = &mut *self;
-        let shared = this.shared.clone();
-        let mut s = shared.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        if s.generation != this.generation {
+        let Self {
+            shared,
+            generation,
+            pos,
+            sent,
+            trailers_sent,
+        } = &mut *self;
+        let Some(shared) = shared.as_ref() else {
+            return Poll::Ready(None);
+        };
+        let mut s = Self::lock(shared);
+        if s.generation != *generation {
             return Poll::Ready(Some(Err(ClientBodyError::Replaced)));
         }
-        if let Some(piece) = s.kept.get(this.pos).cloned() {
-            this.pos += 1;
-            this.sent += piece.len() as u64;
+        if let Some(piece) = s.kept.get(*pos).cloned() {
+            *pos += 1;
+            *sent += piece.len() as u64;
             return Poll::Ready(Some(Ok(Frame::data(piece))));
         }
         if s.ended {
-            if !this.trailers_sent
-                && let Some(t) = s.trailers.clone()
-            {
-                this.trailers_sent = true;
+            if !*trailers_sent && let Some(t) = s.trailers.clone() {
+                *trailers_sent = true;
                 return Poll::Ready(Some(Ok(Frame::trailers(t))));
             }
             return Poll::Ready(None);
@@ -150,19 +173,19 @@ impl Body for ReplayBody {
             Poll::Ready(Some(Ok(frame))) => {
                 if let Some(data) = frame.data_ref() {
                     s.read += data.len() as u64;
-                    this.sent += data.len() as u64;
+                    *sent += data.len() as u64;
                     if !s.spoiled {
                         if s.read > s.limit as u64 {
                             s.spoiled = true;
                             s.kept = Vec::new();
                         } else {
                             s.kept.push(data.clone());
-                            this.pos = s.kept.len();
+                            *pos = s.kept.len();
                         }
                     }
                 } else if let Some(t) = frame.trailers_ref() {
                     s.trailers = Some(t.clone());
-                    this.trailers_sent = true;
+                    *trailers_sent = true;
                 }
                 Poll::Ready(Some(Ok(frame)))
             }
@@ -170,7 +193,10 @@ impl Body for ReplayBody {
     }
 
     fn is_end_stream(&self) -> bool {
-        let s = self.lock();
+        let Some(shared) = &self.shared else {
+            return true;
+        };
+        let s = Self::lock(shared);
         if s.generation != self.generation {
             return false;
         }
@@ -181,7 +207,10 @@ impl Body for ReplayBody {
     }
 
     fn size_hint(&self) -> SizeHint {
-        let s = self.lock();
+        let Some(shared) = &self.shared else {
+            return SizeHint::with_exact(0);
+        };
+        let s = Self::lock(shared);
         match s.hint.exact() {
             Some(n) => SizeHint::with_exact(n.saturating_sub(self.sent)),
             None => {
@@ -273,5 +302,9 @@ mod tests {
         let empty = ReplayBody::new(RequestBody::new(none, None, Progress::default()), 1024);
         assert!(empty.is_end_stream());
         assert!(empty.replay().unwrap().is_end_stream());
+        let none = ReplayBody::empty();
+        assert!(none.is_end_stream());
+        assert_eq!(none.size_hint().exact(), Some(0));
+        assert!(none.replay().unwrap().is_end_stream());
     }
 }

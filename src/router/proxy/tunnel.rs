@@ -40,30 +40,33 @@ impl Proxy {
         }
         let upstream_upgrade = hyper::upgrade::on(&mut resp);
         let stop = self.tunnels.clone();
-        self.tracker.spawn(async move {
-            let _hold = hold;
-            let (client, upstream) = match tokio::try_join!(client_upgrade, upstream_upgrade) {
-                Ok(pair) => pair,
-                Err(e) => {
-                    tracing::warn!(instance = %name, error = %e, "upgrade failed");
-                    return;
-                }
-            };
-            let mut client = TokioIo::new(client);
-            let mut upstream = TokioIo::new(upstream);
-            tokio::select! {
-                r = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
-                    if let Err(e) = r {
-                        tracing::debug!(instance = %name, error = %e, "tunnel ended");
+        self.tracker.spawn(tracing::Instrument::instrument(
+            async move {
+                let _hold = hold;
+                let (client, upstream) = match tokio::try_join!(client_upgrade, upstream_upgrade) {
+                    Ok(pair) => pair,
+                    Err(e) => {
+                        tracing::warn!(instance = %name, error = %e, "upgrade failed");
+                        return;
                     }
+                };
+                let mut client = TokioIo::new(client);
+                let mut upstream = TokioIo::new(upstream);
+                tokio::select! {
+                    r = tokio::io::copy_bidirectional(&mut client, &mut upstream) => {
+                        if let Err(e) = r {
+                            tracing::debug!(instance = %name, error = %e, "tunnel ended");
+                        }
+                    }
+                    () = stop.cancelled() => tracing::debug!(instance = %name, "tunnel closed at shutdown"),
                 }
-                () = stop.cancelled() => tracing::debug!(instance = %name, "tunnel closed at shutdown"),
-            }
-        });
+            },
+            tracing::Span::current(),
+        ));
         let (mut parts, _) = resp.into_parts();
         parts
             .headers
-            .insert(HEADER_GET_INSTANCE_DURATION_MS, HeaderValue::from(ms));
+            .insert(HEADER_GET_INSTANCE_DURATION_MS, super::duration_ms(ms));
         Ok(Response::from_parts(parts, Body::empty()))
     }
 }

@@ -1,10 +1,9 @@
-//! Connections to instances: a keep-alive pool per instance address with
-//! `TCP_NODELAY`, and the split the retry loop relies on — [`Pool::connect`]
-//! fails while the caller still owns the request (retryable), [`Conn::send`]
-//! consumes it (its errors are final).
+//! Connections to instances: idle keep-alive connections are kept on each
+//! instance's [`Slot`] ([`IdleConnections`]), new ones have `TCP_NODELAY`,
+//! and the split the retry loop relies on — [`Pool::connect`] fails while
+//! the caller still owns the request (retryable), [`Conn::send`] consumes
+//! it (its errors are final).
 
-use std::collections::HashMap;
-use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
@@ -16,12 +15,14 @@ use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 
 use super::replay::ReplayBody;
+use crate::router::instances::Slot;
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::net::TcpSocket;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
+use tracing::Instrument as _;
 
 /// Idle connections kept per instance.
 pub const MAX_IDLE_PER_INSTANCE: usize = 256;
@@ -33,17 +34,20 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
 pub enum ConnectError {
     #[error("connect to {addr} failed: {source}")]
     Io {
-        addr: SocketAddr,
+        addr: std::net::SocketAddr,
         #[source]
         source: std::io::Error,
     },
     #[error("connect to {addr} timed out after {timeout:?}")]
-    Timeout { addr: SocketAddr, timeout: Duration },
+    Timeout {
+        addr: std::net::SocketAddr,
+        timeout: Duration,
+    },
     #[error("connection to {addr} closed before the request was written")]
-    Closed { addr: SocketAddr },
+    Closed { addr: std::net::SocketAddr },
     #[error("HTTP/1 handshake with {addr} failed: {source}")]
     Handshake {
-        addr: SocketAddr,
+        addr: std::net::SocketAddr,
         #[source]
         source: hyper::Error,
     },
@@ -66,12 +70,83 @@ struct Idle {
     since: Instant,
 }
 
-/// Keep-alive connections per instance address. Cheap to clone.
+impl Idle {
+    fn usable(&self) -> bool {
+        self.since.elapsed() < IDLE_TIMEOUT && !self.sender.is_closed()
+    }
+}
+
+/// Idle keep-alive connections to one instance, newest last; they go when
+/// the instance's slot goes.
+#[derive(Default)]
+pub struct IdleConnections {
+    /// A std mutex: a push or a pop, never across an await.
+    idle: Mutex<Vec<Idle>>,
+}
+
+impl std::fmt::Debug for IdleConnections {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IdleConnections")
+            .field("len", &self.len())
+            .finish()
+    }
+}
+
+impl IdleConnections {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
+        // Poisoning needs a panic inside a push/pop, which cannot happen.
+        self.idle
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The newest usable idle connection (expired and closed ones on the
+    /// way are dropped).
+    fn take(&self) -> Option<http1::SendRequest<ReplayBody>> {
+        let mut idle = self.lock();
+        while let Some(i) = idle.pop() {
+            if i.usable() {
+                return Some(i.sender);
+            }
+        }
+        None
+    }
+
+    /// Keeps `sender` for the next request (at most
+    /// [`MAX_IDLE_PER_INSTANCE`]; expired and closed ones make room first).
+    fn put(&self, sender: http1::SendRequest<ReplayBody>) {
+        if sender.is_closed() {
+            return;
+        }
+        let mut idle = self.lock();
+        if idle.len() >= MAX_IDLE_PER_INSTANCE {
+            idle.retain(Idle::usable);
+        }
+        if idle.len() < MAX_IDLE_PER_INSTANCE {
+            idle.push(Idle {
+                sender,
+                since: Instant::now(),
+            });
+        }
+    }
+
+    /// Idle connections kept now.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Whether none is kept.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// Makes connections to instances (idle ones are taken from the
+/// instance's slot first). Cheap to clone.
 #[derive(Clone)]
 pub struct Pool {
-    /// A std mutex: critical sections are a push or pop on a vector, never
-    /// across an await.
-    idle: Arc<Mutex<HashMap<SocketAddr, Vec<Idle>>>>,
     dial_timeout: Duration,
     tracker: TaskTracker,
     stop: CancellationToken,
@@ -88,63 +163,43 @@ impl std::fmt::Debug for Pool {
 /// A connection ready for one request.
 pub struct Conn {
     sender: http1::SendRequest<ReplayBody>,
-    addr: SocketAddr,
+    slot: Arc<Slot>,
     reused: bool,
-    pool: Pool,
 }
 
 impl Pool {
-    /// A pool whose connection tasks are owned by `tracker` and stop when
-    /// `stop` is cancelled.
+    /// Connections whose tasks are owned by `tracker` and stop when `stop`
+    /// is cancelled.
     #[must_use]
     pub fn new(dial_timeout: Duration, tracker: TaskTracker, stop: CancellationToken) -> Self {
         Self {
-            idle: Arc::default(),
             dial_timeout,
             tracker,
             stop,
         }
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<SocketAddr, Vec<Idle>>> {
-        // Poisoning needs a panic inside a push/pop, which cannot happen.
-        self.idle
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    /// A reusable idle connection to `addr`, else a new one.
+    /// A reusable idle connection to `slot`'s instance, else a new one.
     ///
     /// # Errors
     /// [`ConnectError`] when a new connection cannot be made.
-    pub async fn connect(&self, addr: SocketAddr) -> Result<Conn, ConnectError> {
-        if let Some(sender) = self.take_idle(addr) {
+    pub async fn connect(&self, slot: &Arc<Slot>) -> Result<Conn, ConnectError> {
+        if let Some(sender) = slot.connections.take() {
             return Ok(Conn {
                 sender,
-                addr,
+                slot: slot.clone(),
                 reused: true,
-                pool: self.clone(),
             });
         }
-        self.connect_new(addr, false).await
-    }
-
-    fn take_idle(&self, addr: SocketAddr) -> Option<http1::SendRequest<ReplayBody>> {
-        let mut idle = self.lock();
-        let list = idle.get_mut(&addr)?;
-        while let Some(i) = list.pop() {
-            if i.since.elapsed() < IDLE_TIMEOUT && !i.sender.is_closed() {
-                return Some(i.sender);
-            }
-        }
-        None
+        self.connect_new(slot, false).await
     }
 
     /// A fresh connection; `upgrades` keeps it usable for a protocol switch.
     ///
     /// # Errors
     /// [`ConnectError`].
-    pub async fn connect_new(&self, addr: SocketAddr, upgrades: bool) -> Result<Conn, ConnectError> {
+    pub async fn connect_new(&self, slot: &Arc<Slot>, upgrades: bool) -> Result<Conn, ConnectError> {
+        let addr = slot.addr;
         let socket = if addr.is_ipv4() {
             TcpSocket::new_v4()
         } else {
@@ -170,41 +225,45 @@ impl Pool {
             .await
             .map_err(|source| ConnectError::Handshake { addr, source })?;
         let stop = self.stop.clone();
-        self.tracker.spawn(async move {
-            let result = if upgrades {
-                tokio::select! {
-                    r = conn.with_upgrades() => r,
-                    () = stop.cancelled() => Ok(()),
+        let span = tracing::debug_span!("router.instance_connection", instance = %slot.name, %addr);
+        self.tracker.spawn(
+            async move {
+                let result = if upgrades {
+                    tokio::select! {
+                        r = conn.with_upgrades() => r,
+                        () = stop.cancelled() => Ok(()),
+                    }
+                } else {
+                    tokio::select! {
+                        r = conn => r,
+                        () = stop.cancelled() => Ok(()),
+                    }
+                };
+                if let Err(e) = result {
+                    tracing::debug!(error = %e, "instance connection ended");
                 }
-            } else {
-                tokio::select! {
-                    r = conn => r,
-                    () = stop.cancelled() => Ok(()),
-                }
-            };
-            if let Err(e) = result {
-                tracing::debug!(%addr, error = %e, "instance connection ended");
             }
-        });
+            .instrument(span),
+        );
         Ok(Conn {
             sender,
-            addr,
+            slot: slot.clone(),
             reused: false,
-            pool: self.clone(),
         })
     }
 
-    /// Performs the HTTP/1 handshake over an established transport to `addr`
-    /// and keeps the connection as idle, as if a request had just finished
-    /// on it. Lets tests script what the instance end of a pooled
-    /// connection does.
+    /// Performs the HTTP/1 handshake over an established transport to
+    /// `slot`'s instance and keeps the connection as idle on the slot, as
+    /// if a request had just finished on it. Lets tests script what the
+    /// instance end of a pooled connection does.
     ///
     /// # Errors
     /// [`ConnectError::Handshake`].
-    pub async fn adopt<T>(&self, addr: SocketAddr, io: T) -> Result<(), ConnectError>
+    pub async fn adopt<T>(&self, slot: &Arc<Slot>, io: T) -> Result<(), ConnectError>
     where
         T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Send + Unpin + 'static,
     {
+        let addr = slot.addr;
         let (sender, conn) = http1::Builder::new()
             .handshake(TokioIo::new(io))
             .await
@@ -218,43 +277,8 @@ impl Pool {
                 () = stop.cancelled() => {}
             }
         });
-        self.put_back(addr, sender);
+        slot.connections.put(sender);
         Ok(())
-    }
-
-    fn put_back(&self, addr: SocketAddr, sender: http1::SendRequest<ReplayBody>) {
-        if self.stop.is_cancelled() || sender.is_closed() {
-            return;
-        }
-        let mut idle = self.lock();
-        let list = idle.entry(addr).or_default();
-        if list.len() < MAX_IDLE_PER_INSTANCE {
-            list.push(Idle {
-                sender,
-                since: Instant::now(),
-            });
-        }
-    }
-
-    /// Closes idle connections that are closed or expired and forgets
-    /// addresses without any.
-    pub fn sweep(&self) {
-        let mut idle = self.lock();
-        for list in idle.values_mut() {
-            list.retain(|i| i.since.elapsed() < IDLE_TIMEOUT && !i.sender.is_closed());
-        }
-        idle.retain(|_, list| !list.is_empty());
-    }
-
-    /// Closes every idle connection.
-    pub fn clear(&self) {
-        self.lock().clear();
-    }
-
-    /// Idle connections to `addr`.
-    #[must_use]
-    pub fn idle_count(&self, addr: SocketAddr) -> usize {
-        self.lock().get(&addr).map_or(0, Vec::len)
     }
 }
 
@@ -287,7 +311,7 @@ impl Conn {
         }
         match self.sender.try_send_request(req).await {
             Ok(resp) => {
-                let back = pool_after.then(|| (self.pool.clone(), self.addr, self.sender));
+                let back = pool_after.then_some((self.slot, self.sender));
                 Ok(resp.map(|inner| UpstreamBody { inner, back }))
             }
             Err(mut e) => match e.take_message() {
@@ -302,13 +326,13 @@ impl Conn {
 /// has been read to the end.
 pub struct UpstreamBody {
     inner: Incoming,
-    back: Option<(Pool, SocketAddr, http1::SendRequest<ReplayBody>)>,
+    back: Option<(Arc<Slot>, http1::SendRequest<ReplayBody>)>,
 }
 
 impl UpstreamBody {
     fn finish(&mut self) {
-        if let Some((pool, addr, sender)) = self.back.take() {
-            pool.put_back(addr, sender);
+        if let Some((slot, sender)) = self.back.take() {
+            slot.connections.put(sender);
         }
     }
 }
