@@ -1,8 +1,9 @@
-//! The chart's life on the real control plane with the node agent: `helm
-//! install`, `helm upgrade` to a new image tag while warm and cold tenants
-//! send HTTP requests and WebSocket sessions run through the routers (0
-//! failed, 0 answered for another tenant), and `helm uninstall` with the
-//! pool deleted after it (no Skipper object, no tenant pod left).
+//! The chart's life on the real control plane, with the node agent and on
+//! kubelet nodes: `helm install`, `helm upgrade` to a new image tag while
+//! warm and cold tenants send HTTP requests and WebSocket sessions run
+//! through the routers (0 failed, 0 answered for another tenant), and `helm
+//! uninstall` with the pool deleted after it (no Skipper object, no tenant
+//! pod left).
 //!
 //! Clients reach routers as a Service's clients do: a new connection goes to
 //! one of the Ready router pods (followed every 100 ms, as endpoints are);
@@ -10,10 +11,12 @@
 //! `Connection: close`.
 //!
 //! [`lifecycle`] takes the backend and the image, so the same scenario runs
-//! on kubelet nodes with two tags of the image imported there.
+//! on kubelet nodes (`make nodes image`) with two tags of the image imported
+//! there, the pool running it and Pod Security `restricted` enforced.
 //!
-//! Skipped with a message when helm (`make helm`) or the control plane
-//! (`make control-plane`) is not built; a failure under `CI=true`.
+//! Skipped with a message when helm (`make helm`), the control plane
+//! (`make control-plane`) or, for the kubelet variant, the nodes and the
+//! image (`make nodes image`) are not built; a failure under `CI=true`.
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -213,13 +216,46 @@ async fn helm_install_upgrade_under_load_and_uninstall_on_the_real_control_plane
         return;
     };
     // The node agent runs the test's own binary whatever the image says.
-    lifecycle(&helm, &b, "skipper", ("v1", "v2")).await;
+    lifecycle(&helm, &b, "skipper", ("v1", "v2"), None).await;
+    b.shutdown().await;
+}
+
+/// The same on kubelet nodes: the image imported there under two tags, the
+/// pool running it, Pod Security `restricted` enforced on both namespaces.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn helm_install_upgrade_under_load_and_uninstall_on_kubelet_nodes() {
+    let Some(helm) = helm() else { return };
+    let Some((cluster, image)) = steps::kubelet_cluster().await else {
+        return;
+    };
+    let repository = image
+        .rsplit_once(':')
+        .map_or(image.as_str(), |(r, _)| r)
+        .to_owned();
+    for tag in ["v1", "v2"] {
+        cluster
+            .kubelet_nodes()
+            .unwrap()
+            .tag_image(&image, &format!("{repository}:{tag}"))
+            .await
+            .unwrap();
+    }
+    let b = Backend::Cluster(Box::new(cluster));
+    lifecycle(&helm, &b, &repository, ("v1", "v2"), Some(&image)).await;
     b.shutdown().await;
 }
 
 /// Install, upgrade from tag `tags.0` to `tags.1` of `repository` under
-/// load, uninstall (see the module's documentation).
-async fn lifecycle(helm: &PathBuf, b: &Backend, repository: &str, tags: (&str, &str)) {
+/// load, uninstall (see the module's documentation). On kubelet nodes
+/// (`pool_image` set) the pool runs `pool_image` and both namespaces
+/// enforce Pod Security `restricted`.
+async fn lifecycle(
+    helm: &PathBuf,
+    b: &Backend,
+    repository: &str,
+    tags: (&str, &str),
+    pool_image: Option<&str>,
+) {
     let client = b.client().await;
     let repository_value = format!("image.repository={repository}");
     let (old_tag, new_tag) = (format!("image.tag={}", tags.0), format!("image.tag={}", tags.1));
@@ -230,6 +266,11 @@ async fn lifecycle(helm: &PathBuf, b: &Backend, repository: &str, tags: (&str, &
     let key = SigningKey::generate();
     // The namespace and its Secret, then the pool (any order works).
     b.create_namespace("skipper").await;
+    if pool_image.is_some() {
+        skipper::dev::kubelet::enforce_restricted(&client, "skipper")
+            .await
+            .unwrap();
+    }
     steps::apply(
         &client,
         &[serde_json::json!({"apiVersion": "v1", "kind": "Secret",
@@ -246,6 +287,9 @@ async fn lifecycle(helm: &PathBuf, b: &Backend, repository: &str, tags: (&str, &
     for d in &mut pool {
         if d["kind"] == "Deployment" {
             d["spec"]["replicas"] = 6.into();
+        }
+        if let Some(image) = pool_image {
+            skipper::dev::kubelet::for_image(d, image);
         }
     }
     steps::apply(&client, &pool).await;
@@ -393,23 +437,52 @@ async fn lifecycle(helm: &PathBuf, b: &Backend, repository: &str, tags: (&str, &
         .cloned()
         .collect();
     steps::delete(&client, &pool_objects).await;
-    eventually("no Skipper object and no tenant pod left", WAIT, || async {
-        let tenants = steps::pods(&client, POOL_NS, "skipper/tenant").await.len();
-        let skipper = steps::pods(&client, "skipper", "app.kubernetes.io/name=skipper")
-            .await
-            .len();
+    // Polled until nothing is left; a timeout names what is.
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let describe = |pods: Vec<Pod>| -> Vec<String> {
+            pods.iter()
+                .map(|p| {
+                    let phase = p
+                        .status
+                        .as_ref()
+                        .and_then(|s| s.phase.clone())
+                        .unwrap_or_default();
+                    let deleting = if p.metadata.deletion_timestamp.is_some() {
+                        ", deleting"
+                    } else {
+                        ""
+                    };
+                    format!(
+                        "{} ({phase}{deleting})",
+                        p.metadata.name.clone().unwrap_or_default()
+                    )
+                })
+                .collect()
+        };
+        let tenants = describe(steps::pods(&client, POOL_NS, "skipper/tenant").await);
+        let skipper = describe(steps::pods(&client, "skipper", "app.kubernetes.io/name=skipper").await);
         let left = helm_objects(b).await;
-        (tenants == 0
-            && skipper == 0
-            && left.is_empty()
-            && steps::remaining(&client, &pool_objects).await.is_empty())
-        .then_some(())
-    })
-    .await;
+        let pool_left = steps::remaining(&client, &pool_objects).await;
+        if tenants.is_empty() && skipper.is_empty() && left.is_empty() && pool_left.is_empty() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{WAIT:?} after the uninstall: tenant pods {tenants:?}, Skipper pods {skipper:?}, \
+             the release's objects {left:?}, the pool's objects {pool_left:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     println!(
-        "helm on the real control plane: install to serving {installed:?}; upgrade {old_image} → {new_image} rolled in {rolled:?} \
+        "helm on the real control plane ({}): install to serving {installed:?}; upgrade {old_image} → {new_image} rolled in {rolled:?} \
          under load: {warm} warm and {cold} cold requests, {sessions} WebSocket sessions, {failed} failed, \
          {cross} cross-tenant, {restarts} restarts; uninstall to 0 objects and 0 tenant pods in {:?}",
+        if pool_image.is_some() {
+            "kubelet nodes"
+        } else {
+            "node agent"
+        },
         uninstall.elapsed()
     );
     assert_eq!(

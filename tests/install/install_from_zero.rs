@@ -86,34 +86,9 @@ mod manifests_install_from_zero_with_three_controllers_and_serve_a_request {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn kubelet_nodes() {
-        let Some(nodes) = backend::kubelet_nodes_config(3) else {
+        let Some((cluster, image)) = crate::steps::kubelet_cluster().await else {
             return;
         };
-        let Some(control_plane) = backend::control_plane_config() else {
-            return;
-        };
-        let cluster = RealCluster::start(real_cluster::Config {
-            control_plane,
-            skipper_exe: env!("CARGO_BIN_EXE_skipper").into(),
-            nodes: (0..3)
-                .map(|i| skipper_devcluster::kubelet::NodeSpec {
-                    name: format!("node-{i}"),
-                    zone: format!("zone-{i}"),
-                })
-                .collect(),
-            node_kind: real_cluster::Nodes::Kubelet(nodes),
-            metrics_api: true,
-            ..real_cluster::Config::default()
-        })
-        .await
-        .unwrap_or_else(|e| panic!("start the real cluster with kubelet nodes: {e}"));
-        let image = cluster
-            .kubelet_nodes()
-            .unwrap()
-            .image_names(&backend::image_archive())
-            .first()
-            .cloned()
-            .unwrap();
         let client = cluster.client().await.unwrap();
         let begin = Instant::now();
         install_and_serve(&client, Some(&image)).await;

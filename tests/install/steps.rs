@@ -18,9 +18,41 @@ use skipper::dev::playground::{
     create_object, manifest_documents,
 };
 use skipper::token::SigningKey;
-use skipper_test_support::eventually;
+use skipper_devcluster::real_cluster::{self, RealCluster};
+use skipper_test_support::{backend, eventually};
 
 pub const WAIT: Duration = Duration::from_secs(120);
+
+/// The real control plane with 3 kubelet nodes (`make nodes`) that have
+/// Skipper's image (`make image`) imported, and the image's name there; or
+/// `None` (with a message) when they are not built.
+pub async fn kubelet_cluster() -> Option<(RealCluster, String)> {
+    let nodes = backend::kubelet_nodes_config(3)?;
+    let control_plane = backend::control_plane_config()?;
+    let cluster = RealCluster::start(real_cluster::Config {
+        control_plane,
+        skipper_exe: skipper_test_support::skipper_exe(),
+        nodes: (0..3)
+            .map(|i| skipper_devcluster::kubelet::NodeSpec {
+                name: format!("node-{i}"),
+                zone: format!("zone-{i}"),
+            })
+            .collect(),
+        node_kind: real_cluster::Nodes::Kubelet(nodes),
+        metrics_api: true,
+        ..real_cluster::Config::default()
+    })
+    .await
+    .unwrap_or_else(|e| panic!("start the real cluster with kubelet nodes: {e}"));
+    let image = cluster
+        .kubelet_nodes()
+        .unwrap()
+        .image_names(&backend::image_archive())
+        .first()
+        .cloned()
+        .unwrap();
+    Some((cluster, image))
+}
 pub const POOL_NS: &str = "skipper-functions";
 
 /// The objects of `kubectl apply -k manifests/` and the PASETO Secret, in
