@@ -3,7 +3,8 @@
 //!
 //! Properties: a decoded function re-encodes to canonical JSON that decodes
 //! to the same function (and identity); whatever the router accepts is
-//! valid, converts to the wire form and back unchanged, and is what the
+//! valid, converts to the wire form (without the router's own concurrency
+//! limit, which controllers never see) and back unchanged, and is what the
 //! cache answers; the cache answers exactly what parsing answers, refuses
 //! headers over the size limit and never holds more bytes than its budget.
 //! Run with `make fuzz` (see `fuzz/README.md`).
@@ -17,7 +18,7 @@ use std::sync::LazyLock;
 use http::{HeaderMap, HeaderValue};
 use libfuzzer_sys::fuzz_target;
 use skipper::api;
-use skipper::domain::{Function, HEADER_FUNCTION};
+use skipper::domain::{Function, HEADER_FUNCTION, Scale};
 use skipper::router::entry::{HeaderCache, HeaderError, MAX_FUNCTION_HEADER_BYTES, parse};
 
 /// Small, so eviction runs all the time.
@@ -39,12 +40,15 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(p) = &parsed {
         assert!(p.function.validate().is_ok());
         assert_eq!(p.id, p.function.id());
+        // Controllers get the function without the router-side limit.
+        let mut sent = p.function.clone();
+        sent.scale = sent.scale.as_ref().map(Scale::for_controllers);
         assert_eq!(
             Function::from(&p.api),
-            p.function,
-            "the wire form loses something"
+            sent,
+            "the wire form loses more than the router's own limit"
         );
-        assert_eq!(api::Function::from(&p.function), p.api);
+        assert_eq!(api::Function::from(&sent), p.api);
     }
     let Ok(value) = HeaderValue::from_str(raw) else {
         return;
