@@ -1,9 +1,11 @@
 //! `skipper fixture`: the reference pod program (spec §3.4).
 //!
 //! It serves `GET /healthz`, the assignment endpoint `POST /__skipper/assign`
-//! (verifies the PASETO token against `--public-key`, requires `sub` to be the
-//! function's tenant, persists the token 0600 and stays assigned across
-//! restarts), a WebSocket ping → pong on any path, and once assigned echoes
+//! (verifies the PASETO token against the keys of `--public-key`, requires
+//! `sub` to be the function's tenant and the token to be bound to this pod
+//! ([`crate::token::Claims::check_binding`]: audience, `--pod-name`,
+//! `--pod-uid`, a `jti` not seen before), persists the token 0600 and stays
+//! assigned across restarts), a WebSocket ping → pong on any path, and once assigned echoes
 //! every other request as JSON, including the tenant it serves. A request
 //! naming another instance (`X-Skipper-Instance`, checked against
 //! `--pod-name`) or another tenant (`X-Skipper-Tenant`) is answered
@@ -35,7 +37,7 @@ use crate::domain::{
 };
 use crate::shutdown::Shutdown;
 use crate::telemetry::otel;
-use crate::token::{KeyError, VerifyingKey};
+use crate::token::{KeyError, TrustedKeys};
 
 /// How long in-flight requests may take to finish after SIGTERM.
 const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
@@ -43,11 +45,11 @@ const SHUTDOWN_TIMEOUT: Duration = Duration::from_secs(10);
 /// Flags of `skipper fixture`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Ed25519 public key (SPKI PEM, `PUBLIC KEY`) that verifies assignment tokens
+    /// Ed25519 public keys (SPKI PEM, one or more `PUBLIC KEY` blocks) that verify assignment tokens
     #[arg(long, env = "SKIPPER_PUBLIC_KEY", hide_env_values = true)]
     pub public_key: Option<String>,
 
-    /// Read the public key from this PEM file instead of --public-key
+    /// Read the public keys from this PEM file instead of --public-key
     #[arg(long, env = "SKIPPER_PUBLIC_KEY_FILE", conflicts_with = "public_key")]
     pub public_key_file: Option<PathBuf>,
 
@@ -66,6 +68,14 @@ pub struct Args {
     /// This pod's name (the downward API's metadata.name): requests naming another instance get 421
     #[arg(long, env = "SKIPPER_POD_NAME", default_value = "")]
     pub pod_name: String,
+
+    /// This pod's UID (the downward API's metadata.uid): a token for another pod UID is refused
+    #[arg(long, env = "SKIPPER_POD_UID", default_value = "")]
+    pub pod_uid: String,
+
+    /// Accept tokens that name no pod (what Go controllers issue); the pod then cannot tell a replayed token
+    #[arg(long, env = "SKIPPER_ACCEPT_UNBOUND_TOKENS", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
+    pub accept_unbound_tokens: bool,
 
     /// Test knob: wait this long before handling an assign request
     #[arg(long, env = "SKIPPER_ASSIGN_DELAY", default_value = "0s", value_parser = parse_duration)]
@@ -129,8 +139,8 @@ pub enum FixtureError {
 /// Validated fixture settings.
 #[derive(Debug, Clone)]
 pub struct Settings {
-    /// Verifies assignment tokens.
-    pub key: VerifyingKey,
+    /// Verify assignment tokens.
+    pub keys: TrustedKeys,
     /// Listen address.
     pub addr: SocketAddr,
     /// Where an accepted token is persisted.
@@ -141,9 +151,14 @@ pub struct Settings {
     pub assign_status: Option<u16>,
     /// Where the gRPC health service listens, and whether it reports `SERVING`.
     pub grpc_health: Option<(SocketAddr, bool)>,
-    /// This pod's name, checked against `X-Skipper-Instance` (`None`: not
-    /// checked).
+    /// This pod's name, checked against `X-Skipper-Instance` and a bound
+    /// token's `pod` (`None`: not known; bound tokens are then refused).
     pub pod_name: Option<String>,
+    /// This pod's UID, checked against a bound token's `pod_uid` (`None`:
+    /// not checked).
+    pub pod_uid: Option<String>,
+    /// Accept tokens without the binding claims.
+    pub accept_unbound_tokens: bool,
 }
 
 impl Settings {
@@ -160,14 +175,14 @@ impl Settings {
             })?,
             _ => return Err(FixtureError::MissingPublicKey),
         };
-        let key = VerifyingKey::from_pem(&pem)?;
+        let keys = TrustedKeys::from_pem(&pem)?;
         let host = args.host.trim_start_matches('[').trim_end_matches(']');
         let ip: std::net::IpAddr = host.parse().map_err(|_| FixtureError::BadAddress {
             host: args.host.clone(),
             port: args.fixture_port,
         })?;
         Ok(Self {
-            key,
+            keys,
             addr: SocketAddr::new(ip, args.fixture_port),
             token_path: args.fixture_token_path.clone(),
             assign_delay: args.assign_delay,
@@ -179,6 +194,8 @@ impl Settings {
                 )
             }),
             pod_name: Some(args.pod_name.trim().to_owned()).filter(|n| !n.is_empty()),
+            pod_uid: Some(args.pod_uid.trim().to_owned()).filter(|n| !n.is_empty()),
+            accept_unbound_tokens: args.accept_unbound_tokens,
         })
     }
 }
@@ -189,6 +206,9 @@ impl Settings {
 struct Assignment {
     assigned: bool,
     tenant: Option<String>,
+    /// `jti`s of every bound token that passed the checks (a replay is
+    /// refused even when its first use did not complete).
+    seen: std::collections::HashSet<String>,
 }
 
 struct AppState {
@@ -287,14 +307,13 @@ async fn serve_grpc_health(addr: SocketAddr, serving: bool, shutdown: &Shutdown)
 fn load_assignment(settings: &Settings) -> Result<Assignment, FixtureError> {
     match std::fs::read_to_string(&settings.token_path) {
         Ok(token) => {
-            let tenant = settings
-                .key
-                .verify(token.trim(), SystemTime::now())
-                .map(|c| c.sub)
-                .ok();
+            // Accepted earlier: its signature still names the tenant, its
+            // short lifetime may be over.
+            let tenant = settings.keys.verify_signed(token.trim()).map(|c| c.sub).ok();
             Ok(Assignment {
                 assigned: true,
                 tenant,
+                seen: std::collections::HashSet::new(),
             })
         }
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Assignment::default()),
@@ -379,16 +398,34 @@ async fn assign(State(state): State<Arc<AppState>>, method: Method, headers: Hea
     let Some(function) = function.to_str().ok().and_then(|f| Function::from_json(f).ok()) else {
         return plain_error(StatusCode::BAD_REQUEST, "invalid X-Skipper-Function");
     };
-    match state.settings.key.verify(token, SystemTime::now()) {
-        Ok(claims) if claims.sub == function.tenant => {}
+    let settings = &state.settings;
+    let claims = match settings.keys.verify(token, SystemTime::now()) {
+        Ok(claims) if claims.sub == function.tenant => claims,
         Ok(claims) => {
             tracing::warn!(sub = %claims.sub, tenant = %function.tenant, "token subject is not the function's tenant");
-            return plain_error(StatusCode::UNAUTHORIZED, "invalid token");
+            return plain_error(
+                StatusCode::UNAUTHORIZED,
+                "invalid token: subject is not the function's tenant",
+            );
         }
         Err(e) => {
             tracing::warn!(error = %e, "rejected assignment token");
-            return plain_error(StatusCode::UNAUTHORIZED, "invalid token");
+            return plain_error(StatusCode::UNAUTHORIZED, &format!("invalid token: {e}"));
         }
+    };
+    if let Err(e) = claims.check_binding(
+        settings.pod_name.as_deref(),
+        settings.pod_uid.as_deref(),
+        settings.accept_unbound_tokens,
+    ) {
+        tracing::warn!(error = %e, "rejected assignment token");
+        return plain_error(StatusCode::UNAUTHORIZED, &format!("invalid token: {e}"));
+    }
+    if let Some(jti) = &claims.jti
+        && !assignment.seen.insert(jti.clone())
+    {
+        tracing::warn!(jti = %jti, "rejected a replayed assignment token");
+        return plain_error(StatusCode::CONFLICT, "already assigned");
     }
     if let Err(e) = persist_token(&state.settings.token_path, token) {
         tracing::error!(error = %e, path = %state.settings.token_path.display(), "cannot persist token");

@@ -1,9 +1,24 @@
 //! PASETO assignment tokens: signed by the controller, verified by pods.
 //!
 //! A token is `v2.public` (Ed25519, the default, compatible with existing
-//! pods) or `v4.public`, with no footer. Its message is the JSON object
-//! `{"exp":..,"iat":..,"nbf":..,"sub":<tenant>}` (keys sorted), times in
-//! RFC 3339 with second precision; `exp` is `iat` + 7 days.
+//! pods) or `v4.public`, with no footer (pods that expect none keep
+//! verifying it). Its message is a JSON object, keys sorted, times in
+//! RFC 3339 with second precision.
+//!
+//! A controller issues **bound** tokens, one per assignment:
+//! `{"aud":"skipper/assign","exp":..,"iat":..,"jti":<random>,"kid":<key id>,
+//! "nbf":..,"pod":<pod name>,"pod_uid":<pod UID>,"sub":<tenant>}` with `exp` =
+//! `iat` + [`BOUND_TOKEN_LIFETIME`]. `sub`, `iat`, `nbf` and `exp` are what
+//! a pod that only checks the subject reads, as before; the others bind the
+//! token to one pod and one assignment ([`Claims::check_binding`]), so a
+//! tenant that reads its own token cannot replay it to a pool pod. The
+//! unbound form `{"exp","iat","nbf","sub"}` with a 7-day lifetime is what
+//! Go controllers issue ([`SigningKey::sign`]).
+//!
+//! The key id `kid` is the PASERK id of the public key for the token's
+//! version (`k2.pid.…` for v2, `k4.pid.…` for v4): a pod trusting several
+//! keys ([`TrustedKeys`]) verifies with the one it names, and tries each for
+//! a token without one.
 //!
 //! Keys are PEM: the private key is PKCS#8 (`PRIVATE KEY`), the public key is
 //! SPKI (`PUBLIC KEY`), both Ed25519.
@@ -20,8 +35,19 @@ use pasetors::token::UntrustedToken;
 use pasetors::version2::V2;
 use pasetors::version4::V4;
 
-/// How long a token is valid after it is issued.
+/// How long an unbound token ([`SigningKey::sign`], the Go controllers'
+/// form) is valid after it is issued.
 pub const TOKEN_LIFETIME: Duration = Duration::from_secs(7 * 24 * 3600);
+
+/// How long a bound token is valid after it is issued: it is only
+/// presented once, in the assign request (at most
+/// `--function-assign-timeout`, 30 s by default), and the margin covers
+/// clock skew between nodes. A pod keeps the token it accepted and does not
+/// check its expiry again (see [`TrustedKeys::verify_signed`]).
+pub const BOUND_TOKEN_LIFETIME: Duration = Duration::from_secs(10 * 60);
+
+/// The audience (`aud`) of a bound assignment token.
+pub const AUDIENCE: &str = "skipper/assign";
 
 const ED25519_OID: ObjectIdentifier = ObjectIdentifier::new_unwrap("1.3.101.112");
 
@@ -73,6 +99,22 @@ pub enum TokenError {
     Expired,
     #[error("signing failed: {0}")]
     Sign(String),
+    #[error("token key id {0:?} is not one of the trusted keys")]
+    UnknownKey(String),
+    #[error(
+        "token is not bound to a pod (no aud, pod or jti claim, as Go controllers issue); such tokens are refused unless the pod runs with --accept-unbound-tokens"
+    )]
+    Unbound,
+    #[error("token audience is {0:?}, not \"skipper/assign\"")]
+    Audience(String),
+    #[error("token is for pod {token:?}, not this pod {pod:?}")]
+    OtherPod { token: String, pod: String },
+    #[error("token is for pod UID {token:?}, not this pod's UID {pod:?}")]
+    OtherPodUid { token: String, pod: String },
+    #[error(
+        "this pod does not know its name (--pod-name / SKIPPER_POD_NAME), so it cannot check a bound token"
+    )]
+    PodNameUnknown,
 }
 
 /// The Ed25519 key that signs tokens (seed followed by the public key).
@@ -99,10 +141,90 @@ pub struct Claims {
     pub iat: SystemTime,
     pub nbf: SystemTime,
     pub exp: SystemTime,
+    /// Audience: [`AUDIENCE`] in a bound token.
+    pub aud: Option<String>,
+    /// Unique id of the assignment.
+    pub jti: Option<String>,
+    /// PASERK id of the signing key.
+    pub kid: Option<String>,
+    /// Name of the pod the token is for.
+    pub pod: Option<String>,
+    /// UID of the pod the token is for.
+    pub pod_uid: Option<String>,
 }
 
-/// The first PEM block of `text`: `(label, der bytes)`, or `None` when there is none.
-fn first_pem_block(text: &str) -> Option<(String, Result<Vec<u8>, String>)> {
+/// The pod a bound token is for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PodRef<'a> {
+    pub name: &'a str,
+    pub uid: &'a str,
+}
+
+impl Claims {
+    /// Whether the token is bound to a pod (carries `aud`, `pod` or `jti`).
+    #[must_use]
+    pub fn is_bound(&self) -> bool {
+        self.aud.is_some() || self.pod.is_some() || self.jti.is_some()
+    }
+
+    /// What a pod checks after the signature, times and `sub`: the token is
+    /// for [`AUDIENCE`], names this pod (`pod_name`, and `pod_uid` when the
+    /// pod knows it) and carries a `jti`. An unbound token passes only with
+    /// `accept_unbound`.
+    ///
+    /// # Errors
+    /// [`TokenError`] naming the claim that does not bind the token to
+    /// this pod.
+    pub fn check_binding(
+        &self,
+        pod_name: Option<&str>,
+        pod_uid: Option<&str>,
+        accept_unbound: bool,
+    ) -> Result<(), TokenError> {
+        if !self.is_bound() {
+            return if accept_unbound {
+                Ok(())
+            } else {
+                Err(TokenError::Unbound)
+            };
+        }
+        let aud = self.aud.as_deref().ok_or(TokenError::MissingClaim("aud"))?;
+        if aud != AUDIENCE {
+            return Err(TokenError::Audience(aud.to_owned()));
+        }
+        let pod = self.pod.as_deref().ok_or(TokenError::MissingClaim("pod"))?;
+        let uid = self
+            .pod_uid
+            .as_deref()
+            .ok_or(TokenError::MissingClaim("pod_uid"))?;
+        if self.jti.as_deref().is_none_or(str::is_empty) {
+            return Err(TokenError::MissingClaim("jti"));
+        }
+        let mine = pod_name.ok_or(TokenError::PodNameUnknown)?;
+        if pod != mine {
+            return Err(TokenError::OtherPod {
+                token: pod.to_owned(),
+                pod: mine.to_owned(),
+            });
+        }
+        if let Some(mine) = pod_uid
+            && uid != mine
+        {
+            return Err(TokenError::OtherPodUid {
+                token: uid.to_owned(),
+                pod: mine.to_owned(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// A PEM block: its label and its DER bytes (or why they do not decode).
+type PemBlock = (String, Result<Vec<u8>, String>);
+
+/// The first PEM block of `text` and the text after it, or `None` when
+/// there is none.
+fn next_pem_block(text: &str) -> Option<(PemBlock, &str)> {
     let start = text.find("-----BEGIN ")?;
     let rest = &text[start + "-----BEGIN ".len()..];
     let label_end = rest.find("-----")?;
@@ -113,7 +235,24 @@ fn first_pem_block(text: &str) -> Option<(String, Result<Vec<u8>, String>)> {
     let der = base64::engine::general_purpose::STANDARD
         .decode(b64)
         .map_err(|e| e.to_string());
-    Some((label, der))
+    let after = &body[end + "-----END ".len()..];
+    let after = after.find("-----").map_or("", |i| &after[i + 5..]);
+    Some(((label, der), after))
+}
+
+/// The first PEM block of `text`, or `None` when there is none.
+fn first_pem_block(text: &str) -> Option<PemBlock> {
+    next_pem_block(text).map(|(block, _)| block)
+}
+
+/// Every PEM block of `text`, in order.
+fn pem_blocks(mut text: &str) -> Vec<PemBlock> {
+    let mut blocks = Vec::new();
+    while let Some((block, rest)) = next_pem_block(text) {
+        blocks.push(block);
+        text = rest;
+    }
+    blocks
 }
 
 impl SigningKey {
@@ -170,12 +309,42 @@ impl SigningKey {
         pem_encode("PRIVATE KEY", &der)
     }
 
-    /// Signs an assignment token for `tenant`, issued at `now`.
+    /// The PASERK id (`kid`) of this key for tokens of `version`.
+    #[must_use]
+    pub fn key_id(&self, version: Version) -> String {
+        self.verifying_key().key_id(version)
+    }
+
+    /// Signs an unbound token for `tenant`, issued at `now`, valid for
+    /// [`TOKEN_LIFETIME`]: the form Go controllers issue (and the one Go
+    /// pods were written against).
     ///
     /// # Errors
     /// [`TokenError::Sign`] if the PASETO library rejects the key.
     pub fn sign(&self, version: Version, tenant: &str, now: SystemTime) -> Result<String, TokenError> {
-        let message = claims_json(tenant, now);
+        self.sign_message(version, &claims_json(tenant, now))
+    }
+
+    /// Signs a token for one assignment: `tenant` on `pod`, issued at `now`,
+    /// valid for `lifetime`, with a fresh random `jti`. Returns the token and
+    /// its `jti`.
+    ///
+    /// # Errors
+    /// [`TokenError::Sign`] if the PASETO library rejects the key.
+    pub fn sign_bound(
+        &self,
+        version: Version,
+        tenant: &str,
+        pod: PodRef<'_>,
+        lifetime: Duration,
+        now: SystemTime,
+    ) -> Result<(String, String), TokenError> {
+        let jti = format!("{:032x}", rand::random::<u128>());
+        let message = bound_claims_json(tenant, pod, &jti, &self.key_id(version), lifetime, now);
+        Ok((self.sign_message(version, &message)?, jti))
+    }
+
+    fn sign_message(&self, version: Version, message: &str) -> Result<String, TokenError> {
         let sign_err = |e: pasetors::errors::Error| TokenError::Sign(e.to_string());
         match version {
             Version::V2 => {
@@ -190,15 +359,48 @@ impl SigningKey {
     }
 }
 
-/// The claims message: keys sorted, second-precision RFC 3339 UTC times.
-fn claims_json(tenant: &str, now: SystemTime) -> String {
+/// `(iat, exp)` of a token issued at `now`: second-precision RFC 3339 UTC.
+fn times(now: SystemTime, lifetime: Duration) -> (String, String) {
     let secs = now.duration_since(UNIX_EPOCH).unwrap_or_default().as_secs();
     let now = UNIX_EPOCH + Duration::from_secs(secs);
     let ts = |t: SystemTime| humantime::format_rfc3339_seconds(t).to_string();
-    let iat = ts(now);
-    let exp = ts(now + TOKEN_LIFETIME);
-    let sub = serde_json::Value::String(tenant.to_owned());
+    (ts(now), ts(now + lifetime))
+}
+
+/// A JSON string.
+fn js(s: &str) -> serde_json::Value {
+    serde_json::Value::String(s.to_owned())
+}
+
+/// The unbound claims message: keys sorted.
+fn claims_json(tenant: &str, now: SystemTime) -> String {
+    let (iat, exp) = times(now, TOKEN_LIFETIME);
+    let sub = js(tenant);
     format!(r#"{{"exp":"{exp}","iat":"{iat}","nbf":"{iat}","sub":{sub}}}"#)
+}
+
+/// The bound claims message: the unbound claims plus the binding, keys
+/// sorted.
+fn bound_claims_json(
+    tenant: &str,
+    pod: PodRef<'_>,
+    jti: &str,
+    kid: &str,
+    lifetime: Duration,
+    now: SystemTime,
+) -> String {
+    let (iat, exp) = times(now, lifetime);
+    let (aud, jti, kid, name, uid, sub) = (
+        js(AUDIENCE),
+        js(jti),
+        js(kid),
+        js(pod.name),
+        js(pod.uid),
+        js(tenant),
+    );
+    format!(
+        r#"{{"aud":{aud},"exp":"{exp}","iat":"{iat}","jti":{jti},"kid":{kid},"nbf":"{iat}","pod":{name},"pod_uid":{uid},"sub":{sub}}}"#
+    )
 }
 
 fn pem_encode(label: &str, der: &[u8]) -> String {
@@ -219,6 +421,10 @@ impl VerifyingKey {
     /// [`KeyError`] naming what is wrong with the key.
     pub fn from_pem(pem: &str) -> Result<Self, KeyError> {
         let (_, der) = first_pem_block(pem).ok_or(KeyError::NoPublicPem)?;
+        Self::from_der(der)
+    }
+
+    fn from_der(der: Result<Vec<u8>, String>) -> Result<Self, KeyError> {
         let der = der.map_err(KeyError::Pkix)?;
         let spki = SubjectPublicKeyInfoRef::from_der(&der).map_err(|e| KeyError::Pkix(e.to_string()))?;
         if spki.algorithm.oid != ED25519_OID {
@@ -241,12 +447,47 @@ impl VerifyingKey {
         pem_encode("PUBLIC KEY", &der)
     }
 
+    /// The PASERK id (`kid`) of this key for tokens of `version`.
+    #[must_use]
+    pub fn key_id(&self, version: Version) -> String {
+        use pasetors::paserk::FormatAsPaserk as _;
+        let id = match version {
+            Version::V2 => AsymmetricPublicKey::<V2>::from(&self.0).map(|k| pasetors::paserk::Id::from(&k)),
+            Version::V4 => AsymmetricPublicKey::<V4>::from(&self.0).map(|k| pasetors::paserk::Id::from(&k)),
+        };
+        let mut out = String::new();
+        if let Ok(id) = id {
+            let _ = id.fmt(&mut out);
+        }
+        out
+    }
+
     /// Verifies a `v2.public` or `v4.public` token at time `now`: the
     /// signature, and `iat <= now`, `nbf <= now`, `exp >= now`.
     ///
     /// # Errors
     /// [`TokenError`] naming why the token is not accepted.
     pub fn verify(&self, token: &str, now: SystemTime) -> Result<Claims, TokenError> {
+        let c = self.verify_signed(token)?;
+        if c.iat > now {
+            return Err(TokenError::NotYetValid("iat"));
+        }
+        if c.nbf > now {
+            return Err(TokenError::NotYetValid("nbf"));
+        }
+        if c.exp < now {
+            return Err(TokenError::Expired);
+        }
+        Ok(c)
+    }
+
+    /// Verifies the signature and the claims' form, not their times: for a
+    /// token the pod accepted earlier (and persisted), whose short lifetime
+    /// may be over.
+    ///
+    /// # Errors
+    /// [`TokenError`] naming why the token is not accepted.
+    pub fn verify_signed(&self, token: &str) -> Result<Claims, TokenError> {
         let payload = if token.starts_with("v2.public.") {
             let pk = AsymmetricPublicKey::<V2>::from(&self.0).map_err(|_| TokenError::BadSignature)?;
             let t = UntrustedToken::<Public, V2>::try_from(token).map_err(|_| TokenError::Malformed)?;
@@ -276,22 +517,120 @@ impl VerifyingKey {
             })?;
             Ok(SystemTime::from(ts))
         };
-        let c = Claims {
+        let optional = |name: &'static str| -> Result<Option<String>, TokenError> {
+            match text(name) {
+                Ok(s) => Ok(Some(s.to_owned())),
+                Err(TokenError::MissingClaim(_)) => Ok(None),
+                Err(e) => Err(e),
+            }
+        };
+        Ok(Claims {
             sub: text("sub")?.to_owned(),
             iat: time("iat")?,
             nbf: time("nbf")?,
             exp: time("exp")?,
-        };
-        if c.iat > now {
-            return Err(TokenError::NotYetValid("iat"));
+            aud: optional("aud")?,
+            jti: optional("jti")?,
+            kid: optional("kid")?,
+            pod: optional("pod")?,
+            pod_uid: optional("pod_uid")?,
+        })
+    }
+}
+
+/// The `kid` claim of a token, read before its signature is checked (only to
+/// pick the key that checks it); `None` when the token names none or is not
+/// readable.
+fn unverified_kid(token: &str) -> Option<String> {
+    let body = token
+        .strip_prefix("v2.public.")
+        .or_else(|| token.strip_prefix("v4.public."))?;
+    let bytes = base64::engine::general_purpose::URL_SAFE_NO_PAD
+        .decode(body)
+        .ok()?;
+    let message = bytes.get(..bytes.len().checked_sub(64)?)?;
+    let claims: serde_json::Map<String, serde_json::Value> = serde_json::from_slice(message).ok()?;
+    match claims.get("kid") {
+        Some(serde_json::Value::String(k)) => Some(k.clone()),
+        _ => None,
+    }
+}
+
+/// The public keys a pod trusts: every `PUBLIC KEY` block of its key file,
+/// so that a new key can be trusted before controllers sign with it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TrustedKeys {
+    keys: Vec<VerifyingKey>,
+}
+
+impl TrustedKeys {
+    /// Reads one or more SPKI PEM Ed25519 public keys; text outside the PEM
+    /// blocks is ignored.
+    ///
+    /// # Errors
+    /// [`KeyError`] for text with no PEM block or a block that is not an
+    /// Ed25519 public key.
+    pub fn from_pem(pem: &str) -> Result<Self, KeyError> {
+        let keys = pem_blocks(pem)
+            .into_iter()
+            .map(|(_, der)| VerifyingKey::from_der(der))
+            .collect::<Result<Vec<_>, _>>()?;
+        if keys.is_empty() {
+            return Err(KeyError::NoPublicPem);
         }
-        if c.nbf > now {
-            return Err(TokenError::NotYetValid("nbf"));
+        Ok(Self { keys })
+    }
+
+    /// The keys, in the order of the file.
+    #[must_use]
+    pub fn keys(&self) -> &[VerifyingKey] {
+        &self.keys
+    }
+
+    fn select<T>(
+        &self,
+        token: &str,
+        verify: impl Fn(&VerifyingKey) -> Result<T, TokenError>,
+    ) -> Result<T, TokenError> {
+        if let Some(kid) = unverified_kid(token) {
+            let version = if token.starts_with("v4.") {
+                Version::V4
+            } else {
+                Version::V2
+            };
+            let key = self
+                .keys
+                .iter()
+                .find(|k| k.key_id(version) == kid)
+                .ok_or(TokenError::UnknownKey(kid))?;
+            return verify(key);
         }
-        if c.exp < now {
-            return Err(TokenError::Expired);
+        let mut last = TokenError::BadSignature;
+        for key in &self.keys {
+            match verify(key) {
+                Err(e @ (TokenError::BadSignature | TokenError::Malformed)) => last = e,
+                other => return other,
+            }
         }
-        Ok(c)
+        Err(last)
+    }
+
+    /// [`VerifyingKey::verify`] with the key the token's `kid` names, or
+    /// with each key in turn for a token without one.
+    ///
+    /// # Errors
+    /// [`TokenError::UnknownKey`] for a `kid` of no trusted key, else as
+    /// [`VerifyingKey::verify`].
+    pub fn verify(&self, token: &str, now: SystemTime) -> Result<Claims, TokenError> {
+        self.select(token, |k| k.verify(token, now))
+    }
+
+    /// [`VerifyingKey::verify_signed`] with the key the token names (or each).
+    ///
+    /// # Errors
+    /// As [`TrustedKeys::verify`], without the time checks.
+    pub fn verify_signed(&self, token: &str) -> Result<Claims, TokenError> {
+        self.select(token, |k| k.verify_signed(token))
     }
 }
 
@@ -329,6 +668,279 @@ mod tests {
         assert_eq!(
             claims_json("t\"1", now),
             r#"{"exp":"2024-01-22T10:30:00Z","iat":"2024-01-15T10:30:00Z","nbf":"2024-01-15T10:30:00Z","sub":"t\"1"}"#
+        );
+    }
+
+    const POD: PodRef<'static> = PodRef {
+        name: "pool-abc",
+        uid: "0f1e2d3c-0000-4000-8000-000000000001",
+    };
+
+    #[test]
+    fn bound_tokens_keep_the_unbound_claims_and_name_their_pod() {
+        let key = SigningKey::generate();
+        let trusted = TrustedKeys::from_pem(&key.verifying_key().to_pem()).unwrap();
+        let now = SystemTime::now();
+        for version in [Version::V2, Version::V4] {
+            let (t, jti) = key
+                .sign_bound(version, "tenant-1", POD, BOUND_TOKEN_LIFETIME, now)
+                .unwrap();
+            let c = trusted.verify(&t, now).unwrap();
+            assert_eq!(c.sub, "tenant-1");
+            assert_eq!(c.aud.as_deref(), Some(AUDIENCE));
+            assert_eq!(c.pod.as_deref(), Some(POD.name));
+            assert_eq!(c.pod_uid.as_deref(), Some(POD.uid));
+            assert_eq!(c.jti.as_deref(), Some(jti.as_str()));
+            assert_eq!(c.kid, Some(key.key_id(version)));
+            assert_eq!(c.exp.duration_since(c.iat).unwrap(), BOUND_TOKEN_LIFETIME);
+            assert_eq!(c.iat, c.nbf);
+            assert!(c.is_bound());
+            // A pod that reads only `sub` and the times (a single key, as
+            // Go pods do) accepts it as before.
+            let plain = key.verifying_key().verify(&t, now).unwrap();
+            assert_eq!(plain.sub, "tenant-1");
+            assert_eq!(
+                trusted.verify(&t, now + BOUND_TOKEN_LIFETIME + Duration::from_secs(1)),
+                Err(TokenError::Expired)
+            );
+            // A token accepted earlier still names its tenant after expiry.
+            let later = trusted.verify_signed(&t).unwrap();
+            assert_eq!(later.sub, "tenant-1");
+        }
+        let (a, ja) = key
+            .sign_bound(Version::V2, "t", POD, BOUND_TOKEN_LIFETIME, now)
+            .unwrap();
+        let (b, jb) = key
+            .sign_bound(Version::V2, "t", POD, BOUND_TOKEN_LIFETIME, now)
+            .unwrap();
+        assert_ne!(ja, jb, "every assignment has its own jti");
+        assert_ne!(a, b);
+        assert_eq!(ja.len(), 32);
+    }
+
+    #[test]
+    fn bound_claims_are_sorted_second_precision_json() {
+        let now = UNIX_EPOCH + Duration::from_millis(1_705_314_600_750);
+        let pod = PodRef {
+            name: "p\"1",
+            uid: "u-1",
+        };
+        assert_eq!(
+            bound_claims_json("t1", pod, "j1", "k2.pid.x", BOUND_TOKEN_LIFETIME, now),
+            r#"{"aud":"skipper/assign","exp":"2024-01-15T10:40:00Z","iat":"2024-01-15T10:30:00Z","jti":"j1","kid":"k2.pid.x","nbf":"2024-01-15T10:30:00Z","pod":"p\"1","pod_uid":"u-1","sub":"t1"}"#
+        );
+    }
+
+    fn bound() -> Claims {
+        let now = UNIX_EPOCH;
+        Claims {
+            sub: "t".into(),
+            iat: now,
+            nbf: now,
+            exp: now,
+            aud: Some(AUDIENCE.into()),
+            jti: Some("j".into()),
+            kid: None,
+            pod: Some("pod-a".into()),
+            pod_uid: Some("uid-a".into()),
+        }
+    }
+
+    #[test]
+    fn binding_rules() {
+        let unbound = Claims {
+            aud: None,
+            jti: None,
+            pod: None,
+            pod_uid: None,
+            ..bound()
+        };
+        let with = |f: fn(&mut Claims)| {
+            let mut c = bound();
+            f(&mut c);
+            c
+        };
+        let other_pod = TokenError::OtherPod {
+            token: "pod-a".into(),
+            pod: "pod-b".into(),
+        };
+        let other_uid = TokenError::OtherPodUid {
+            token: "uid-a".into(),
+            pod: "uid-b".into(),
+        };
+        // (case, claims, pod name, pod UID, accept unbound, outcome)
+        type Case = (
+            &'static str,
+            Claims,
+            Option<&'static str>,
+            Option<&'static str>,
+            bool,
+            Result<(), TokenError>,
+        );
+        let cases: Vec<Case> = vec![
+            (
+                "bound to this pod",
+                bound(),
+                Some("pod-a"),
+                Some("uid-a"),
+                false,
+                Ok(()),
+            ),
+            (
+                "uid unknown to the pod",
+                bound(),
+                Some("pod-a"),
+                None,
+                false,
+                Ok(()),
+            ),
+            (
+                "another pod",
+                bound(),
+                Some("pod-b"),
+                Some("uid-a"),
+                false,
+                Err(other_pod),
+            ),
+            (
+                "same name, another uid",
+                bound(),
+                Some("pod-a"),
+                Some("uid-b"),
+                false,
+                Err(other_uid),
+            ),
+            (
+                "pod name unknown",
+                bound(),
+                None,
+                None,
+                true,
+                Err(TokenError::PodNameUnknown),
+            ),
+            (
+                "unbound refused",
+                unbound.clone(),
+                Some("pod-a"),
+                None,
+                false,
+                Err(TokenError::Unbound),
+            ),
+            ("unbound admitted", unbound, Some("pod-a"), None, true, Ok(())),
+            (
+                "another audience",
+                with(|c| c.aud = Some("other".into())),
+                Some("pod-a"),
+                None,
+                false,
+                Err(TokenError::Audience("other".into())),
+            ),
+            (
+                "no audience",
+                with(|c| c.aud = None),
+                Some("pod-a"),
+                None,
+                true,
+                Err(TokenError::MissingClaim("aud")),
+            ),
+            (
+                "no pod",
+                with(|c| c.pod = None),
+                Some("pod-a"),
+                None,
+                true,
+                Err(TokenError::MissingClaim("pod")),
+            ),
+            (
+                "no uid",
+                with(|c| c.pod_uid = None),
+                Some("pod-a"),
+                None,
+                false,
+                Err(TokenError::MissingClaim("pod_uid")),
+            ),
+            (
+                "empty jti",
+                with(|c| c.jti = Some(String::new())),
+                Some("pod-a"),
+                None,
+                false,
+                Err(TokenError::MissingClaim("jti")),
+            ),
+        ];
+        for (name, claims, pod, uid, accept_unbound, want) in cases {
+            assert_eq!(claims.check_binding(pod, uid, accept_unbound), want, "{name}");
+        }
+        assert!(
+            TokenError::Unbound
+                .to_string()
+                .contains("--accept-unbound-tokens"),
+            "the refusal names the way out"
+        );
+    }
+
+    #[test]
+    fn trusted_keys_pick_the_key_the_token_names_and_try_each_otherwise() {
+        let (old, new, stranger) = (
+            SigningKey::generate(),
+            SigningKey::generate(),
+            SigningKey::generate(),
+        );
+        let pem = format!(
+            "# current\n{}\n# next\n{}",
+            old.verifying_key().to_pem(),
+            new.verifying_key().to_pem()
+        );
+        let trusted = TrustedKeys::from_pem(&pem).unwrap();
+        assert_eq!(trusted.keys(), &[old.verifying_key(), new.verifying_key()]);
+        let now = SystemTime::now();
+        for key in [&old, &new] {
+            for v in [Version::V2, Version::V4] {
+                let (bound, _) = key.sign_bound(v, "t", POD, BOUND_TOKEN_LIFETIME, now).unwrap();
+                assert_eq!(trusted.verify(&bound, now).unwrap().kid, Some(key.key_id(v)));
+                let unbound = key.sign(v, "t", now).unwrap();
+                assert_eq!(
+                    trusted.verify(&unbound, now).unwrap().sub,
+                    "t",
+                    "no kid: each key is tried"
+                );
+            }
+        }
+        let (foreign, _) = stranger
+            .sign_bound(Version::V2, "t", POD, BOUND_TOKEN_LIFETIME, now)
+            .unwrap();
+        assert_eq!(
+            trusted.verify(&foreign, now),
+            Err(TokenError::UnknownKey(stranger.key_id(Version::V2)))
+        );
+        let unbound = stranger.sign(Version::V2, "t", now).unwrap();
+        assert_eq!(trusted.verify(&unbound, now), Err(TokenError::BadSignature));
+        assert_eq!(trusted.verify("v2.public.AAAA", now), Err(TokenError::Malformed));
+        // Expiry is reported as such, not as a signature failure of the other key.
+        let late = now + TOKEN_LIFETIME + Duration::from_secs(1);
+        assert_eq!(
+            trusted.verify(&new.sign(Version::V2, "t", now).unwrap(), late),
+            Err(TokenError::Expired)
+        );
+
+        // Key ids are PASERK ids, distinct per key and version.
+        let id = old.key_id(Version::V2);
+        assert!(
+            id.starts_with("k2.pid.") && id.len() == "k2.pid.".len() + 44,
+            "{id}"
+        );
+        assert!(old.key_id(Version::V4).starts_with("k4.pid."));
+        assert_ne!(id, new.key_id(Version::V2));
+        assert_eq!(id, old.verifying_key().key_id(Version::V2));
+
+        assert_eq!(TrustedKeys::from_pem("none"), Err(KeyError::NoPublicPem));
+        let bad = format!(
+            "{}-----BEGIN PUBLIC KEY-----\nAAAA\n-----END PUBLIC KEY-----\n",
+            old.verifying_key().to_pem()
+        );
+        assert!(
+            matches!(TrustedKeys::from_pem(&bad), Err(KeyError::Pkix(_))),
+            "a bad block is an error, not skipped"
         );
     }
 

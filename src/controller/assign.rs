@@ -1,8 +1,8 @@
 //! Assigning a pool pod to a function (spec §3.1–3.3, §4.4–4.5): pick a
 //! Running and Ready unassigned pod, claim it with the JSON Patch, wait for
 //! the pod store to show a new pool pod when the pool is empty (woken by the
-//! watch, bounded by the caller's deadline), POST the assign path with the
-//! signed token, delete the pod when that fails, and mark the instance ready
+//! watch, bounded by the caller's deadline), POST the assign path with a
+//! token bound to that pod (name, UID, a fresh `jti`), delete the pod when that fails, and mark the instance ready
 //! in memory at once while `skipper/ready-at` is patched in the background.
 
 use std::collections::{HashMap, HashSet};
@@ -27,7 +27,7 @@ use crate::api::{EventSeverity, EventType};
 use crate::domain::{AssignTiming, Function, HEADER_FUNCTION, HEADER_TOKEN};
 use crate::shutdown::Shutdown;
 use crate::telemetry::otel;
-use crate::token::{SigningKey, TokenError, Version};
+use crate::token::{BOUND_TOKEN_LIFETIME, PodRef, SigningKey, TokenError, Version};
 
 /// Consecutive failed assignments of one deployment after which it backs
 /// off.
@@ -437,9 +437,15 @@ impl Assigner {
             .unwrap_or_default();
         let port = pod_port(pod).map_err(PostError::Port)?;
         let now = SystemTime::now();
-        let token = self
+        let target = PodRef {
+            name: pod.metadata.name.as_deref().unwrap_or_default(),
+            uid: pod.metadata.uid.as_deref().unwrap_or_default(),
+        };
+        // Valid for the assign request only; a long assign timeout extends it.
+        let lifetime = BOUND_TOKEN_LIFETIME.max(self.timeout.saturating_mul(2));
+        let (token, _jti) = self
             .key
-            .sign(self.version, &function.tenant, now)
+            .sign_bound(self.version, &function.tenant, target, lifetime, now)
             .map_err(PostError::Sign)?;
         let uri = format!("http://{}{}", join_addr(&ip, &port), self.path);
         let mut req = http::Request::post(uri)

@@ -1,5 +1,6 @@
-//! `skipper fixture`: the assignment checks in the spec's order, token
-//! persistence across restarts, echo, WebSocket ping/pong and the test knobs.
+//! `skipper fixture`: the assignment checks in the spec's order, tokens bound
+//! to the pod and used once, several trusted keys, token persistence across
+//! restarts, echo, WebSocket ping/pong and the test knobs.
 
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
@@ -8,12 +9,12 @@ use skipper_test_support::devcluster as common;
 
 use std::os::unix::fs::PermissionsExt as _;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use futures::{SinkExt as _, StreamExt as _};
 use skipper::fixture::{Fixture, Settings};
 use skipper::shutdown::Shutdown;
-use skipper::token::{SigningKey, VerifyingKey, Version};
+use skipper::token::{BOUND_TOKEN_LIFETIME, PodRef, SigningKey, TrustedKeys, Version};
 
 fn temp_dir(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!(
@@ -25,16 +26,29 @@ fn temp_dir(tag: &str) -> PathBuf {
     d
 }
 
+/// The pod the fixtures of this file run as.
+const POD_A: PodRef<'static> = PodRef {
+    name: "pod-a",
+    uid: "uid-a",
+};
+
 fn settings(key: &SigningKey, token_path: PathBuf) -> Settings {
     Settings {
-        key: VerifyingKey::from_pem(&key.verifying_key().to_pem()).unwrap(),
+        keys: TrustedKeys::from_pem(&key.verifying_key().to_pem()).unwrap(),
         addr: "127.0.0.1:0".parse().unwrap(),
         token_path,
         assign_delay: Duration::ZERO,
         assign_status: None,
         grpc_health: None,
-        pod_name: Some("pod-a".into()),
+        pod_name: Some(POD_A.name.into()),
+        pod_uid: Some(POD_A.uid.into()),
+        accept_unbound_tokens: false,
     }
+}
+
+/// A token for `tenant` bound to [`POD_A`], as a controller issues.
+fn token(key: &SigningKey, version: Version, tenant: &str) -> String {
+    common::bound_token(key, version, tenant, POD_A)
 }
 
 async fn start(s: Settings) -> (Fixture, String) {
@@ -60,7 +74,7 @@ async fn assign_runs_the_checks_in_order_with_their_status_codes() {
     let (key, _) = common::keys();
     let dir = temp_dir("order");
     let (f, base) = start(settings(&key, dir.join("token"))).await;
-    let good = common::token(&key, Version::V2, "t1");
+    let good = token(&key, Version::V2, "t1");
 
     let resp = reqwest::get(format!("{base}/__skipper/assign")).await.unwrap();
     assert_eq!(resp.status(), 405);
@@ -90,12 +104,15 @@ async fn assign_runs_the_checks_in_order_with_their_status_codes() {
     let foreign = common::token(&other, Version::V2, "t1");
     assert_eq!(
         assign(&base, Some(&foreign), Some(&common::function_json("t1"))).await,
-        (401, "invalid token\n".into())
+        (401, "invalid token: token signature is invalid\n".into())
     );
     // The token's subject must be the function's tenant.
     assert_eq!(
         assign(&base, Some(&good), Some(&common::function_json("t2"))).await,
-        (401, "invalid token\n".into())
+        (
+            401,
+            "invalid token: subject is not the function's tenant\n".into()
+        )
     );
     assert!(
         !dir.join("token").exists(),
@@ -124,7 +141,7 @@ async fn v4_tokens_are_accepted_and_an_unwritable_token_path_is_a_500() {
     let (key, _) = common::keys();
     let dir = temp_dir("v4");
     let (f, base) = start(settings(&key, dir.join("token"))).await;
-    let v4 = common::token(&key, Version::V4, "t4");
+    let v4 = token(&key, Version::V4, "t4");
     assert!(v4.starts_with("v4.public."));
     assert_eq!(
         assign(&base, Some(&v4), Some(&common::function_json("t4")))
@@ -135,7 +152,7 @@ async fn v4_tokens_are_accepted_and_an_unwritable_token_path_is_a_500() {
     f.stop().await;
 
     let (f, base) = start(settings(&key, dir.join("missing-dir/token"))).await;
-    let t = common::token(&key, Version::V2, "t");
+    let t = token(&key, Version::V2, "t");
     assert_eq!(
         assign(&base, Some(&t), Some(&common::function_json("t"))).await,
         (500, "internal error\n".into())
@@ -160,7 +177,7 @@ async fn echo_answers_503_before_assignment_and_json_with_the_tenant_after() {
         200
     );
 
-    let t = common::token(&key, Version::V2, "acme");
+    let t = token(&key, Version::V2, "acme");
     assert_eq!(
         assign(&base, Some(&t), Some(&common::function_json("acme")))
             .await
@@ -225,7 +242,7 @@ async fn the_token_is_persisted_0600_and_a_restart_stays_assigned() {
     let dir = temp_dir("restart");
     let path = dir.join("token");
     let (f, base) = start(settings(&key, path.clone())).await;
-    let t = common::token(&key, Version::V2, "keep");
+    let t = token(&key, Version::V2, "keep");
     assert_eq!(
         assign(&base, Some(&t), Some(&common::function_json("keep")))
             .await
@@ -244,7 +261,7 @@ async fn the_token_is_persisted_0600_and_a_restart_stays_assigned() {
     assert_eq!(resp.status(), 200, "assigned after restart");
     let v: serde_json::Value = resp.json().await.unwrap();
     assert_eq!(v["tenant"], "keep");
-    let t2 = common::token(&key, Version::V2, "other");
+    let t2 = token(&key, Version::V2, "other");
     assert_eq!(
         assign(&base, Some(&t2), Some(&common::function_json("other")))
             .await
@@ -260,7 +277,7 @@ async fn test_knobs_shape_the_response() {
     let (key, _) = common::keys();
     let dir = temp_dir("knobs");
     let (f, base) = start(settings(&key, dir.join("token"))).await;
-    let t = common::token(&key, Version::V2, "k");
+    let t = token(&key, Version::V2, "k");
     assert_eq!(
         assign(&base, Some(&t), Some(&common::function_json("k"))).await.0,
         200
@@ -331,6 +348,186 @@ fn bad_flags_fail_at_start_naming_the_flag() {
     assert!(run(&["--public-key", "nonsense"]).contains("parsing public key: no PEM block found"));
     assert!(run(&["--public-key-file", "/nonexistent/key.pem"]).contains("--public-key-file"));
     assert!(run(&["--assign-status", "99"]).contains("--assign-status"));
+    let bad_second = "-----BEGIN PUBLIC KEY-----\nMCowBQYDK2VwAyEA\n-----END PUBLIC KEY-----\n";
+    let (_, good) = common::keys();
+    assert!(
+        run(&[&format!("--public-key={good}{bad_second}")]).contains("--public-key: parsing PKIX"),
+        "every block of the key file must be a key"
+    );
+}
+
+/// POSTs an assignment of `tenant` with `token`; returns status and body.
+async fn assign_as(base: &str, token: &str, tenant: &str) -> (u16, String) {
+    assign(base, Some(token), Some(&common::function_json(tenant))).await
+}
+
+#[tokio::test]
+async fn a_token_is_accepted_only_by_the_pod_it_names_and_only_once() {
+    let (key, _) = common::keys();
+    let dir = temp_dir("bound");
+    let (f, base) = start(settings(&key, dir.join("token"))).await;
+
+    // A tenant's token for its own pod, replayed to this pool pod.
+    let theirs = common::bound_token(
+        &key,
+        Version::V2,
+        "t1",
+        PodRef {
+            name: "pod-b",
+            uid: "uid-b",
+        },
+    );
+    assert_eq!(
+        assign_as(&base, &theirs, "t1").await,
+        (
+            401,
+            "invalid token: token is for pod \"pod-b\", not this pod \"pod-a\"\n".into()
+        )
+    );
+    // A pod of the same name that is not this one (a recreated pod).
+    let recreated = common::bound_token(
+        &key,
+        Version::V4,
+        "t1",
+        PodRef {
+            name: "pod-a",
+            uid: "uid-old",
+        },
+    );
+    let (status, body) = assign_as(&base, &recreated, "t1").await;
+    assert_eq!(status, 401);
+    assert!(body.contains("pod UID \"uid-old\""), "{body}");
+    // What a Go controller issues is refused, naming the way to admit it.
+    let (status, body) = assign_as(&base, &common::token(&key, Version::V2, "t1"), "t1").await;
+    assert_eq!(status, 401);
+    assert!(
+        body.contains("not bound to a pod") && body.contains("--accept-unbound-tokens"),
+        "{body}"
+    );
+    let resp = reqwest::get(format!("{base}/x")).await.unwrap();
+    assert_eq!(resp.status(), 503, "no refused token assigned the pod");
+
+    let mine = token(&key, Version::V2, "t1");
+    assert_eq!(assign_as(&base, &mine, "t1").await, (200, String::new()));
+    for replay in [&mine, &token(&key, Version::V2, "t1")] {
+        assert_eq!(
+            assign_as(&base, replay, "t1").await,
+            (409, "already assigned\n".into()),
+            "a second assignment, with the same token or a fresh one"
+        );
+    }
+    f.stop().await;
+
+    // A token whose assignment did not complete is used up all the same.
+    let (f, base) = start(settings(&key, dir.join("missing-dir/token"))).await;
+    let t = token(&key, Version::V2, "t2");
+    assert_eq!(assign_as(&base, &t, "t2").await.0, 500);
+    assert_eq!(
+        assign_as(&base, &t, "t2").await,
+        (409, "already assigned\n".into()),
+        "the jti is not accepted twice"
+    );
+    assert_eq!(
+        assign_as(&base, &token(&key, Version::V2, "t2"), "t2").await.0,
+        500,
+        "a fresh token is still checked"
+    );
+    f.stop().await;
+
+    // A pod that does not know its name cannot check a bound token.
+    let mut s = settings(&key, dir.join("token-noname"));
+    s.pod_name = None;
+    s.pod_uid = None;
+    let (f, base) = start(s).await;
+    let (status, body) = assign_as(&base, &token(&key, Version::V2, "t3"), "t3").await;
+    assert_eq!(status, 401);
+    assert!(body.contains("SKIPPER_POD_NAME"), "{body}");
+    f.stop().await;
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn unbound_tokens_are_admitted_only_when_asked_and_bound_ones_still_checked() {
+    let (key, _) = common::keys();
+    let dir = temp_dir("unbound");
+    let mut s = settings(&key, dir.join("token"));
+    s.accept_unbound_tokens = true;
+    s.pod_uid = None;
+    let (f, base) = start(s.clone()).await;
+    let other = common::bound_token(
+        &key,
+        Version::V2,
+        "go",
+        PodRef {
+            name: "pod-b",
+            uid: "u",
+        },
+    );
+    assert_eq!(
+        assign_as(&base, &other, "go").await.0,
+        401,
+        "a bound token still names its pod"
+    );
+    let go = common::token(&key, Version::V2, "go");
+    assert_eq!(assign_as(&base, &go, "go").await.0, 200);
+    f.stop().await;
+
+    // Without the UID, a token for this pod's name is accepted.
+    s.token_path = dir.join("token2");
+    let (f, base) = start(s).await;
+    let any_uid = common::bound_token(
+        &key,
+        Version::V2,
+        "t",
+        PodRef {
+            name: "pod-a",
+            uid: "whatever",
+        },
+    );
+    assert_eq!(assign_as(&base, &any_uid, "t").await.0, 200);
+    f.stop().await;
+    std::fs::remove_dir_all(dir).unwrap();
+}
+
+#[tokio::test]
+async fn every_trusted_key_verifies_and_a_kept_token_outlives_its_lifetime() {
+    let (old, _) = common::keys();
+    let (new, _) = common::keys();
+    let dir = temp_dir("keys");
+    let pem = format!("{}{}", old.verifying_key().to_pem(), new.verifying_key().to_pem());
+    let mut s = settings(&old, dir.join("token-old"));
+    s.keys = TrustedKeys::from_pem(&pem).unwrap();
+    for (key, path) in [(&old, "token-old"), (&new, "token-new")] {
+        s.token_path = dir.join(path);
+        let (f, base) = start(s.clone()).await;
+        assert_eq!(assign_as(&base, &token(key, Version::V2, "t"), "t").await.0, 200);
+        f.stop().await;
+    }
+    let (stranger, _) = common::keys();
+    s.token_path = dir.join("token-stranger");
+    let (f, base) = start(s.clone()).await;
+    let (status, body) = assign_as(&base, &token(&stranger, Version::V2, "t"), "t").await;
+    assert_eq!(status, 401);
+    assert!(body.contains("not one of the trusted keys"), "{body}");
+    f.stop().await;
+
+    // A restarted pod still knows its tenant from a token past its expiry.
+    let issued = SystemTime::now() - BOUND_TOKEN_LIFETIME - Duration::from_secs(60);
+    let (expired, _) = new
+        .sign_bound(Version::V2, "kept", POD_A, BOUND_TOKEN_LIFETIME, issued)
+        .unwrap();
+    s.token_path = dir.join("token-kept");
+    std::fs::write(&s.token_path, &expired).unwrap();
+    let (f, base) = start(s).await;
+    let v: serde_json::Value = reqwest::get(format!("{base}/x"))
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(v["tenant"], "kept");
+    f.stop().await;
+    std::fs::remove_dir_all(dir).unwrap();
 }
 
 #[tokio::test]
@@ -365,7 +562,7 @@ async fn requests_for_another_instance_or_tenant_are_421_before_anything_else() 
         "without the headers: as before"
     );
 
-    let t = common::token(&key, Version::V2, "acme");
+    let t = token(&key, Version::V2, "acme");
     assert_eq!(
         assign(&base, Some(&t), Some(&common::function_json("acme")))
             .await

@@ -202,8 +202,7 @@ async fn kubectl_drives_a_fixture_pool_against_skipper_dev_apiserver() {
 
     // Assign one pod, then label it as the controller would: the pool refills.
     let pod = pods[0]["metadata"]["name"].as_str().unwrap().to_owned();
-    let ip = pods[0]["status"]["podIP"].as_str().unwrap().to_owned();
-    assert_eq!(common::assign(&ip, &key, "acme").await, 200);
+    assert_eq!(common::assign(&pods[0], &key, "acme").await, 200);
     let out = api.ok(&["label", "pod", &pod, "skipper/tenant=acme"]).await;
     assert_eq!(out.trim(), format!("pod/{pod} labeled"));
     let refilled = ready_pool(&api, 3).await;

@@ -177,7 +177,7 @@ async fn exactly_one_of_two_concurrent_claims_wins_and_the_pool_refills() {
 
     // The claimed pod accepts its assignment.
     let ip = ip_of(&pods[0]);
-    assert_eq!(common::assign(&ip, &key, "acme").await, 200);
+    assert_eq!(common::assign(&pods[0], &key, "acme").await, 200);
     let echo: Value = reqwest::get(format!("http://{ip}:8888/hi"))
         .await
         .unwrap()
@@ -371,7 +371,7 @@ async fn readiness_follows_the_readiness_probe_after_start() {
     })
     .await;
     let name = pod.metadata.name.clone().unwrap();
-    let ip = pod.status.unwrap().pod_ip.unwrap();
+    let ip = pod.status.clone().unwrap().pod_ip.unwrap();
     let ready = |want: bool| {
         let pods = pods.clone();
         let name = name.clone();
@@ -394,7 +394,10 @@ async fn readiness_follows_the_readiness_probe_after_start() {
         ready(false).await.is_some(),
         "503 from the probe path keeps the pod unready"
     );
-    assert_eq!(common::assign(&ip, &key, "t").await, 200);
+    assert_eq!(
+        common::assign(&serde_json::to_value(&pod).unwrap(), &key, "t").await,
+        200
+    );
     common::eventually("ready once the probe path answers 200", WAIT, || ready(true)).await;
     // A frozen process fails the probe (1s timeout) and the pod turns unready; thawed, it recovers.
     let pid = nix::unistd::Pid::from_raw(i32::try_from(cluster.pod_pid(NS, &name).unwrap()).unwrap());
@@ -428,7 +431,7 @@ async fn a_recreated_pod_with_the_same_name_starts_with_fresh_volumes() {
             503,
             "round {round}: a new pod is unassigned"
         );
-        assert_eq!(common::assign(&ip, &key, "t").await, 200);
+        assert_eq!(common::assign(&ready, &key, "t").await, 200);
         // The token went to /tmp, the pool's emptyDir.
         let dir = cluster.pod_dir(NS, "same").unwrap();
         assert!(dir.join("volumes/tmp/token").exists());
@@ -452,7 +455,7 @@ async fn logs_follow_a_running_pod_until_it_is_deleted() {
     use futures::AsyncBufReadExt as _;
     let (cluster, client, key) = start_pool(1).await;
     let pod = ready_pool(&cluster, 1).await.remove(0);
-    let (name, ip) = (name_of(&pod), ip_of(&pod));
+    let name = name_of(&pod);
     let api: Api<Pod> = Api::namespaced(client, NS);
     let follow = LogParams {
         follow: true,
@@ -461,7 +464,7 @@ async fn logs_follow_a_running_pod_until_it_is_deleted() {
     let mut lines = api.log_stream(&name, &follow).await.unwrap().lines();
     let mut next = async || tokio::time::timeout(WAIT, lines.next()).await.unwrap();
     while !next().await.unwrap().unwrap().contains("fixture listening") {}
-    assert_eq!(common::assign(&ip, &key, "followed").await, 200);
+    assert_eq!(common::assign(&pod, &key, "followed").await, 200);
     while !next().await.unwrap().unwrap().contains("assigned") {}
     api.delete(&name, &DeleteParams::default()).await.unwrap();
     while next().await.is_some() {}

@@ -6,6 +6,7 @@
 mod assign;
 mod auth;
 mod bench;
+mod poisoning;
 mod ring;
 mod scaling;
 mod startup;

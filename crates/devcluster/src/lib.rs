@@ -932,6 +932,7 @@ pub fn pool_deployment_json(namespace: &str, name: &str, replicas: i32, public_k
                             // CPU profiles on the pod IP, as in manifests/example-pool.yaml.
                             {"name": "SKIPPER_PPROF_HOST", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
                             {"name": "SKIPPER_POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
+                            {"name": "SKIPPER_POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}},
                         ],
                         "readinessProbe": {"httpGet": {"path": "/healthz", "port": "http"},
                                            "periodSeconds": 1, "failureThreshold": 3},

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, SystemTime};
 
-use skipper::token::{SigningKey, Version};
+use skipper::token::{BOUND_TOKEN_LIFETIME, PodRef, SigningKey, Version};
 use skipper_devcluster::{Cluster, Config};
 
 pub use crate::process::{descendants, listener_pid, process_alive};
@@ -85,9 +85,16 @@ pub fn keys() -> (SigningKey, String) {
     (key, pem)
 }
 
-/// A token for `tenant`, valid now.
+/// An unbound token for `tenant` (as Go controllers issue), valid now.
 pub fn token(key: &SigningKey, version: Version, tenant: &str) -> String {
     key.sign(version, tenant, SystemTime::now()).expect("sign token")
+}
+
+/// A token for `tenant` bound to `pod`, valid now (as a controller issues).
+pub fn bound_token(key: &SigningKey, version: Version, tenant: &str, pod: PodRef<'_>) -> String {
+    key.sign_bound(version, tenant, pod, BOUND_TOKEN_LIFETIME, SystemTime::now())
+        .expect("sign token")
+        .0
 }
 
 /// A function header for `tenant`.
@@ -95,11 +102,22 @@ pub fn function_json(tenant: &str) -> String {
     format!(r#"{{"namespace":"fixtures","deployment":"fixture","tenant":"{tenant}"}}"#)
 }
 
-/// POSTs a v2 assignment for `tenant` to the fixture pod at `ip`; returns the status.
-pub async fn assign(ip: &str, key: &SigningKey, tenant: &str) -> reqwest::StatusCode {
+/// POSTs a v2 assignment for `tenant` to the fixture pod `pod` (JSON, as
+/// the API serves it), with a token bound to it; returns the status.
+pub async fn assign(pod: &serde_json::Value, key: &SigningKey, tenant: &str) -> reqwest::StatusCode {
+    let text = |p: &str| {
+        pod.pointer(p)
+            .and_then(serde_json::Value::as_str)
+            .unwrap_or_default()
+    };
+    let target = PodRef {
+        name: text("/metadata/name"),
+        uid: text("/metadata/uid"),
+    };
+    let ip = text("/status/podIP");
     reqwest::Client::new()
         .post(format!("http://{ip}:8888/__skipper/assign"))
-        .header("X-Skipper-Token", token(key, Version::V2, tenant))
+        .header("X-Skipper-Token", bound_token(key, Version::V2, tenant, target))
         .header("X-Skipper-Function", function_json(tenant))
         .send()
         .await
