@@ -5,6 +5,7 @@
 //! batched heartbeats.
 //!
 //! - [`config`]: flags and the validated [`Config`].
+//! - [`listener`]: HTTP/1.1 and HTTP/2 (h2c) on one port, HTTP/2's bounds.
 //! - [`entry`]: the function header cache, `/healthz` and `/livez`, the 400 answers.
 //! - [`proxy`]: instance selection, the retry loop and policy, one attempt,
 //!   header rewriting, replayable bodies, upgrades, the instance connection
@@ -22,6 +23,7 @@ pub mod config;
 pub mod discovery;
 pub mod entry;
 pub mod instances;
+pub mod listener;
 pub mod metrics;
 pub mod proxy;
 pub mod subscription;
@@ -262,40 +264,75 @@ pub async fn serve(
         };
         crate::net::nodelay(&stream);
         let state = state.clone();
-        let exchanges = Arc::new(proxy::client_io::Exchanges::default());
-        let io = proxy::client_io::ClientIo::new(stream, write_timeout, exchanges.clone());
-        let memo = Arc::new(Memo::default());
-        let svc = hyper::service::service_fn(move |req| {
-            let state = state.clone();
-            let memo = memo.clone();
-            let busy = exchanges.begin();
-            async move {
-                let resp = handle(&state, &memo, remote, req).await;
-                Ok::<_, Infallible>(resp.map(|body| Body::new(proxy::client_io::Answered::new(body, busy))))
-            }
-        });
-        // The header read timeout also bounds idle keep-alive connections
-        // (it runs from the moment a connection waits for the next request);
-        // a request head larger than the buffer is answered 431 by hyper. A
-        // client that half-closes after its request still gets the answer;
-        // one that stops reading is cut off after the write timeout.
-        let conn = http1::Builder::new()
-            .timer(hyper_util::rt::TokioTimer::new())
-            .header_read_timeout(idle_timeout)
-            .max_header_size(MAX_REQUEST_HEAD_BYTES)
-            .serve_connection(TokioIo::new(io), svc)
-            .with_upgrades();
         let drain = closing.clone();
         let hard = hard_stop.clone();
+        let tracker = connections.clone();
         connections.spawn(async move {
-            futures::pin_mut!(conn);
-            let result = tokio::select! {
-                r = conn.as_mut() => r,
-                () = drain.cancelled() => {
-                    conn.as_mut().graceful_shutdown();
+            let mut stream = stream;
+            let detected = tokio::select! {
+                r = listener::detect(&mut stream, idle_timeout) => r,
+                () = drain.cancelled() => return,
+            };
+            let (protocol, prefix) = match detected {
+                Ok(Some(d)) => d,
+                Ok(None) => return,
+                Err(e) => {
+                    tracing::debug!(%remote, error = %e, "client connection ended");
+                    return;
+                }
+            };
+            let stream = listener::Prefixed::new(prefix, stream);
+            let exchanges = Arc::new(proxy::client_io::Exchanges::default());
+            let io = proxy::client_io::ClientIo::new(stream, write_timeout, exchanges.clone());
+            let memo = Arc::new(Memo::default());
+            let svc = hyper::service::service_fn(move |req| {
+                let state = state.clone();
+                let memo = memo.clone();
+                let busy = exchanges.begin();
+                async move {
+                    let resp = handle(&state, &memo, remote, req).await;
+                    Ok::<_, Infallible>(
+                        resp.map(|body| Body::new(proxy::client_io::Answered::new(body, busy))),
+                    )
+                }
+            });
+            let result = match protocol {
+                // The header read timeout also bounds idle keep-alive connections
+                // (it runs from the moment a connection waits for the next request);
+                // a request head larger than the buffer is answered 431 by hyper. A
+                // client that half-closes after its request still gets the answer;
+                // one that stops reading is cut off after the write timeout.
+                listener::Protocol::Http1 => {
+                    let conn = http1::Builder::new()
+                        .timer(hyper_util::rt::TokioTimer::new())
+                        .header_read_timeout(idle_timeout)
+                        .max_header_size(MAX_REQUEST_HEAD_BYTES)
+                        .serve_connection(TokioIo::new(io), svc)
+                        .with_upgrades();
+                    futures::pin_mut!(conn);
                     tokio::select! {
                         r = conn.as_mut() => r,
-                        () = hard.cancelled() => Ok(()),
+                        () = drain.cancelled() => {
+                            conn.as_mut().graceful_shutdown();
+                            tokio::select! {
+                                r = conn.as_mut() => r,
+                                () = hard.cancelled() => Ok(()),
+                            }
+                        }
+                    }
+                }
+                listener::Protocol::Http2 => {
+                    let conn = listener::http2(tracker, idle_timeout).serve_connection(TokioIo::new(io), svc);
+                    futures::pin_mut!(conn);
+                    tokio::select! {
+                        r = conn.as_mut() => r,
+                        () = drain.cancelled() => {
+                            conn.as_mut().graceful_shutdown();
+                            tokio::select! {
+                                r = conn.as_mut() => r,
+                                () = hard.cancelled() => Ok(()),
+                            }
+                        }
                     }
                 }
             };
@@ -495,7 +532,7 @@ impl Memo {
 /// One request: health check, header, activity, proxy, metrics.
 async fn respond(state: &State, memo: &Memo, remote: SocketAddr, req: Request<Incoming>) -> Response<Body> {
     let start = Instant::now();
-    if let Err(e) = proxy::forwarding::check_host(req.version(), req.headers()) {
+    if let Err(e) = proxy::forwarding::check_request_host(req.version(), req.uri(), req.headers()) {
         return proxy::Error::from(e).into_response();
     }
     let (parsed, guard) = match memo.recall(&req) {

@@ -168,6 +168,18 @@ pub fn check_host(version: Version, headers: &HeaderMap) -> Result<(), HostError
     }
 }
 
+/// [`check_host`], except that an HTTP/2 request names its host in
+/// `:authority` (RFC 9113 §8.3.1), which then stands for `Host`.
+///
+/// # Errors
+/// [`HostError`].
+pub fn check_request_host(version: Version, uri: &Uri, headers: &HeaderMap) -> Result<(), HostError> {
+    if version == Version::HTTP_2 && uri.authority().is_some() {
+        return Ok(());
+    }
+    check_host(version, headers)
+}
+
 /// `uri-host [ ":" port ]` (no userinfo, no path).
 fn is_host_and_port(v: &[u8]) -> bool {
     if v.is_empty() || v.contains(&b'@') {
