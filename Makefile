@@ -2,7 +2,7 @@
 CARGO ?= cargo
 export CARGO_TERM_COLOR ?= never
 
-.PHONY: build dist test test-real e2e e2e-real e2e-kubelet chaos fuzz fuzz-smoke lint fmt bench bench-router bench-cold bench-sim bench-controller clean control-plane \
+.PHONY: build dist test test-real e2e e2e-real e2e-kubelet chaos fuzz fuzz-smoke lint fmt bench bench-router bench-cold bench-slow bench-sim bench-controller clean control-plane \
 	helm helm-lint nodes image image-check
 
 ## build: the release binary at target/release/skipper
@@ -129,7 +129,8 @@ test:
 	@$(CARGO) nextest --version >/dev/null 2>&1 || { \
 		echo "make test: installing cargo-nextest (once; it runs each test in its own process)"; \
 		$(CARGO) install cargo-nextest --locked; }
-	$(CARGO) nextest run --workspace --no-fail-fast -E 'not binary(e2e) and not binary(chaos)'
+	$(CARGO) nextest run --workspace --no-fail-fast \
+		-E 'not binary(e2e) and not binary(chaos) and not (binary(controller) and test(/^poisoning::/))'
 	$(CARGO) test --workspace --doc
 
 ## test-real: the controller suites against the real control plane with our node agent
@@ -157,10 +158,15 @@ e2e-kubelet:
 	SKIPPER_TEST_NODES=kubelet $(CARGO) test --test e2e -- --test-threads 1 --nocapture $(E2E_KUBELET_SCENARIOS)
 
 ## chaos: the reliability suite against the real binary (header and heartbeat floods, races
-## across controllers, pod and controller kills, leaked pods), two scenarios at a time; every
-## figure is printed as a `chaos:` line
+## across controllers, pod and controller kills, key rotation under load, leaked pods), two
+## scenarios at a time, then the heartbeat flood alone (it measures the controllers' memory and
+## their liveness under 120,000 heartbeat entries, not what another scenario costs); every figure
+## is printed as a `chaos:` line; then pool poisoning (a tenant replaying its token to pool pods)
+## on the controller harness
 chaos:
-	$(CARGO) test --test chaos -- --test-threads 2 --nocapture
+	$(CARGO) test --test chaos -- --test-threads 2 --nocapture --skip heartbeat_flood
+	$(CARGO) test --test chaos -- --nocapture heartbeat_flood
+	$(CARGO) test --test controller -- --nocapture poisoning::
 
 ## fuzz: coverage-guided fuzzing on stable Rust (libFuzzer; `fuzz/run` builds the targets in fuzz/
 ## with coverage instrumentation) of the function header, tokens, patches and selectors,
@@ -186,14 +192,23 @@ fmt:
 bench:
 	$(CARGO) bench --bench ring
 
-## bench-router: router load benchmark, direct vs through the router at 1 and 32 connections
+## bench-router: router load benchmark, direct vs through the router at 1 and 32 connections;
+## then HTTP/2 and gRPC with h2load at 1 and 100 streams, the router (to HTTP/1.1 and h2c pools)
+## against nginx (http2 with proxy_pass and grpc_pass) in front of the same pod
 bench-router:
 	$(CARGO) bench --bench router_load
+	$(CARGO) bench --bench router_h2
 
 ## bench-cold: cold starts through the router (new tenants, free pool pods, simulator; p50/p95/max and
 ## the Server-Timing parts) and GetInstance latency with a Go-style gRPC client
 bench-cold:
 	$(CARGO) bench --bench cold_start
+
+## bench-slow: 50 uploads dripping a byte every 5 s against 50 req/s to 10 tenants through the real
+## router: when each upload ends (bound: --body-timeout and 5 s) and p99 against the idle baseline
+## of the same run (bound: 2x)
+bench-slow:
+	$(CARGO) bench --bench slow_clients
 
 ## bench-sim: simulator figures (pool of 50 Ready, RSS per fixture pod, watch latency p50/p99)
 bench-sim:

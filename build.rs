@@ -7,7 +7,14 @@ use std::process::Command;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("cargo:rerun-if-changed=proto");
-    let fds = protox::compile(["skipper/types.proto", "skipper/controller.proto"], ["proto"])?;
+    let fds = protox::compile(
+        [
+            "skipper/types.proto",
+            "skipper/controller.proto",
+            "skipper/fixture.proto",
+        ],
+        ["proto"],
+    )?;
     tonic_prost_build::configure()
         .build_server(true)
         .build_client(true)

@@ -38,6 +38,9 @@
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
 use skipper_test_support::router as harness;
+use skipper_test_support::router_process::{
+    RouterProcess, TICKS_PER_SEC, free_port, start_router, tree_cpu_ticks, wait_healthy,
+};
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -46,15 +49,19 @@ use std::process::Stdio;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Empty, Full};
+use http_body_util::{BodyExt, Full};
 use hyper::client::conn::http1;
 use hyper_util::rt::TokioIo;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
-/// Linux reports process CPU times in USER_HZ ticks, 100 per second.
-const TICKS_PER_SEC: f64 = 100.0;
 const CONNS: [usize; 2] = [1, 32];
+/// Room for the waiting-memory measurement (a binary without these flags
+/// ignores them).
+const WAITING_ROOM: &[(&str, &str)] = &[
+    ("SKIPPER_MAX_WAITING_REQUESTS", "4096"),
+    ("SKIPPER_MAX_WAITING_REQUESTS_PER_FUNCTION", "4096"),
+];
 
 #[derive(Debug, Clone, Copy)]
 struct Outcome {
@@ -263,35 +270,6 @@ fn minimal_proxy(listen: SocketAddr, upstream: SocketAddr) {
 
 // === processes ===
 
-fn proc_cpu_ticks(pid: u32) -> u64 {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
-    // Fields after the parenthesised command name; utime and stime are the
-    // 14th and 15th fields overall.
-    let rest = &stat[stat.rfind(')').unwrap() + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    f[11].parse::<u64>().unwrap() + f[12].parse::<u64>().unwrap()
-}
-
-/// CPU ticks of `pid` and of its child processes (nginx's workers).
-fn tree_cpu_ticks(pid: u32) -> u64 {
-    let mut ticks = proc_cpu_ticks(pid);
-    if let Ok(dir) = std::fs::read_dir("/proc") {
-        for e in dir.flatten() {
-            let Some(child) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{child}/stat")) else {
-                continue;
-            };
-            let rest = &stat[stat.rfind(')').map_or(0, |i| i + 2)..];
-            if rest.split_whitespace().nth(1).and_then(|p| p.parse::<u32>().ok()) == Some(pid) {
-                ticks += proc_cpu_ticks(child);
-            }
-        }
-    }
-    ticks
-}
-
 fn proc_status_kib(pid: u32, key: &str) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
     status
@@ -302,148 +280,10 @@ fn proc_status_kib(pid: u32, key: &str) -> u64 {
         .unwrap_or(0)
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
-async fn wait_healthy(addr: SocketAddr, what: &str) {
-    tokio::time::timeout(Duration::from_secs(20), async {
-        loop {
-            if let Ok(stream) = tokio::net::TcpStream::connect(addr).await
-                && let Ok((mut s, conn)) = http1::handshake::<_, Empty<Bytes>>(TokioIo::new(stream)).await
-            {
-                tokio::spawn(conn);
-                let req = http::Request::get("/healthz")
-                    .header("host", "x")
-                    .body(Empty::new())
-                    .unwrap();
-                if s.send_request(req).await.is_ok_and(|r| r.status() == 200) {
-                    return;
-                }
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    })
-    .await
-    .unwrap_or_else(|_| panic!("{what} did not become healthy"));
-}
-
-struct Router {
-    child: tokio::process::Child,
-    pid: u32,
-    addr: SocketAddr,
-    metrics: SocketAddr,
-    pprof: SocketAddr,
-}
-
-async fn start_router(exe: &str, controller: SocketAddr) -> Router {
-    let port = free_port();
-    let metrics_port = free_port();
-    let pprof_port = free_port();
-    let child = tokio::process::Command::new(exe)
-        .args([
-            "router",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            &port.to_string(),
-            "--pod-ip",
-            "127.0.0.1",
-            "--controller-service-host",
-            "127.0.0.1",
-            "--controller-port",
-            &controller.port().to_string(),
-            "--controller-token-file",
-            "",
-            "--pprof-host",
-            "127.0.0.1",
-            "--pprof-port",
-            &pprof_port.to_string(),
-            "--log-level",
-            "warn",
-            "--telemetry",
-            "--telemetry-prometheus-host",
-            "127.0.0.1",
-            "--telemetry-prometheus-port",
-            &metrics_port.to_string(),
-        ])
-        .env_clear()
-        // Room for the waiting-memory measurement (a binary without these
-        // flags ignores them).
-        .env("SKIPPER_MAX_WAITING_REQUESTS", "4096")
-        .env("SKIPPER_MAX_WAITING_REQUESTS_PER_FUNCTION", "4096")
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("start skipper router");
-    let pid = child.id().unwrap();
-    let addr: SocketAddr = format!("127.0.0.1:{port}").parse().unwrap();
-    wait_healthy(addr, "the router").await;
-    Router {
-        child,
-        pid,
-        addr,
-        metrics: format!("127.0.0.1:{metrics_port}").parse().unwrap(),
-        pprof: format!("127.0.0.1:{pprof_port}").parse().unwrap(),
-    }
-}
-
-impl Router {
-    /// The sum of `skipper_router_controller_calls_total`, `None` when the
-    /// router does not export it.
-    async fn controller_calls(&self) -> Option<f64> {
-        self.metric("skipper_router_controller_calls").await
-    }
-
-    /// The sum of the series of metric `name` (a counter's `_total`
-    /// included), `None` when the router does not export it.
-    async fn metric(&self, name: &str) -> Option<f64> {
-        let text = reqwest::Client::builder()
-            .no_proxy()
-            .build()
-            .unwrap()
-            .get(format!("http://{}/metrics", self.metrics))
-            .send()
-            .await
-            .ok()?
-            .text()
-            .await
-            .ok()?;
-        if !text.contains(&format!("# TYPE {name} ")) {
-            return None;
-        }
-        let total = format!("{name}_total");
-        let lines: Vec<&str> = text
-            .lines()
-            .filter(|l| {
-                let series = l.split(['{', ' ']).next().unwrap_or_default();
-                series == name || series == total
-            })
-            .collect();
-        Some(
-            lines
-                .iter()
-                .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
-                .sum(),
-        )
-    }
-
-    async fn stop(mut self) {
-        let _ = nix::sys::signal::kill(
-            nix::unistd::Pid::from_raw(i32::try_from(self.pid).unwrap()),
-            nix::sys::signal::Signal::SIGTERM,
-        );
-        let status = tokio::time::timeout(Duration::from_secs(10), self.child.wait())
-            .await
-            .expect("router did not exit after SIGTERM")
-            .unwrap();
-        println!("router exit after SIGTERM: {status}");
-    }
+/// The sum of `skipper_router_controller_calls_total`, `None` when the
+/// router does not export it.
+async fn controller_calls(router: &RouterProcess) -> Option<f64> {
+    router.metric("skipper_router_controller_calls").await
 }
 
 /// Saves a CPU profile of the process serving pprof at `pprof`, over
@@ -481,7 +321,7 @@ enum Waiting {
 /// Holds `n` requests waiting in the router and returns the router's RSS
 /// growth per request (KiB); then lets them finish.
 async fn waiting_memory(
-    router: &Router,
+    router: &RouterProcess,
     n: usize,
     how: Waiting,
     fake: &harness::FakeController,
@@ -692,9 +532,9 @@ fn main() {
             .expect("start the minimal proxy");
         wait_healthy(minimal_addr, "the minimal proxy").await;
         let nginx = start_nginx(upstream.addr).await;
-        let router = start_router(env!("CARGO_BIN_EXE_skipper"), ctrl).await;
+        let router = start_router(env!("CARGO_BIN_EXE_skipper"), ctrl, WAITING_ROOM).await;
         let base = match &baseline {
-            Some(exe) => Some(start_router(exe, ctrl).await),
+            Some(exe) => Some(start_router(exe, ctrl, WAITING_ROOM).await),
             None => None,
         };
 
@@ -715,7 +555,7 @@ fn main() {
         for (_, addr, h, _) in &targets {
             builtin(*addr, *h, 4, Duration::from_millis(500)).await;
         }
-        let calls_before = router.controller_calls().await.expect("the router exports skipper_router_controller_calls");
+        let calls_before = controller_calls(&router).await.expect("the router exports skipper_router_controller_calls");
         let fake_before = fake.calls("GetInstance");
 
         println!(
@@ -765,7 +605,7 @@ fn main() {
                 }
             }
         }
-        let calls_after = router.controller_calls().await.unwrap();
+        let calls_after = controller_calls(&router).await.unwrap();
         let fake_router = fake.calls("GetInstance") - fake_before - fake_during_base;
         println!("load average at end {}", load_average());
 

@@ -282,6 +282,44 @@ impl Load {
     }
 }
 
+/// A new tenant every `every` until [`Arrivals::finish`]: one request each,
+/// its outcome counted, nothing retried (a cold request claims a pool pod).
+pub struct Arrivals {
+    stop: CancellationToken,
+    task: tokio::task::JoinHandle<Outcomes>,
+}
+
+impl Arrivals {
+    /// Starts the arrivals of tenants `<prefix>-0`, `<prefix>-1`, ...
+    pub fn start(dev: &Dev, prefix: &str, every: Duration) -> Self {
+        let (http, router, prefix) = (dev.http.clone(), dev.router.clone(), prefix.to_owned());
+        let stop = CancellationToken::new();
+        let token = stop.clone();
+        let task = tokio::spawn(async move {
+            let mut seen = Outcomes::default();
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            for i in 0.. {
+                tokio::select! {
+                    () = token.cancelled() => break,
+                    _ = tick.tick() => {}
+                }
+                let tenant = format!("{prefix}-{i}");
+                let function = crate::harness::single(&tenant);
+                seen.add(outcome(&http, &router, &function, &tenant).await);
+            }
+            seen
+        });
+        Self { stop, task }
+    }
+
+    /// Stops the arrivals (the request in flight completes); every outcome.
+    pub async fn finish(self) -> Outcomes {
+        self.stop.cancel();
+        self.task.await.unwrap()
+    }
+}
+
 /// Tenant-labelled (claimed) pods that are not terminating.
 pub async fn claimed_pods(dev: &Dev) -> Vec<String> {
     let api: Api<Pod> = Api::namespaced(dev.client.clone(), NS);

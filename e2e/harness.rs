@@ -547,41 +547,22 @@ pub fn pod_ready(p: &Pod) -> bool {
         .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
-/// Polls `check` every 100ms until it yields `Some`; panics naming `what` after `limit`.
+/// [`wait_for`] with a synchronous check.
 pub async fn wait_until<T, F>(limit: Duration, what: &str, mut check: F) -> T
 where
     F: FnMut() -> Option<T>,
 {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if let Some(v) = check() {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_for(limit, what, || std::future::ready(check())).await
 }
 
-/// As [`wait_until`] with an async check.
-pub async fn wait_for<T, F, Fut>(limit: Duration, what: &str, mut check: F) -> T
+/// Polls `check` every 100 ms (each poll may list pods) until it yields a
+/// value; panics after `limit`, naming `what`.
+pub async fn wait_for<T, F, Fut>(limit: Duration, what: &str, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
-    let deadline = tokio::time::Instant::now() + limit;
-    loop {
-        if let Some(v) = check().await {
-            return v;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out after {limit:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    skipper_test_support::eventually_every(what, limit, Duration::from_millis(100), check).await
 }
 
 /// A function header value.

@@ -1,4 +1,4 @@
-//! The ten scenarios of the end-to-end suite.
+//! The scenarios of the end-to-end suite.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -643,4 +643,114 @@ async fn s10_bad_headers() {
     assert!(not_400.is_empty(), "{not_400:?}");
     assert_eq!(statuses.len(), 200);
     assert_eq!(snapshot(dev.pods().await), before, "pods changed");
+}
+
+/// 11. A pool that declares h2c (`skipper/app-protocol: kubernetes.io/h2c`
+///     on its template) gets HTTP/2 from the router whatever the client
+///     speaks; a gRPC client calls the fixture's Echo service (unary and
+///     bidi streaming) through the router, and the pod's process killed in
+///     the middle of a stream ends the call with `UNAVAILABLE`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn s11_grpc_to_an_h2c_pool() {
+    use k8s_openapi::api::apps::v1::Deployment;
+    use kube::api::{Patch, PatchParams};
+    use skipper::fixture::echo::api::EchoRequest;
+    use skipper::fixture::echo::api::echo_client::EchoClient;
+    let _t = Timer::start("s11 gRPC to an h2c pool");
+    let dev = Dev::start(Opts {
+        heartbeat_timeout: "60s",
+        ..Opts::default()
+    })
+    .await;
+    let deployments: kube::Api<Deployment> = kube::Api::namespaced(dev.client.clone(), NS);
+    deployments
+        .patch(
+            "fixture",
+            &PatchParams::default(),
+            &Patch::Merge(
+                serde_json::json!({"spec": {"template": {"metadata": {"annotations": {
+                    skipper::domain::ANNOTATION_APP_PROTOCOL: "kubernetes.io/h2c"
+                }}}}}),
+            ),
+        )
+        .await
+        .unwrap();
+    wait_for(WAIT, "the pool's pods rolled to the h2c template", || async {
+        let pool: Vec<_> = dev
+            .pods()
+            .await
+            .into_iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .filter(|p| !p.metadata.labels.as_ref().is_some_and(|l| l.contains_key(TENANT)))
+            .collect();
+        let h2c = |p: &k8s_openapi::api::core::v1::Pod| {
+            p.metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(skipper::domain::ANNOTATION_APP_PROTOCOL))
+        };
+        (!pool.is_empty() && pool.iter().all(|p| h2c(p) && pod_ready(p))).then_some(())
+    })
+    .await;
+
+    // HTTP/1.1 and HTTP/2 clients alike: the pod receives HTTP/2.
+    let f = single("g1");
+    for args in [&["--http1.1"][..], &["--http2-prior-knowledge"][..]] {
+        let out = tokio::process::Command::new("curl")
+            .args(["-sS", "-H", &format!("X-Skipper-Function: {f}")])
+            .args(args)
+            .arg(format!("{}/proto", dev.router))
+            .output()
+            .await
+            .unwrap();
+        let body: Value = serde_json::from_slice(&out.stdout)
+            .unwrap_or_else(|e| panic!("{e}: {}", String::from_utf8_lossy(&out.stdout)));
+        assert_eq!(body["proto"], "HTTP/2.0", "{args:?}: {body}");
+        assert_eq!(body["tenant"], "g1", "{body}");
+    }
+
+    let call = |msg: &str| {
+        let mut req = tonic::Request::new(EchoRequest {
+            message: msg.into(),
+            ..Default::default()
+        });
+        req.metadata_mut()
+            .insert("x-skipper-function", f.parse().unwrap());
+        req
+    };
+    let mut client = EchoClient::connect(dev.router.clone()).await.unwrap();
+    let reply = client.unary(call("unary")).await.unwrap().into_inner();
+    assert_eq!((reply.message.as_str(), reply.tenant.as_str()), ("unary", "g1"));
+    let pods = dev.tenant_pods("g1").await;
+    assert_eq!(pods.len(), 1, "{pods:?}");
+    let pod = pods.into_iter().next().unwrap();
+    assert_eq!(reply.pod, pod);
+
+    let (tx, rx) = tokio::sync::mpsc::channel(4);
+    let mut req = tonic::Request::new(tokio_stream::wrappers::ReceiverStream::new(rx));
+    req.metadata_mut()
+        .insert("x-skipper-function", f.parse().unwrap());
+    let mut replies = client.bidi(req).await.unwrap().into_inner();
+    for n in 1..=3u32 {
+        tx.send(EchoRequest {
+            message: format!("m{n}"),
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+        let r = tokio::time::timeout(WAIT, replies.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        assert_eq!((r.sequence, r.pod.as_str()), (n, pod.as_str()));
+    }
+    dev.kill_pod_process(NS, &pod, 8888).await;
+    let status = tokio::time::timeout(WAIT, replies.message())
+        .await
+        .expect("the call ends when its pod dies, it does not hang")
+        .expect_err("the call fails");
+    assert_eq!(status.code(), tonic::Code::Unavailable, "{status:?}");
+    assert!(status.message().contains(&pod), "{status:?}");
+    drop(tx);
 }

@@ -14,6 +14,13 @@
 //! `/sse?events=N&interval_ms=M`. With `--fixture-grpc-health-port` it also
 //! serves `grpc.health.v1.Health`, reporting `--fixture-grpc-health-status` (a test knob for
 //! gRPC probes).
+//!
+//! The port speaks HTTP/1.1 and HTTP/2 with prior knowledge (h2c); the echo
+//! reports the version it received (`proto`). Once assigned it also serves
+//! the gRPC echo service [`echo`] (`skipper.fixture.Echo`: unary and
+//! bidirectional streaming), behind the same 421 guard.
+
+pub mod echo;
 
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -243,12 +250,15 @@ impl Fixture {
             settings,
             assignment: Mutex::new(assignment),
         });
+        let grpc =
+            echo::router(state.clone()).layer(axum::middleware::from_fn_with_state(state.clone(), guard));
         let app = axum::Router::new()
             .route("/healthz", any(|| async { StatusCode::OK }))
             .route(DEFAULT_ASSIGN_PATH, any(assign))
             .fallback(echo)
-            .layer(axum::middleware::from_fn(traced))
-            .with_state(state);
+            .with_state(state)
+            .merge(grpc)
+            .layer(axum::middleware::from_fn(traced));
         let token = shutdown.token().clone();
         shutdown.spawn("fixture-http", async move {
             if let Err(e) = axum::serve(crate::net::http_listener(listener), app)
@@ -489,10 +499,17 @@ fn query_param<T: std::str::FromStr>(query: &str, name: &str) -> Option<T> {
 }
 
 /// Why a request is not for this pod: it names another instance, or a
-/// tenant this pod does not serve (an unassigned pod serves none). Absent
-/// headers are not checked; a pod whose token no longer verifies does not
-/// know its tenant and accepts any.
+/// tenant this pod does not serve (an unassigned pod serves none), or names
+/// either twice (a second value could be the one a proxy in between
+/// believes). Absent headers are not checked; a pod whose token no longer
+/// verifies does not know its tenant and accepts any.
 fn misdirected(headers: &HeaderMap, pod_name: Option<&str>, assignment: &Assignment) -> Option<String> {
+    for name in [HEADER_INSTANCE, HEADER_TENANT] {
+        let n = headers.get_all(name).iter().count();
+        if n > 1 {
+            return Some(format!("{name} is given {n} times; a request names one"));
+        }
+    }
     let value = |name: &str| {
         headers
             .get(name)
@@ -514,6 +531,21 @@ fn misdirected(headers: &HeaderMap, pod_name: Option<&str>, assignment: &Assignm
         }
     }
     None
+}
+
+/// The gRPC service's guard: a call for another instance or tenant gets
+/// 421 (the router tries another instance), one before assignment 503.
+async fn guard(State(state): State<Arc<AppState>>, req: Request, next: axum::middleware::Next) -> Response {
+    {
+        let a = state.assignment.lock().await;
+        if let Some(why) = misdirected(req.headers(), state.settings.pod_name.as_deref(), &a) {
+            return plain_error(StatusCode::MISDIRECTED_REQUEST, &why);
+        }
+        if !a.assigned {
+            return plain_error(StatusCode::SERVICE_UNAVAILABLE, "not assigned");
+        }
+    }
+    next.run(req).await
 }
 
 async fn echo(State(state): State<Arc<AppState>>, req: Request) -> Response {
@@ -616,6 +648,7 @@ async fn echo(State(state): State<Arc<AppState>>, req: Request) -> Response {
         .map_or_else(|| parts.uri.path().to_owned(), ToString::to_string);
     let reply = serde_json::json!({
         "method": parts.method.as_str(),
+        "proto": format!("{:?}", parts.version),
         "url": url,
         "headers": headers,
         "body": String::from_utf8_lossy(&body),

@@ -9,7 +9,7 @@ use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use crate::token::SigningKey;
+use crate::token::{SigningKey, Version};
 
 /// Flags of `skipper keygen`.
 #[derive(Debug, Clone, clap::Args)]
@@ -36,11 +36,11 @@ pub enum Error {
     },
 }
 
-/// Writes a fresh key pair into `dir`; returns the paths written.
+/// Writes a fresh key pair into `dir`; returns the paths written and the key.
 ///
 /// # Errors
 /// [`Error::Exists`] when a key file exists and `force` is false; [`Error::Write`] on I/O failure.
-pub fn write_key_pair(dir: &Path, force: bool) -> Result<(PathBuf, PathBuf), Error> {
+pub fn write_key_pair(dir: &Path, force: bool) -> Result<KeyPair, Error> {
     let private = dir.join("private.pem");
     let public = dir.join("public.pem");
     if !force {
@@ -57,7 +57,26 @@ pub fn write_key_pair(dir: &Path, force: bool) -> Result<(PathBuf, PathBuf), Err
     let key = SigningKey::generate();
     write_file(&private, key.to_pem().as_bytes(), 0o600)?;
     write_file(&public, key.verifying_key().to_pem().as_bytes(), 0o644)?;
-    Ok((private, public))
+    Ok(KeyPair { private, public, key })
+}
+
+/// A key pair written by [`write_key_pair`].
+#[derive(Debug)]
+pub struct KeyPair {
+    /// `private.pem`.
+    pub private: PathBuf,
+    /// `public.pem`.
+    pub public: PathBuf,
+    key: SigningKey,
+}
+
+impl KeyPair {
+    /// The PASERK id (`kid`) tokens of `version` signed with this key carry
+    /// (and the controller logs at start-up).
+    #[must_use]
+    pub fn key_id(&self, version: Version) -> String {
+        self.key.key_id(version)
+    }
 }
 
 fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), Error> {
@@ -80,8 +99,13 @@ fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), Error> {
 /// # Errors
 /// See [`write_key_pair`].
 pub fn main(args: &Args) -> Result<ExitCode, Error> {
-    let (private, public) = write_key_pair(&args.out_dir, args.force)?;
-    println!("wrote {} and {}", private.display(), public.display());
+    let pair = write_key_pair(&args.out_dir, args.force)?;
+    println!("wrote {} and {}", pair.private.display(), pair.public.display());
+    println!(
+        "key id: {} (v2.public tokens), {} (v4.public tokens)",
+        pair.key_id(Version::V2),
+        pair.key_id(Version::V4)
+    );
     Ok(ExitCode::SUCCESS)
 }
 
@@ -94,10 +118,20 @@ mod tests {
     fn writes_a_matching_pair_and_refuses_to_overwrite() {
         let dir = std::env::temp_dir().join(format!("skipper-keygen-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
-        let (private, public) = write_key_pair(&dir, false).unwrap();
+        let pair = write_key_pair(&dir, false).unwrap();
+        let (private, public) = (pair.private.clone(), pair.public.clone());
         let sk = SigningKey::from_pem(&std::fs::read_to_string(&private).unwrap()).unwrap();
         let pk = VerifyingKey::from_pem(&std::fs::read_to_string(&public).unwrap()).unwrap();
         assert_eq!(sk.verifying_key(), pk);
+        // The printed key id is the one tokens signed with the key carry.
+        for version in [Version::V2, Version::V4] {
+            assert_eq!(pair.key_id(version), pk.key_id(version));
+            assert!(pair.key_id(version).starts_with(if version == Version::V2 {
+                "k2.pid."
+            } else {
+                "k4.pid."
+            }));
+        }
         use std::os::unix::fs::PermissionsExt as _;
         assert_eq!(
             std::fs::metadata(&private).unwrap().permissions().mode() & 0o777,

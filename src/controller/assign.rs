@@ -24,7 +24,7 @@ use super::kube::stores::Namespace;
 use super::kube::{Instance, InvalidPod, format_time, is_ready, join_addr, pod_port};
 use super::metrics::{AssignFailureLabels, Metrics};
 use crate::api::{EventSeverity, EventType};
-use crate::domain::{AssignTiming, Function, HEADER_FUNCTION, HEADER_TOKEN};
+use crate::domain::{ANNOTATION_REPLICA_SET, AssignTiming, Function, HEADER_FUNCTION, HEADER_TOKEN};
 use crate::shutdown::Shutdown;
 use crate::telemetry::otel;
 use crate::token::{BOUND_TOKEN_LIFETIME, PodRef, SigningKey, TokenError, Version};
@@ -38,6 +38,10 @@ pub const BACKOFF_MIN: Duration = Duration::from_secs(2);
 pub const BACKOFF_MAX: Duration = Duration::from_secs(60);
 /// Longest part of a pod's answer quoted in errors and events.
 const MAX_QUOTED_BODY: usize = 256;
+/// Pods answering "already assigned" (409) one assignment deletes and moves
+/// past before it gives up: each is evidence against that pod only, so none
+/// counts toward the deployment's back-off.
+pub const MAX_ALREADY_ASSIGNED: usize = 8;
 
 /// Why the assign request to a claimed pod failed (the pod is deleted).
 #[derive(Debug, thiserror::Error)]
@@ -56,16 +60,28 @@ pub enum PostError {
     Refused { status: u16, body: String },
 }
 
+/// The status a pod answers when it already serves a tenant.
+const ALREADY_ASSIGNED: u16 = 409;
+
 impl PostError {
     /// `(status, reason)` labels of the failure metric (a fixed set).
     fn labels(&self) -> (String, &'static str) {
         match self {
+            Self::Refused { status, .. } if *status == ALREADY_ASSIGNED => {
+                (status.to_string(), "already-assigned")
+            }
             Self::Refused { status, .. } => (status.to_string(), "refused"),
             Self::Timeout(_) => ("none".into(), "timeout"),
             Self::Send(_) => ("none".into(), "unreachable"),
             Self::Port(_) | Self::Build(_) => ("none".into(), "invalid-pod"),
             Self::Sign(_) => ("none".into(), "signing"),
         }
+    }
+
+    /// Whether the pod said it already serves a tenant: evidence against
+    /// that pod, not against its deployment.
+    fn already_assigned(&self) -> bool {
+        matches!(self, Self::Refused { status, .. } if *status == ALREADY_ASSIGNED)
     }
 }
 
@@ -115,7 +131,20 @@ struct Streak {
     /// An attempt after the back-off is in progress; others wait for it.
     probing: bool,
     last: String,
+    /// ReplicaSets whose pods failed: a Ready pool pod of any other one
+    /// (a rollout, say with the right key) ends the back-off.
+    replica_sets: HashSet<String>,
 }
+
+/// The deployment's back-off ended because a ReplicaSet none of whose pods
+/// failed has Ready pool pods.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Ended {
+    replica_set: String,
+    failures: u32,
+}
+
+type Key = (String, String);
 
 /// Per-deployment back-off after consecutive failed assignments. Keys are
 /// deployments that exist (functions are admitted first); an entry lives
@@ -123,13 +152,13 @@ struct Streak {
 #[derive(Debug, Default)]
 struct Backoff {
     // A std mutex: lookups and counter updates only, never across an await.
-    streaks: Mutex<HashMap<(String, String), Streak>>,
+    streaks: Mutex<HashMap<Key, Streak>>,
 }
 
 /// The right to attempt an assignment; ends a probe when dropped.
 struct Attempt<'a> {
     backoff: &'a Backoff,
-    key: (String, String),
+    key: Key,
 }
 
 impl Drop for Attempt<'_> {
@@ -141,40 +170,63 @@ impl Drop for Attempt<'_> {
 }
 
 impl Backoff {
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<(String, String), Streak>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<Key, Streak>> {
         self.streaks
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// Whether an assignment for `key` may go ahead now: outside a back-off,
-    /// or as the single attempt once it has passed.
-    fn attempt(&self, key: (String, String), now: Instant) -> Result<Attempt<'_>, Error> {
+    /// as the single attempt once it has passed, or because `fresh` names a
+    /// ReplicaSet with Ready pool pods that is not among the failed ones
+    /// (the cause may be gone: the back-off ends, and [`Ended`] says so).
+    fn attempt(
+        &self,
+        key: Key,
+        now: Instant,
+        fresh: impl FnOnce(&HashSet<String>) -> Option<String>,
+    ) -> Result<(Attempt<'_>, Option<Ended>), Error> {
         let mut streaks = self.lock();
+        let mut ended = None;
         if let Some(s) = streaks.get_mut(&key)
             && let Some(until) = s.until
         {
             if now < until || s.probing {
-                return Err(Error::AssignBackoff {
-                    namespace: key.0,
-                    deployment: key.1,
-                    failures: s.failures,
-                    retry_in: until.saturating_duration_since(now).max(Duration::from_secs(1)),
-                    last: s.last.clone(),
-                });
+                if let Some(replica_set) = fresh(&s.replica_sets) {
+                    ended = Some(Ended {
+                        replica_set,
+                        failures: s.failures,
+                    });
+                } else {
+                    return Err(Error::AssignBackoff {
+                        namespace: key.0,
+                        deployment: key.1,
+                        failures: s.failures,
+                        retry_in: until.saturating_duration_since(now).max(Duration::from_secs(1)),
+                        last: s.last.clone(),
+                    });
+                }
+            } else {
+                s.probing = true;
             }
-            s.probing = true;
+        }
+        if ended.is_some() {
+            streaks.remove(&key);
         }
         drop(streaks);
-        Ok(Attempt { backoff: self, key })
+        Ok((Attempt { backoff: self, key }, ended))
     }
 
-    /// Records a failure; returns the back-off it starts, if any.
-    fn failed(&self, key: &(String, String), reason: String, now: Instant) -> Option<Duration> {
+    /// Records a failure of a pod of `replica_set`; returns the back-off it
+    /// starts, if any.
+    fn failed(&self, key: &Key, replica_set: Option<&str>, reason: String, now: Instant) -> Option<Duration> {
         let mut streaks = self.lock();
         let s = streaks.entry(key.clone()).or_default();
         s.failures = s.failures.saturating_add(1);
         s.last = reason;
+        if let Some(rs) = replica_set {
+            s.replica_sets.insert(rs.to_owned());
+        }
         if s.failures < FAILURES_BEFORE_BACKOFF {
             return None;
         }
@@ -184,9 +236,25 @@ impl Backoff {
         Some(period)
     }
 
-    fn succeeded(&self, key: &(String, String)) {
-        self.lock().remove(key);
+    /// Ends the streak; whether one was backing off.
+    fn succeeded(&self, key: &Key) -> bool {
+        self.lock().remove(key).is_some_and(|s| s.until.is_some())
     }
+}
+
+/// A Ready, claimable pool pod of `ns`'s `deployment` owned by a ReplicaSet
+/// not in `failed`: the ReplicaSet's name.
+fn fresh_replica_set(ns: &Namespace, deployment: &str, failed: &HashSet<String>) -> Option<String> {
+    if failed.is_empty() {
+        return None;
+    }
+    ns.pods
+        .pool(deployment)
+        .iter()
+        .filter(|p| is_ready(p) && is_pool_owned(p))
+        .filter_map(|p| p.metadata.owner_references.as_ref()?.first())
+        .find(|o| !failed.contains(&o.name))
+        .map(|o| o.name.clone())
 }
 
 /// `text` cut to [`MAX_QUOTED_BODY`] bytes on a character boundary.
@@ -285,51 +353,93 @@ impl Assigner {
         deadline: Instant,
     ) -> Result<Instance, Error> {
         let key = (function.namespace.clone(), function.deployment.clone());
-        let _attempt = self.backoff.attempt(key.clone(), Instant::now())?;
+        let (_attempt, ended) = self.backoff.attempt(key.clone(), Instant::now(), |failed| {
+            fresh_replica_set(ns, &function.deployment, failed)
+        })?;
+        if let Some(ended) = ended {
+            self.backoff_ended(function, &ended);
+        }
         self.metrics
             .assignments_total
             .get_or_create(&Metrics::function(&function.deployment))
             .inc();
         let started = Instant::now();
-        let pod = self.claim(ns, function, deadline).await?;
-        let name = pod.metadata.name.clone().unwrap_or_default();
-        let claimed = Instant::now();
-        let result = self.post(&pod, function).await;
-        let posted = Instant::now();
-        let ready_at = match result {
-            Ok(t) => t,
-            Err(e) => {
-                if let Err(e) = ns.writer.delete(&name).await {
-                    tracing::warn!(pod = %name, error = %e, "failed to delete pod after a failed assignment");
-                }
-                let (status, reason) = e.labels();
-                self.metrics
-                    .assignment_failures_total
-                    .get_or_create(&AssignFailureLabels {
-                        function_deployment: function.deployment.clone(),
-                        status,
-                        reason,
-                    })
-                    .inc();
-                let message = format!("pod {name} failed its assignment and was deleted: {e}");
-                let backoff = self.backoff.failed(&key, message.clone(), Instant::now());
-                let message = match backoff {
-                    Some(d) => format!("{message}; deployment backs off for {d:?}"),
-                    None => message,
-                };
+        let mut already_assigned = 0;
+        let (pod, name, claimed, ready_at) = loop {
+            let pod = self.claim(ns, function, deadline).await?;
+            let name = pod.metadata.name.clone().unwrap_or_default();
+            let claimed = Instant::now();
+            let e = match self.post(&pod, function).await {
+                Ok(t) => break (pod, name, claimed, t),
+                Err(e) => e,
+            };
+            if let Err(e) = ns.writer.delete(&name).await {
+                tracing::warn!(pod = %name, error = %e, "failed to delete pod after a failed assignment");
+            }
+            let (status, reason) = e.labels();
+            self.metrics
+                .assignment_failures_total
+                .get_or_create(&AssignFailureLabels {
+                    function_deployment: function.deployment.clone(),
+                    status,
+                    reason,
+                })
+                .inc();
+            let message = format!("pod {name} failed its assignment and was deleted: {e}");
+            if e.already_assigned() && already_assigned + 1 < MAX_ALREADY_ASSIGNED {
+                // That pod serves someone else; the deployment is fine.
+                already_assigned += 1;
                 self.events.push(
                     function,
                     EventType::AssignmentFailed,
                     EventSeverity::Warn,
-                    message,
+                    format!("{message}; claiming another (not counted toward the deployment's back-off)"),
                 );
-                return Err(Error::AssignFailed {
-                    pod: name,
-                    source: e.into(),
-                });
+                continue;
             }
+            let replica_set = pod
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION_REPLICA_SET));
+            let backoff = if e.already_assigned() {
+                None
+            } else {
+                self.backoff.failed(
+                    &key,
+                    replica_set.map(String::as_str),
+                    message.clone(),
+                    Instant::now(),
+                )
+            };
+            let message = match backoff {
+                Some(d) => {
+                    self.metrics
+                        .assignment_backoff_seconds
+                        .get_or_create(&Metrics::function(&function.deployment))
+                        .set(i64::try_from(d.as_secs()).unwrap_or(i64::MAX));
+                    format!("{message}; deployment backs off for {d:?}")
+                }
+                None => message,
+            };
+            self.events.push(
+                function,
+                EventType::AssignmentFailed,
+                EventSeverity::Warn,
+                message,
+            );
+            return Err(Error::AssignFailed {
+                pod: name,
+                source: e.into(),
+            });
         };
-        self.backoff.succeeded(&key);
+        let posted = Instant::now();
+        if self.backoff.succeeded(&key) {
+            self.metrics
+                .assignment_backoff_seconds
+                .get_or_create(&Metrics::function(&function.deployment))
+                .set(0);
+        }
         let stamp = format_time(ready_at);
         ns.pods.mark_ready(&name, &stamp);
         {
@@ -362,6 +472,25 @@ impl Assigner {
             assign: posted - claimed,
         }));
         Ok(instance)
+    }
+
+    /// Records that `function`'s deployment no longer backs off.
+    fn backoff_ended(&self, function: &Function, ended: &Ended) {
+        self.metrics
+            .assignment_backoff_seconds
+            .get_or_create(&Metrics::function(&function.deployment))
+            .set(0);
+        let message = format!(
+            "deployment {}/{} stops backing off after {} consecutive failed assignments: ReplicaSet {} has Ready pool pods, none of which failed",
+            function.namespace, function.deployment, ended.failures, ended.replica_set
+        );
+        tracing::info!(deployment = %function.deployment, replica_set = %ended.replica_set, "{message}");
+        self.events.push(
+            function,
+            EventType::AssignmentBackoffEnded,
+            EventSeverity::Info,
+            message,
+        );
     }
 
     /// Claims a pool pod, trying each candidate once and waiting for the
@@ -537,44 +666,122 @@ mod tests {
         ("ns".into(), "pool".into())
     }
 
+    /// No ReplicaSet of fresh Ready pods.
+    fn none(_: &HashSet<String>) -> Option<String> {
+        None
+    }
+
     #[test]
     fn consecutive_failures_back_off_with_one_attempt_per_period() {
         let b = Backoff::default();
         let t0 = Instant::now();
         for i in 1..FAILURES_BEFORE_BACKOFF {
-            drop(b.attempt(key(), t0).expect("no back-off yet"));
-            assert_eq!(b.failed(&key(), format!("refusal {i}"), t0), None);
+            drop(b.attempt(key(), t0, none).expect("no back-off yet"));
+            assert_eq!(b.failed(&key(), Some("rs-1"), format!("refusal {i}"), t0), None);
         }
-        drop(b.attempt(key(), t0).unwrap());
-        assert_eq!(b.failed(&key(), "401".into(), t0), Some(BACKOFF_MIN));
-        let err = b.attempt(key(), t0 + Duration::from_millis(500)).err().unwrap();
+        drop(b.attempt(key(), t0, none).unwrap());
+        assert_eq!(
+            b.failed(&key(), Some("rs-1"), "401".into(), t0),
+            Some(BACKOFF_MIN)
+        );
+        let err = b
+            .attempt(key(), t0 + Duration::from_millis(500), none)
+            .err()
+            .unwrap();
         assert!(matches!(err, Error::AssignBackoff { failures: 3, .. }), "{err}");
         assert!(err.to_string().contains("401"), "{err}");
         // After the period exactly one attempt goes ahead at a time.
         let later = t0 + BACKOFF_MIN;
-        let probe = b.attempt(key(), later).unwrap();
+        let (probe, ended) = b.attempt(key(), later, none).unwrap();
+        assert_eq!(ended, None);
         assert!(
-            b.attempt(key(), later).is_err(),
+            b.attempt(key(), later, none).is_err(),
             "a second attempt waits for the probe"
         );
-        assert_eq!(b.failed(&key(), "401".into(), later), Some(BACKOFF_MIN * 2));
+        assert_eq!(
+            b.failed(&key(), Some("rs-1"), "401".into(), later),
+            Some(BACKOFF_MIN * 2)
+        );
         drop(probe);
-        assert!(b.attempt(key(), later + BACKOFF_MIN).is_err());
-        let probe = b.attempt(key(), later + BACKOFF_MIN * 2).unwrap();
-        b.succeeded(&key());
+        assert!(b.attempt(key(), later + BACKOFF_MIN, none).is_err());
+        let probe = b.attempt(key(), later + BACKOFF_MIN * 2, none).unwrap();
+        assert!(b.succeeded(&key()), "the streak was backing off");
         drop(probe);
         assert!(
-            b.attempt(key(), later + BACKOFF_MIN * 2).is_ok(),
+            b.attempt(key(), later + BACKOFF_MIN * 2, none).is_ok(),
             "a success ends the streak"
         );
+        assert!(!b.succeeded(&key()), "nothing was backing off");
         // Periods are capped.
         for _ in 0..40 {
-            b.failed(&key(), "x".into(), t0);
+            b.failed(&key(), None, "x".into(), t0);
         }
         assert_eq!(
             b.lock()[&key()].until.unwrap().saturating_duration_since(t0),
             BACKOFF_MAX
         );
+    }
+
+    #[test]
+    fn ready_pods_of_a_replica_set_that_did_not_fail_end_the_back_off() {
+        let b = Backoff::default();
+        let t0 = Instant::now();
+        for rs in ["old-a", "old-a", "old-b"] {
+            b.failed(&key(), Some(rs), format!("pod of {rs} refused: 401"), t0);
+        }
+        let asked = std::cell::RefCell::new(Vec::new());
+        // Only the failed ReplicaSets have Ready pods: still backing off,
+        // and the check saw both of them.
+        let err = b
+            .attempt(key(), t0, |failed| {
+                asked.borrow_mut().extend(failed.iter().cloned());
+                ["old-a", "old-b"]
+                    .into_iter()
+                    .find(|rs| !failed.contains(*rs))
+                    .map(str::to_owned)
+            })
+            .err()
+            .expect("pods of failed ReplicaSets do not end it");
+        assert!(matches!(err, Error::AssignBackoff { .. }), "{err}");
+        let mut asked = asked.into_inner();
+        asked.sort();
+        assert_eq!(asked, ["old-a", "old-b"]);
+        // A rollout's new ReplicaSet is Ready: the back-off ends at once,
+        // within its period, and the next failure starts a fresh streak.
+        let (_attempt, ended) = b
+            .attempt(key(), t0 + Duration::from_millis(10), |failed| {
+                ["old-a", "new"]
+                    .into_iter()
+                    .find(|rs| !failed.contains(*rs))
+                    .map(str::to_owned)
+            })
+            .expect("the back-off ends");
+        assert_eq!(
+            ended,
+            Some(Ended {
+                replica_set: "new".into(),
+                failures: 3
+            })
+        );
+        assert_eq!(b.failed(&key(), Some("new"), "refused".into(), t0), None);
+        assert_eq!(b.lock()[&key()].failures, 1);
+    }
+
+    #[test]
+    fn already_assigned_is_told_apart_from_other_refusals() {
+        let conflict = PostError::Refused {
+            status: 409,
+            body: "already assigned".into(),
+        };
+        assert!(conflict.already_assigned());
+        assert_eq!(conflict.labels(), ("409".into(), "already-assigned"));
+        let unauthorized = PostError::Refused {
+            status: 401,
+            body: "invalid token".into(),
+        };
+        assert!(!unauthorized.already_assigned());
+        assert_eq!(unauthorized.labels(), ("401".into(), "refused"));
+        assert!(!PostError::Timeout(Duration::from_secs(1)).already_assigned());
     }
 
     #[test]

@@ -13,7 +13,7 @@ use crate::token::{SigningKey, Version};
 /// Flags of `skipper controller`.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Args {
-    /// Bind host of the gRPC server and the web UI
+    /// Bind host of the gRPC server (and of the web UI unless --web-host says otherwise)
     #[arg(long, env = "SKIPPER_HOST", default_value = "0.0.0.0")]
     pub host: String,
 
@@ -143,9 +143,13 @@ pub struct Args {
     #[arg(long, env = "SKIPPER_SKIP_FORBIDDEN_NAMESPACES", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", value_parser = crate::config::GoBool)]
     pub skip_forbidden_namespaces: bool,
 
-    /// Port of the web UI (bound on --host)
+    /// Port of the web UI
     #[arg(long, env = "SKIPPER_WEB_PORT", default_value_t = 8080)]
     pub web_port: u16,
+
+    /// Bind host of the web UI (empty: --host); 0.0.0.0 in a pod lets `kubectl port-forward`, which dials localhost in the pod, reach it
+    #[arg(long, env = "SKIPPER_WEB_HOST", default_value = "")]
+    pub web_host: String,
 
     /// Read the web UI's templates from DIR/templates/ and static files from DIR/static/ on every request (working on them)
     #[arg(long, env = "SKIPPER_WEB_TEMPLATE_DIR", value_name = "DIR")]
@@ -188,7 +192,7 @@ pub enum ConfigError {
     BadServiceAccount { flag: &'static str, value: String },
     #[error("--router-service-accounts: at least one ServiceAccount is required")]
     NoRouterServiceAccounts,
-    #[error("--host/--web-port: {0}")]
+    #[error("--web-host/--web-port: {0}")]
     BadWebAddr(String),
     #[error("--web-template-dir {0}: not a directory with templates/ in it")]
     BadTemplateDir(PathBuf),
@@ -313,7 +317,11 @@ impl TryFrom<Args> for Config {
             a.controller_service_account.trim(),
             &a.namespace,
         )?;
-        let web_addr = host_port(&a.host, a.web_port).map_err(ConfigError::BadWebAddr)?;
+        let web_host = match a.web_host.trim() {
+            "" => a.host.as_str(),
+            h => h,
+        };
+        let web_addr = host_port(web_host, a.web_port).map_err(ConfigError::BadWebAddr)?;
         let web_template_dir = a.web_template_dir.filter(|d| !d.as_os_str().is_empty());
         if let Some(dir) = &web_template_dir
             && !dir.join("templates").is_dir()
@@ -452,10 +460,11 @@ impl Config {
     pub fn describe(&self) -> Vec<(&'static str, String, &'static str)> {
         let d = format_duration;
         vec![
+            ("host", self.host.clone(), "Bind host of the gRPC server"),
             (
-                "host",
-                self.host.clone(),
-                "Bind host of the gRPC server and the web UI",
+                "web-host",
+                self.web_addr.map_or_else(String::new, |a| a.ip().to_string()),
+                "Bind host of the web UI",
             ),
             (
                 "port",
@@ -662,6 +671,23 @@ mod tests {
         ];
         argv.extend_from_slice(extra);
         Cli::try_parse_from(argv).map(|c| c.args)
+    }
+
+    #[test]
+    fn the_web_ui_binds_web_host_else_host() {
+        let web = |extra: &[&str]| Config::try_from(parse(extra).unwrap()).map(|c| c.web_addr);
+        let addr = |s: &str| Some(s.parse().unwrap());
+        assert_eq!(web(&["--host", "10.0.0.7"]).unwrap(), addr("10.0.0.7:8080"));
+        assert_eq!(
+            web(&["--host", "10.0.0.7", "--web-host", "0.0.0.0"]).unwrap(),
+            addr("0.0.0.0:8080")
+        );
+        assert_eq!(
+            web(&["--web-host", "127.0.0.1", "--web-port", "9"]).unwrap(),
+            addr("127.0.0.1:9")
+        );
+        let bad = web(&["--web-host", "not an address"]).unwrap_err().to_string();
+        assert!(bad.starts_with("--web-host/--web-port: "), "{bad}");
     }
 
     #[test]

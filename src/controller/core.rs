@@ -263,6 +263,7 @@ impl Core {
             addr: i.addr.clone().unwrap_or_default(),
             cpu_milli: i.cpu_usage_milli.unwrap_or(0),
             memory_mib: i.memory_usage_mib.unwrap_or(0),
+            protocol: i.protocol(),
             assign_timing: None,
         })
     }
@@ -299,6 +300,11 @@ impl Core {
         let mut refused: Option<(usize, Refused)> = None;
         let mut forward = Vec::with_capacity(got);
         for hb in std::mem::take(&mut req.heartbeats) {
+            // A batch is up to --max-heartbeat-entries functions, each maybe
+            // a new supervisor: give the worker back when the task's budget
+            // is spent, so health probes and other calls are answered while
+            // a flood of batches is recorded.
+            tokio::task::consume_budget().await;
             let f = match self.admit(hb.function.as_ref()) {
                 Ok(f) => f,
                 Err(e) => {
@@ -612,6 +618,7 @@ mod tests {
             addr: "1.2.3.4:80".into(),
             cpu_milli: 0,
             memory_mib: 0,
+            protocol: Default::default(),
             assign_timing: None,
         }
     }

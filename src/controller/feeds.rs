@@ -461,6 +461,7 @@ mod tests {
             addr: format!("127.0.0.1:{port}"),
             cpu_milli: 7,
             memory_mib: 9,
+            protocol: Default::default(),
             assign_timing: None,
         }
     }

@@ -2,10 +2,13 @@
 //! labels and help strings. The label value is always the function's
 //! deployment; the tenant is never a label.
 
-use prometheus_client::encoding::EncodeLabelSet;
+use std::sync::{Arc, OnceLock};
+
+use prometheus_client::collector::Collector;
+use prometheus_client::encoding::{DescriptorEncoder, EncodeLabelSet, EncodeMetric};
 use prometheus_client::metrics::counter::Counter;
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -73,6 +76,40 @@ pub struct Metrics {
     pub ring_members: Gauge,
     pub function_namespace_ready: Family<FunctionNamespaceLabels, Gauge>,
     pub instances: Family<FunctionLabels, Gauge>,
+    pub assignment_backoff_seconds: Family<FunctionLabels, Gauge>,
+    pub supervisors: SupervisorCount,
+}
+
+/// `skipper_controller_supervisors`: read from the supervisor registry when
+/// scraped (bound once the registry exists; 0 before).
+#[derive(Clone, Default)]
+pub struct SupervisorCount(Arc<OnceLock<Box<dyn Fn() -> usize + Send + Sync>>>);
+
+impl std::fmt::Debug for SupervisorCount {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("SupervisorCount").field(&self.get()).finish()
+    }
+}
+
+impl SupervisorCount {
+    /// Reads the count from `source` from now on (the first binding stays).
+    pub fn bind(&self, source: impl Fn() -> usize + Send + Sync + 'static) {
+        let _ = self.0.set(Box::new(source));
+    }
+
+    /// The current count.
+    #[must_use]
+    pub fn get(&self) -> usize {
+        self.0.get().map_or(0, |source| source())
+    }
+}
+
+impl Collector for SupervisorCount {
+    fn encode(&self, mut encoder: DescriptorEncoder<'_>) -> std::fmt::Result {
+        let (name, help) = DESCRIPTIONS[15];
+        let g = ConstGauge::new(i64::try_from(self.get()).unwrap_or(i64::MAX));
+        g.encode(encoder.encode_descriptor(name, help, None, g.metric_type())?)
+    }
 }
 
 /// `(name without the skipper_controller_ prefix, help)` of every metric, in
@@ -131,6 +168,11 @@ pub const DESCRIPTIONS: &[(&str, &str)] = &[
         "instances",
         "Running assigned pods of the functions this controller owns on the ring, by deployment.",
     ),
+    (
+        "assignment_backoff_seconds",
+        "Current back-off period of a deployment after consecutive failed assignments (0: not backing off).",
+    ),
+    ("supervisors", "Functions this controller runs a supervisor for."),
 ];
 
 impl Metrics {
@@ -151,6 +193,8 @@ impl Metrics {
             ring_members: Gauge::default(),
             function_namespace_ready: Family::default(),
             instances: Family::default(),
+            assignment_backoff_seconds: Family::default(),
+            supervisors: SupervisorCount::default(),
         };
         let sub = registry
             .sub_registry_with_prefix("skipper")
@@ -182,6 +226,8 @@ impl Metrics {
         sub.register(DESCRIPTIONS[11].0, help(11), m.ring_members.clone());
         sub.register(DESCRIPTIONS[12].0, help(12), m.function_namespace_ready.clone());
         sub.register(DESCRIPTIONS[13].0, help(13), m.instances.clone());
+        sub.register(DESCRIPTIONS[14].0, help(14), m.assignment_backoff_seconds.clone());
+        sub.register_collector(Box::new(m.supervisors.clone()));
         m
     }
 
@@ -233,6 +279,7 @@ mod tests {
             .set(1);
         m.informer_event("pods", "add", Some(0.1));
         m.heartbeats_total.get_or_create(&Metrics::function("dep")).inc();
+        m.supervisors.bind(|| 3);
         let mut out = String::new();
         prometheus_client::encoding::text::encode(&mut out, &registry).unwrap();
         // The help texts exactly, one period at the end (families with a
@@ -257,6 +304,9 @@ mod tests {
             "# TYPE skipper_controller_informer_event_lag_seconds histogram",
             "skipper_controller_informer_events_total{resource=\"pods\",event=\"add\"} 1",
             "skipper_controller_heartbeats_total{function_deployment=\"dep\"} 1",
+            "# HELP skipper_controller_supervisors Functions this controller runs a supervisor for.",
+            "# TYPE skipper_controller_supervisors gauge",
+            "skipper_controller_supervisors 3",
             "# HELP skipper_controller_informer_last_event_time_seconds Unix timestamp of the last informer event processed.",
         ] {
             assert!(out.contains(line), "missing {line:?} in\n{out}");

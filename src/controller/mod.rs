@@ -122,6 +122,13 @@ pub async fn run(
     ready: impl FnOnce(Running) + Send,
 ) -> Result<(), RunError> {
     let config = Arc::new(config);
+    // Which key signs: what a key rotation checks before the pools stop
+    // trusting the old one (`skipper keygen` prints the same id).
+    tracing::info!(
+        kid = %config.signing_key.key_id(config.paseto_version),
+        version = ?config.paseto_version,
+        "signing assignment tokens"
+    );
     let credentials = match &config.token_file {
         Some(path) => match Credentials::from_file(path) {
             Ok(c) => c,
@@ -193,6 +200,7 @@ pub async fn run(
         shutdown.token().child_token(),
         shutdown.tracker().clone(),
     );
+    metrics.supervisors.bind(supervisors.len_source());
     let core = Arc::new(Core {
         config: config.clone(),
         cluster,

@@ -29,6 +29,10 @@ pub const ANNOTATION_REPLICA_SET: &str = "skipper/replica-set";
 pub const ANNOTATION_READY_AT: &str = "skipper/ready-at";
 /// Annotation naming the container port (name or number) that serves traffic.
 pub const ANNOTATION_PORT: &str = "skipper/port";
+/// Annotation on pool pods naming the protocol of the traffic port, as a
+/// Service port's `appProtocol` would (`kubernetes.io/h2c`: HTTP/2 over
+/// cleartext; `http`: HTTP/1.1). Container ports have no `appProtocol`.
+pub const ANNOTATION_APP_PROTOCOL: &str = "skipper/app-protocol";
 /// Request header carrying the function JSON.
 pub const HEADER_FUNCTION: &str = "x-skipper-function";
 /// Request header carrying the assignment token.

@@ -52,6 +52,8 @@ pub const MAX_ADOPTED: usize = 16;
 pub struct Slot {
     pub name: String,
     pub addr: SocketAddr,
+    /// How requests reach it (its pool's protocol).
+    pub protocol: api::Protocol,
     /// `X-Skipper-Instance` for requests sent to it.
     pub header: HeaderValue,
     /// Idle keep-alive connections to the instance.
@@ -98,6 +100,7 @@ impl Slot {
         Ok(Self {
             name,
             addr,
+            protocol: instance.protocol(),
             header,
             connections: IdleConnections::default(),
             assigned_at,

@@ -35,7 +35,6 @@ use std::process::ExitCode;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::response::IntoResponse;
 use http::{Request, Response, StatusCode};
 use hyper::body::Incoming;
 use hyper::server::conn::http1;
@@ -532,8 +531,9 @@ impl Memo {
 /// One request: health check, header, activity, proxy, metrics.
 async fn respond(state: &State, memo: &Memo, remote: SocketAddr, req: Request<Incoming>) -> Response<Body> {
     let start = Instant::now();
+    let grpc = proxy::is_grpc(req.headers());
     if let Err(e) = proxy::forwarding::check_request_host(req.version(), req.uri(), req.headers()) {
-        return proxy::Error::from(e).into_response();
+        return proxy::Error::from(e).respond(grpc);
     }
     let (parsed, guard) = match memo.recall(&req) {
         Some(hit) => hit,
@@ -552,7 +552,7 @@ async fn respond(state: &State, memo: &Memo, remote: SocketAddr, req: Request<In
                         Some(entry::Check::Live) => return Response::new(Body::empty()),
                         None => {}
                     }
-                    return proxy::Error::from(e).into_response();
+                    return proxy::Error::from(e).respond(grpc);
                 }
             };
             let guard = state.activity.begin(&parsed).await;
@@ -580,7 +580,7 @@ async fn respond(state: &State, memo: &Memo, remote: SocketAddr, req: Request<In
     if result.is_ok() {
         function.learn(&state.metrics);
     }
-    let resp = result.unwrap_or_else(IntoResponse::into_response);
+    let resp = result.unwrap_or_else(|e| e.respond(grpc));
     let series = function.series();
     series.requests().inc();
     series

@@ -571,6 +571,65 @@ async fn defaulting(b: &Backend) {
     assert_eq!(created["metadata"]["generation"], 1);
 }
 
+// === Secrets: stringData on every write ===
+
+differential!(
+    secret_string_data_is_folded_into_data_on_every_write,
+    secret_string_data,
+    namespaces = [NS]
+);
+
+async fn secret_string_data(b: &Backend) {
+    use base64::Engine as _;
+    let secrets: Api<Secret> = Api::namespaced(b.client().await, NS);
+    let b64 = |v: &str| base64::engine::general_purpose::STANDARD.encode(v);
+    let data = |s: &Secret| -> Value {
+        let v = serde_json::to_value(s).unwrap();
+        assert!(v.get("stringData").is_none(), "stringData is never stored: {v}");
+        v["data"].clone()
+    };
+    let created = secrets
+        .create(
+            &PostParams::default(),
+            &from(json!({"metadata": {"name": "sd"},
+                         "data": {"a": b64("old"), "b": b64("kept")},
+                         "stringData": {"c": "created"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        data(&created),
+        json!({"a": b64("old"), "b": b64("kept"), "c": b64("created")})
+    );
+    // A merge patch of stringData replaces that key of data (a key rotation
+    // written as `kubectl patch secret --type merge -p '{"stringData":...}'`).
+    let patched = secrets
+        .patch(
+            "sd",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"stringData": {"a": "new"}})),
+        )
+        .await
+        .unwrap();
+    assert_eq!(
+        data(&patched),
+        json!({"a": b64("new"), "b": b64("kept"), "c": b64("created")})
+    );
+    assert_eq!(data(&secrets.get("sd").await.unwrap()), data(&patched));
+    // An update: stringData wins over data for the same key.
+    let mut v = serde_json::to_value(&patched).unwrap();
+    v["data"] = json!({"a": b64("from data")});
+    v["stringData"] = json!({"a": "from stringData", "d": "updated"});
+    let updated = secrets
+        .replace("sd", &PostParams::default(), &from(v))
+        .await
+        .unwrap();
+    assert_eq!(
+        data(&updated),
+        json!({"a": b64("from stringData"), "d": b64("updated")})
+    );
+}
+
 // === kubectl create ===
 
 differential!(imperative_kubectl_create, kubectl_create, namespaces = []);

@@ -582,6 +582,40 @@ async fn requests_for_another_instance_or_tenant_are_421_before_anything_else() 
         send(None, Some("other"), "/x?status=200&delay_ms=60000").await.0,
         421
     );
+    // A header given twice is refused even when its first value is right.
+    let twice = |name: &'static str, first: &'static str, second: &'static str| {
+        let base = base.clone();
+        async move {
+            let resp = reqwest::Client::new()
+                .post(format!("{base}/x"))
+                .header(name, first)
+                .header(name, second)
+                .body("payload")
+                .send()
+                .await
+                .unwrap();
+            (resp.status().as_u16(), resp.text().await.unwrap())
+        }
+    };
+    assert_eq!(
+        twice("x-skipper-tenant", "acme", "other").await,
+        (
+            421,
+            "x-skipper-tenant is given 2 times; a request names one\n".into()
+        )
+    );
+    assert_eq!(
+        twice("x-skipper-tenant", "acme", "acme").await.0,
+        421,
+        "a repeated right value is refused too"
+    );
+    assert_eq!(
+        twice("x-skipper-instance", "pod-a", "pod-b").await,
+        (
+            421,
+            "x-skipper-instance is given 2 times; a request names one\n".into()
+        )
+    );
     for (instance, tenant) in [
         (Some("pod-a"), Some("acme")),
         (None, Some("acme")),

@@ -78,6 +78,7 @@ fn instance() -> api::Instance {
         ready_at: Some(ts(1_705_314_605, 0)),
         cpu_usage_milli: Some(250),
         memory_usage_mib: Some(128),
+        protocol: None,
     }
 }
 

@@ -375,6 +375,30 @@ async fn a_pool_created_a_moment_ago_is_served() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_instance_of_an_h2c_pool_says_so_and_others_say_nothing() {
+    let sim = Sim::start().await;
+    sim.deploy_pool_with("h2", 1, |d| {
+        d["spec"]["template"]["metadata"]["annotations"][skipper::domain::ANNOTATION_APP_PROTOCOL] =
+            serde_json::json!("kubernetes.io/h2c");
+    })
+    .await;
+    sim.deploy_pool("h1", 1, &[]).await;
+    sim.wait_pool("h2", 1, Duration::from_secs(60)).await;
+    sim.wait_pool("h1", 1, Duration::from_secs(60)).await;
+    let mut ctl = Ctl::single(&sim).await;
+    let h2 = ctl
+        .instance(&function("h2", "t1", 1), Duration::from_secs(30))
+        .await;
+    assert_eq!(h2.protocol, Some(api::Protocol::H2c as i32), "{h2:?}");
+    // HTTP/1.1 leaves the field out: the wire is what Go controllers send.
+    let h1 = ctl
+        .instance(&function("h1", "t1", 1), Duration::from_secs(30))
+        .await;
+    assert_eq!(h1.protocol, None, "{h1:?}");
+    ctl.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_missing_deployment_is_not_found_at_once() {
     let sim = Sim::with_pool("pool", 1).await;
     let ctl = Ctl::single(&sim).await;

@@ -5,6 +5,7 @@
 
 mod assign;
 mod auth;
+mod backoff;
 mod bench;
 mod poisoning;
 mod ring;

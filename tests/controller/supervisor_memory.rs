@@ -62,6 +62,7 @@ impl Context for Idle {
             addr: "10.0.0.1:8080".into(),
             cpu_milli: 0,
             memory_mib: 0,
+            protocol: Default::default(),
             assign_timing: None,
         }])
     }

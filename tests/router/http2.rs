@@ -1,7 +1,10 @@
 //! HTTP/2 with prior knowledge (h2c) from clients on the router's port:
 //! `curl --http2-prior-knowledge` gets the pod's answer with the same
 //! header semantics as HTTP/1.1, and a client that opens every stream it
-//! may and never reads them holds a bounded amount of router memory.
+//! may and never reads them holds a bounded amount of router memory. To
+//! instances of a pool that declares h2c the router speaks HTTP/2 over one
+//! multiplexed connection, whatever the client speaks; upgrades to them go
+//! over HTTP/1.1.
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -10,7 +13,9 @@ use skipper_test_support::router as harness;
 use std::future::Future as _;
 use std::time::Duration;
 
+use futures::{SinkExt as _, StreamExt as _};
 use harness::{function_header, world};
+use skipper::api::Protocol;
 use skipper::domain::HEADER_FUNCTION;
 use skipper::router::listener::{MAX_CONCURRENT_STREAMS, MAX_SEND_BUFFER};
 
@@ -46,10 +51,133 @@ async fn curl_with_http2_prior_knowledge_gets_the_pods_answer() {
             .map(|(_, v)| v.clone())
             .collect()
     };
-    // `:authority` stands for Host; the client's forwarding headers are replaced.
+    // `:authority` stands for Host; the client's forwarding headers are
+    // replaced; the pool speaks HTTP/1.1.
+    assert_eq!(v["version"], "HTTP/1.1", "{v}");
     assert_eq!(values("host"), [w.router.addr.to_string()]);
     assert_eq!(values("x-forwarded-for"), ["127.0.0.1"]);
     assert!(values(HEADER_FUNCTION).is_empty(), "{headers:?}");
+    w.router.stop().await;
+}
+
+/// `curl` through the router with `args`: the echo's JSON and the HTTP
+/// version curl used.
+async fn curl_echo(router: std::net::SocketAddr, args: &[&str]) -> (serde_json::Value, String) {
+    let header = format!("{HEADER_FUNCTION}: {}", function_header("app", "t1", false));
+    let url = format!("http://{router}/x?y=1");
+    let out = tokio::process::Command::new("curl")
+        .args(["-sS", "-o", "-", "-w", "\n%{http_version} %{http_code}"])
+        .args(args)
+        .args(["-H", &header, "-H", "te: trailers", &url])
+        .output()
+        .await
+        .unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let (body, status) = text.rsplit_once('\n').unwrap();
+    let (version, code) = status.split_once(' ').unwrap();
+    assert_eq!(code, "200", "{text} {}", String::from_utf8_lossy(&out.stderr));
+    let v = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
+    (v, version.to_owned())
+}
+
+#[tokio::test]
+async fn an_h2c_pool_gets_http2_whatever_the_client_speaks() {
+    let w = world(|_| {}).await;
+    w.fake.speak(Protocol::H2c);
+    for (args, client_version) in [
+        (&["--http1.1"][..], "1.1"),
+        (&["--http2-prior-knowledge"][..], "2"),
+    ] {
+        let (v, version) = curl_echo(w.router.addr, args).await;
+        assert_eq!(version, client_version);
+        assert_eq!(v["version"], "HTTP/2.0", "{v}");
+        // The client's Host is the `:authority`, the path and query stay.
+        assert_eq!(v["uri"], format!("http://{}/x?y=1", w.router.addr), "{v}");
+        let headers: Vec<(String, String)> = serde_json::from_value(v["headers"].clone()).unwrap();
+        let names: Vec<&str> = headers.iter().map(|(k, _)| k.as_str()).collect();
+        assert!(!names.contains(&"host"), "{headers:?}");
+        assert!(headers.contains(&("te".into(), "trailers".into())), "{headers:?}");
+        assert!(
+            headers.contains(&("x-skipper-instance".into(), "pod-1".into())),
+            "{headers:?}"
+        );
+        assert!(
+            headers.contains(&("x-forwarded-for".into(), "127.0.0.1".into())),
+            "{headers:?}"
+        );
+    }
+    w.router.stop().await;
+}
+
+#[tokio::test]
+async fn requests_to_an_h2c_instance_share_one_connection() {
+    let w = world(|_| {}).await;
+    w.fake.speak(Protocol::H2c);
+    let client = reqwest::Client::builder()
+        .pool_max_idle_per_host(0)
+        .build()
+        .unwrap();
+    let header = function_header("app", "t1", false);
+    // Concurrent requests on separate client connections, the first ones
+    // racing to open the instance's connection.
+    let peers = futures::future::join_all((0..32).map(|_| {
+        let client = client.clone();
+        let (url, header) = (w.router.url("/peer"), header.clone());
+        async move {
+            let resp = client
+                .get(url)
+                .header(HEADER_FUNCTION, header)
+                .send()
+                .await
+                .unwrap();
+            assert_eq!(resp.status(), 200);
+            resp.text().await.unwrap()
+        }
+    }))
+    .await;
+    let distinct: std::collections::BTreeSet<&String> = peers.iter().collect();
+    assert_eq!(distinct.len(), 1, "connections the instance saw: {distinct:?}");
+    w.router.stop().await;
+}
+
+#[tokio::test]
+async fn a_websocket_to_an_h2c_pool_goes_over_http1() {
+    let w = world(|_| {}).await;
+    w.fake.speak(Protocol::H2c);
+    let url = format!("ws://{}/ws", w.router.addr);
+    let mut req =
+        tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url).unwrap();
+    req.headers_mut().insert(
+        HEADER_FUNCTION,
+        function_header("app", "t1", false).parse().unwrap(),
+    );
+    let (mut ws, resp) = tokio::time::timeout(LIMIT, tokio_tungstenite::connect_async(req))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(resp.status(), 101);
+    ws.send(tokio_tungstenite::tungstenite::Message::text("ping"))
+        .await
+        .unwrap();
+    let reply = tokio::time::timeout(LIMIT, ws.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(reply.into_text().unwrap().as_str(), "ping");
+    w.router.stop().await;
+}
+
+#[tokio::test]
+async fn a_refused_connect_to_an_h2c_instance_is_retried_on_another() {
+    let w = world(|_| {}).await;
+    w.fake.with(|s| s.instances.clear());
+    w.fake
+        .add_instance_speaking("dead", harness::refused_addr(), Protocol::H2c);
+    w.fake
+        .add_instance_speaking("pod-1", w.upstream.addr, Protocol::H2c);
+    let (v, _) = curl_echo(w.router.addr, &["--http1.1"]).await;
+    assert_eq!(v["version"], "HTTP/2.0", "{v}");
     w.router.stop().await;
 }
 
@@ -65,7 +193,19 @@ fn rss_bytes() -> u64 {
 
 #[tokio::test]
 async fn a_client_flooding_streams_it_never_reads_holds_bounded_router_memory() {
+    flood_never_reading(Protocol::Unspecified).await;
+}
+
+#[tokio::test]
+async fn a_client_flooding_streams_to_an_h2c_pool_holds_bounded_router_memory() {
+    flood_never_reading(Protocol::H2c).await;
+}
+
+/// A client opens every stream the router allows, each asking the pool
+/// (speaking `protocol`) for 100 MB, and reads none of them.
+async fn flood_never_reading(protocol: Protocol) {
     let w = world(|_| {}).await;
+    w.fake.speak(protocol);
     let tcp = tokio::net::TcpStream::connect(w.router.addr).await.unwrap();
     let (client, mut conn) = h2::client::handshake(tcp).await.unwrap();
     // The router's SETTINGS arrive with its first frames.
@@ -118,7 +258,7 @@ async fn a_client_flooding_streams_it_never_reads_holds_bounded_router_memory() 
     let grown = rss_bytes().saturating_sub(before);
     let streams = u64::from(MAX_CONCURRENT_STREAMS);
     eprintln!(
-        "{streams} never-read streams of 100 MB each: process memory grew {:.1} MiB",
+        "{streams} never-read streams of 100 MB each from a {protocol:?} pool: process memory grew {:.1} MiB",
         grown as f64 / f64::from(1 << 20)
     );
     // The client holds 8 MiB of its windows; the router at most its send

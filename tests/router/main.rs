@@ -8,6 +8,7 @@ mod admission;
 mod client;
 mod discovery;
 mod edge;
+mod grpc;
 mod http2;
 mod profiling;
 mod proxy;

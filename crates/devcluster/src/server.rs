@@ -805,7 +805,8 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
             } else {
                 Expect::of(res)
             };
-            let new = parse_object(decoding, headers, &body, expect)?;
+            let mut new = parse_object(decoding, headers, &body, expect)?;
+            fold_string_data(res, &mut new);
             let updated = match sub {
                 Some("scale") => {
                     let replicas = new.pointer("/spec/replicas").cloned().unwrap_or(json!(0));
@@ -848,6 +849,7 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
                     let mut doc = cur.clone();
                     patch::apply(&mut doc, kind, &body)?;
                     strict_patch(decoding, res, cur, &mut doc)?;
+                    fold_string_data(res, &mut doc);
                     *cur = merge_status(res, sub, cur, doc);
                     Ok(())
                 })?
@@ -1318,17 +1320,25 @@ fn prepare_create(res: &'static ResourceDef, mut obj: Value) -> Result<Value, Ap
                 )));
             }
         }
-        "Secret" => {
-            if let Some(Value::Object(sd)) = obj.as_object_mut().and_then(|m| m.remove("stringData")) {
-                for (k, v) in sd {
-                    let enc = base64::engine::general_purpose::STANDARD.encode(v.as_str().unwrap_or(""));
-                    obj["data"][k] = json!(enc);
-                }
-            }
-        }
+        "Secret" => fold_string_data(res, &mut obj),
         _ => {}
     }
     Ok(obj)
+}
+
+/// A Secret's `stringData` written into `data` (it wins over `data` for its
+/// keys) and removed, as the API server does on every write: create,
+/// update and patch.
+fn fold_string_data(res: &ResourceDef, obj: &mut Value) {
+    if res.kind != "Secret" {
+        return;
+    }
+    if let Some(Value::Object(sd)) = obj.as_object_mut().and_then(|m| m.remove("stringData")) {
+        for (k, v) in sd {
+            let enc = base64::engine::general_purpose::STANDARD.encode(v.as_str().unwrap_or(""));
+            obj["data"][k] = json!(enc);
+        }
+    }
 }
 
 /// Main-resource writes keep the stored status; `/status` writes change only the status.

@@ -178,13 +178,26 @@ impl<'a> Sim<'a> {
 
     /// Creates a pool Deployment with extra fixture environment.
     pub async fn deploy_pool(&self, name: &str, replicas: i32, env: &[(&str, &str)]) {
+        self.deploy_pool_with(name, replicas, |d| {
+            let list = d["spec"]["template"]["spec"]["containers"][0]["env"]
+                .as_array_mut()
+                .unwrap();
+            for (k, v) in env {
+                list.push(json!({"name": k, "value": v}));
+            }
+        })
+        .await;
+    }
+
+    /// [`Sim::deploy_pool`] of the Deployment JSON as `tweak` leaves it.
+    pub async fn deploy_pool_with(
+        &self,
+        name: &str,
+        replicas: i32,
+        tweak: impl FnOnce(&mut serde_json::Value),
+    ) {
         let mut d = pool_deployment_json(NS, name, replicas, &self.public_pem);
-        let list = d["spec"]["template"]["spec"]["containers"][0]["env"]
-            .as_array_mut()
-            .unwrap();
-        for (k, v) in env {
-            list.push(json!({"name": k, "value": v}));
-        }
+        tweak(&mut d);
         let d: Deployment = serde_json::from_value(d).unwrap();
         Api::<Deployment>::namespaced(self.client.clone(), NS)
             .create(&PostParams::default(), &d)

@@ -1,7 +1,8 @@
 //! What Skipper's integration, end-to-end and reliability suites share: the
 //! Kubernetes backends they run on ([`backend`]), the controller harness
 //! ([`controller`]), the router harness with its scriptable fake controller
-//! ([`router`]), a gRPC client that writes as Go's does ([`grpc`]), the
+//! ([`router`]), the router binary as a process for the benchmarks
+//! ([`router_process`]), a gRPC client that writes as Go's does ([`grpc`]), the
 //! simulator's test settings and pod helpers ([`devcluster`]), process
 //! checks ([`process`]), the one condition wait ([`eventually`]), and the
 //! requests tests repeat ([`http`], [`get_text`], [`get_status`],
@@ -18,6 +19,7 @@ pub mod devcluster;
 pub mod grpc;
 pub mod process;
 pub mod router;
+pub mod router_process;
 
 use std::future::Future;
 use std::path::PathBuf;
@@ -60,7 +62,17 @@ pub fn skipper_exe() -> PathBuf {
 
 /// Polls `f` every 20 ms until it yields a value; panics after `timeout`,
 /// naming `what`.
-pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, mut f: F) -> T
+pub async fn eventually<T, F, Fut>(what: &str, timeout: Duration, f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    eventually_every(what, timeout, Duration::from_millis(20), f).await
+}
+
+/// [`eventually`], polling every `every` (for checks that cost the system
+/// under test something, such as listing pods).
+pub async fn eventually_every<T, F, Fut>(what: &str, timeout: Duration, every: Duration, mut f: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -70,7 +82,7 @@ where
             if let Some(v) = f().await {
                 return v;
             }
-            tokio::time::sleep(Duration::from_millis(20)).await;
+            tokio::time::sleep(every).await;
         }
     })
     .await

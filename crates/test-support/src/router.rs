@@ -105,12 +105,27 @@ impl FakeController {
 
     /// Adds an instance GetInstance may return.
     pub fn add_instance(&self, name: &str, addr: SocketAddr) {
+        self.add_instance_speaking(name, addr, api::Protocol::Unspecified);
+    }
+
+    /// Adds an instance of a pool that speaks `protocol`.
+    pub fn add_instance_speaking(&self, name: &str, addr: SocketAddr, protocol: api::Protocol) {
         self.with(|s| {
             s.instances.push(api::Instance {
                 name: Some(name.to_owned()),
                 addr: Some(addr.to_string()),
+                protocol: (protocol != api::Protocol::Unspecified).then_some(protocol as i32),
                 ..Default::default()
             });
+        });
+    }
+
+    /// Makes every instance GetInstance returns speak `protocol`.
+    pub fn speak(&self, protocol: api::Protocol) {
+        self.with(|s| {
+            for i in &mut s.instances {
+                i.protocol = Some(protocol as i32);
+            }
         });
     }
 
@@ -512,7 +527,7 @@ async fn wait_gate(gate: &watch::Sender<bool>) {
     let _ = rx.wait_for(|open| *open).await;
 }
 
-/// Echoes method, URI, headers and a digest of the body as JSON.
+/// Echoes method, URI, HTTP version, headers and a digest of the body as JSON.
 async fn echo(req: http::Request<Body>) -> impl IntoResponse {
     let (parts, body) = req.into_parts();
     let bytes = axum::body::to_bytes(body, usize::MAX).await.unwrap();
@@ -524,13 +539,14 @@ async fn echo(req: http::Request<Body>) -> impl IntoResponse {
     axum::Json(serde_json::json!({
         "method": parts.method.as_str(),
         "uri": parts.uri.to_string(),
+        "version": format!("{:?}", parts.version),
         "headers": headers,
         "body_len": bytes.len(),
         "body_xxh64": xxhash_rust::xxh64::xxh64(&bytes, 0),
     }))
 }
 
-/// Starts the test upstream on 127.0.0.1:0.
+/// Starts the test upstream on 127.0.0.1:0 (HTTP/1.1 and h2c).
 pub async fn start_upstream() -> Upstream {
     use axum::routing::{any, get};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -20,6 +20,7 @@ use std::time::SystemTime;
 
 use k8s_openapi::api::core::v1::Pod;
 
+use crate::api::Protocol;
 use crate::domain::{
     ANNOTATION_ASSIGNED_AT, ANNOTATION_FUNCTION, ANNOTATION_PORT, ANNOTATION_READY_AT,
     ANNOTATION_REPLICA_SET, Function,
@@ -86,6 +87,8 @@ pub enum InvalidPod {
     BadReadyAt(String),
     #[error("failed to get port for pod {0}")]
     NoPort(String),
+    #[error("unknown {annotation} annotation {value:?} (kubernetes.io/h2c, h2c or http)", annotation = crate::domain::ANNOTATION_APP_PROTOCOL)]
+    BadAppProtocol { value: String },
 }
 
 /// Parses and validates the function annotation of a pod.
@@ -127,6 +130,50 @@ pub fn pod_port(pod: &Pod) -> Result<String, InvalidPod> {
         .ok_or_else(|| InvalidPod::NoPort(pod.metadata.name.clone().unwrap_or_default()))
 }
 
+/// How routers speak to `pod`'s traffic port: the `skipper/app-protocol`
+/// annotation when set (`kubernetes.io/h2c` or `h2c`: HTTP/2 over cleartext;
+/// `http` or `kubernetes.io/http`: HTTP/1.1), else the traffic port's name
+/// as Knative and Istio read it (`h2c`, `grpc` or `grpc-…`: HTTP/2), else
+/// HTTP/1.1.
+///
+/// # Errors
+/// [`InvalidPod::BadAppProtocol`] for an annotation value it does not know.
+pub fn pod_protocol(pod: &Pod) -> Result<Protocol, InvalidPod> {
+    if let Some(value) = annotation(pod, crate::domain::ANNOTATION_APP_PROTOCOL).filter(|v| !v.is_empty()) {
+        return match value.to_ascii_lowercase().as_str() {
+            "kubernetes.io/h2c" | "h2c" => Ok(Protocol::H2c),
+            "http" | "kubernetes.io/http" | "http/1.1" => Ok(Protocol::Unspecified),
+            _ => Err(InvalidPod::BadAppProtocol {
+                value: value.to_owned(),
+            }),
+        };
+    }
+    let ports = || {
+        pod.spec
+            .iter()
+            .flat_map(|s| s.containers.iter())
+            .flat_map(|c| c.ports.iter().flatten())
+    };
+    let name = match annotation(pod, ANNOTATION_PORT).filter(|p| !p.is_empty()) {
+        Some(want) => match want.parse::<i32>() {
+            Ok(number) => ports()
+                .find(|p| p.container_port == number)
+                .and_then(|p| p.name.as_deref()),
+            Err(_) => Some(want),
+        },
+        None => pod
+            .spec
+            .as_ref()
+            .and_then(|s| s.containers.first())
+            .and_then(|c| c.ports.as_ref())
+            .and_then(|ps| ps.first())
+            .and_then(|p| p.name.as_deref()),
+    };
+    let h2 =
+        name.is_some_and(|n| n == "h2c" || n == "grpc" || n.starts_with("grpc-") || n.starts_with("h2c-"));
+    Ok(if h2 { Protocol::H2c } else { Protocol::Unspecified })
+}
+
 /// `ip:port`, bracketing IPv6 addresses.
 #[must_use]
 pub fn join_addr(ip: &str, port: &str) -> String {
@@ -150,6 +197,8 @@ pub struct Instance {
     pub addr: String,
     pub cpu_milli: u32,
     pub memory_mib: u32,
+    /// How routers speak to it.
+    pub protocol: Protocol,
     /// How the assignment that made this instance went, on the value the
     /// assigning controller returns (never read back from the pod).
     pub assign_timing: Option<Box<crate::domain::AssignTiming>>,
@@ -175,6 +224,7 @@ impl Instance {
             .and_then(|s| s.pod_ip.as_deref())
             .unwrap_or_default();
         let addr = join_addr(ip, &pod_port(pod)?);
+        let protocol = pod_protocol(pod)?;
         let ready_at = if is_ready(pod) {
             match annotation(pod, ANNOTATION_READY_AT) {
                 Some(raw) => Some(parse_time(raw).ok_or_else(|| InvalidPod::BadReadyAt(raw.to_owned()))?),
@@ -193,6 +243,7 @@ impl Instance {
             addr,
             cpu_milli: 0,
             memory_mib: 0,
+            protocol,
             assign_timing: None,
         })
     }
@@ -210,6 +261,8 @@ impl Instance {
             ready_at: self.ready_at.map(ts),
             cpu_usage_milli: Some(self.cpu_milli),
             memory_usage_mib: Some(self.memory_mib),
+            // Absent for HTTP/1.1: the wire stays what Go Skipper sends.
+            protocol: (self.protocol != Protocol::Unspecified).then_some(self.protocol as i32),
         }
     }
 }
@@ -244,6 +297,50 @@ mod tests {
             ..Default::default()
         });
         pod
+    }
+
+    #[test]
+    fn protocol_rules() {
+        use crate::domain::ANNOTATION_APP_PROTOCOL;
+        let named = |first: Option<&str>, annotations: &[(&str, &str)]| {
+            let mut pod = pod_with_ports(None);
+            let ports = pod.spec.as_mut().unwrap().containers[0].ports.as_mut().unwrap();
+            ports[0].name = first.map(str::to_owned);
+            pod.metadata.annotations = Some(
+                annotations
+                    .iter()
+                    .map(|(k, v)| ((*k).to_owned(), (*v).to_owned()))
+                    .collect(),
+            );
+            pod_protocol(&pod)
+        };
+        let h2 = Ok(Protocol::H2c);
+        let h1 = Ok(Protocol::Unspecified);
+        // The first port serves unless `skipper/port` names another.
+        assert_eq!(named(None, &[]), h1);
+        assert_eq!(named(Some("h2c"), &[]), h2);
+        assert_eq!(named(Some("grpc"), &[]), h2);
+        assert_eq!(named(Some("grpc-echo"), &[]), h2);
+        assert_eq!(named(Some("grpcish"), &[]), h1);
+        assert_eq!(named(Some("http"), &[]), h1);
+        assert_eq!(named(Some("h2c"), &[(ANNOTATION_PORT, "http")]), h1);
+        assert_eq!(named(Some("h2c"), &[(ANNOTATION_PORT, "9000")]), h2);
+        assert_eq!(
+            named(None, &[(ANNOTATION_PORT, "grpc")]),
+            h2,
+            "a port named only by the annotation"
+        );
+        // The annotation wins over the port's name.
+        assert_eq!(named(None, &[(ANNOTATION_APP_PROTOCOL, "kubernetes.io/h2c")]), h2);
+        assert_eq!(named(None, &[(ANNOTATION_APP_PROTOCOL, "H2C")]), h2);
+        assert_eq!(named(Some("grpc"), &[(ANNOTATION_APP_PROTOCOL, "http")]), h1);
+        assert_eq!(named(Some("h2c"), &[(ANNOTATION_APP_PROTOCOL, "")]), h2);
+        assert_eq!(
+            named(None, &[(ANNOTATION_APP_PROTOCOL, "kubernetes.io/ws")])
+                .unwrap_err()
+                .to_string(),
+            "unknown skipper/app-protocol annotation \"kubernetes.io/ws\" (kubernetes.io/h2c, h2c or http)"
+        );
     }
 
     #[test]

@@ -447,6 +447,16 @@ impl<C: Context> Registry<C> {
         self.inner.map.len()
     }
 
+    /// Reads the number of supervisors without keeping the registry alive
+    /// (0 once it is gone): for the metrics, which the context holds.
+    pub fn len_source(&self) -> impl Fn() -> usize + Send + Sync + 'static
+    where
+        C: Send + Sync + 'static,
+    {
+        let inner = Arc::downgrade(&self.inner);
+        move || inner.upgrade().map_or(0, |i| i.map.len())
+    }
+
     /// Whether there is no supervisor.
     #[must_use]
     pub fn is_empty(&self) -> bool {

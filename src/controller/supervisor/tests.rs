@@ -73,6 +73,7 @@ impl Fake {
             addr: "10.0.0.1:8080".into(),
             cpu_milli: 0,
             memory_mib: 0,
+            protocol: Default::default(),
             assign_timing: None,
         }
     }

@@ -1,4 +1,4 @@
-//! The controller's web UI (`--web-port`, default 8080, on `--host`): the
+//! The controller's web UI (`--web-port`, default 8080, on `--web-host`, else `--host`): the
 //! pages of the Go implementation at the same routes, server-rendered from
 //! templates compiled into the binary (minijinja: the same templates can be
 //! read from disk with `--web-template-dir` while working on them), kept

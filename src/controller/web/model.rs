@@ -132,6 +132,7 @@ fn event_label(t: EventType) -> &'static str {
         EventType::HeartbeatTimeout => "heartbeat timeout",
         EventType::StuckInstanceCleanup => "stuck instance cleanup",
         EventType::AssignmentFailed => "assignment failed",
+        EventType::AssignmentBackoffEnded => "assignment back-off ended",
     }
 }
 

@@ -83,6 +83,9 @@ impl Proxy {
                         }
                     }
                 }
+                Err(SendError::Failed(source)) if refused_stream(&source) => {
+                    return Outcome::Unusable(Error::from_send(name.clone(), source));
+                }
                 Err(SendError::Failed(source)) if idempotent && closed_before_response(&source) => {
                     return Outcome::Unusable(Error::from_send(name.clone(), source));
                 }
@@ -105,6 +108,20 @@ fn is_idempotent(m: &http::Method) -> bool {
             | http::Method::PUT
             | http::Method::DELETE
     )
+}
+
+/// Whether an h2c instance refused the stream (`REFUSED_STREAM`, also what
+/// streams above a `GOAWAY`'s last stream id get): RFC 9113 §8.7 guarantees
+/// the instance did not process it, whatever the method.
+fn refused_stream(e: &hyper::Error) -> bool {
+    let mut cur: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = cur {
+        if let Some(h2) = err.downcast_ref::<h2::Error>() {
+            return h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+        }
+        cur = err.source();
+    }
+    false
 }
 
 /// Whether a send failed because the instance's end of the connection

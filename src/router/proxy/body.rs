@@ -11,12 +11,15 @@
 //! (at most up to the start). A body that pauses for `--body-timeout`, or
 //! falls `--body-timeout` behind the minimum rate, ends with 408. Time the
 //! router spends not asking for the body (the instance is slow to read it,
-//! or no instance is chosen yet) costs nothing.
+//! or no instance is chosen yet) costs nothing. Once the instance has
+//! answered (its response headers arrived) the bound ends: the exchange is
+//! a conversation the pod chose to hold (a gRPC or other bidirectional
+//! stream whose client speaks when it has something to say).
 
 use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -73,7 +76,14 @@ impl Pace {
 
 /// What a request body is doing, shared with whoever bounds the request.
 #[derive(Debug, Clone, Default)]
-pub struct Progress(Arc<AtomicU8>);
+pub struct Progress(Arc<ProgressState>);
+
+#[derive(Debug, Default)]
+struct ProgressState {
+    state: AtomicU8,
+    /// The instance's response headers arrived.
+    answered: AtomicBool,
+}
 
 const SENDING: u8 = 0;
 const WAITING: u8 = 1;
@@ -83,11 +93,20 @@ impl Progress {
     /// Whether the router is waiting for body data the client has not sent.
     #[must_use]
     pub fn waiting_for_client(&self) -> bool {
-        self.0.load(Ordering::Relaxed) == WAITING
+        self.0.state.load(Ordering::Relaxed) == WAITING
+    }
+
+    /// The instance has answered: the body's pace is no longer bounded.
+    pub fn answered(&self) {
+        self.0.answered.store(true, Ordering::Relaxed);
+    }
+
+    fn is_answered(&self) -> bool {
+        self.0.answered.load(Ordering::Relaxed)
     }
 
     fn set(&self, state: u8) {
-        self.0.store(state, Ordering::Relaxed);
+        self.0.state.store(state, Ordering::Relaxed);
     }
 }
 
@@ -178,7 +197,8 @@ impl Body for RequestBody {
             }
             Poll::Pending => {
                 this.progress.set(WAITING);
-                let Some(pace) = this.pace else {
+                let Some(pace) = this.pace.filter(|_| !this.progress.is_answered()) else {
+                    this.sleep = None;
                     return Poll::Pending;
                 };
                 let now = Instant::now();
@@ -274,6 +294,30 @@ mod tests {
         assert_eq!(started.elapsed(), Duration::from_secs(37));
         assert!(progress.waiting_for_client());
         feeder.abort();
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn once_the_instance_has_answered_pauses_are_the_pods_business() {
+        let (tx, inner) = client();
+        let progress = Progress::default();
+        let body = RequestBody::new(inner, pace(10, 100), progress.clone());
+        let answered = progress.clone();
+        let feeder = tokio::spawn(async move {
+            tx.send(Some(10)).unwrap();
+            // Well inside the budget, the response headers arrive; then the
+            // client of a bidirectional stream is quiet for a minute twice.
+            tokio::time::sleep(Duration::from_secs(5)).await;
+            answered.answered();
+            for _ in 0..2 {
+                tokio::time::sleep(Duration::from_secs(60)).await;
+                tx.send(Some(1)).unwrap();
+            }
+            tx.send(None).ok();
+        });
+        let started = Instant::now();
+        assert_eq!(drain(body).await.unwrap(), 12);
+        assert_eq!(started.elapsed(), Duration::from_secs(125));
+        feeder.await.unwrap();
     }
 
     #[tokio::test(start_paused = true)]

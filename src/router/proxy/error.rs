@@ -1,5 +1,8 @@
 //! Every answer the router makes itself, and the one place that maps them to
-//! HTTP: status, a one-line text body saying why, and a single log line.
+//! HTTP (status, a one-line text body saying why) and to gRPC (a
+//! trailers-only response with `grpc-status` and `grpc-message`, for
+//! requests whose `Content-Type` is `application/grpc…`), with a single log
+//! line.
 
 use axum::body::Body;
 use axum::response::{IntoResponse, Response};
@@ -193,6 +196,112 @@ impl Error {
     }
 }
 
+impl Error {
+    /// The gRPC status of this answer, for gRPC clients: what the failure
+    /// means to a caller (a retry elsewhere may help: `UNAVAILABLE`).
+    #[must_use]
+    pub fn grpc_code(&self) -> tonic::Code {
+        use tonic::Code;
+        match self {
+            Self::BadHeader(_) | Self::BadHost(_) | Self::Rejected(_) | Self::BadRequestBody { .. } => {
+                Code::InvalidArgument
+            }
+            Self::NotFound(_) => Code::NotFound,
+            Self::RequestBodyTimeout { .. }
+            | Self::RequestIncomplete(_)
+            | Self::ResponseHeaderTimeout { .. }
+            | Self::RequestTimeout(_) => Code::DeadlineExceeded,
+            Self::ControllerUnavailable(_)
+            | Self::NoCapacity(_)
+            | Self::NotReplayable { .. }
+            | Self::CredentialsRefused(_)
+            | Self::Overloaded(_)
+            | Self::NoRoom { .. }
+            | Self::GetInstance(_)
+            | Self::NoInstance
+            | Self::Misdirected { .. }
+            | Self::InstanceAddress { .. }
+            | Self::Connect { .. }
+            | Self::Upstream { .. }
+            | Self::UpgradeMismatch { .. } => Code::Unavailable,
+            Self::Exhausted { last, .. } => last.grpc_code(),
+        }
+    }
+
+    /// The answer: gRPC for a gRPC request, else HTTP.
+    #[must_use]
+    pub fn respond(self, grpc: bool) -> Response {
+        if grpc {
+            self.into_grpc_response()
+        } else {
+            self.into_response()
+        }
+    }
+
+    /// A trailers-only gRPC response (HTTP 200) carrying this answer's
+    /// status and its one-line reason.
+    #[must_use]
+    pub fn into_grpc_response(self) -> Response {
+        let line = one_line(&self.to_string());
+        log(self.status(), &line);
+        grpc_status(self.grpc_code(), &line)
+    }
+}
+
+/// Whether a request is a gRPC call (`Content-Type: application/grpc`,
+/// `application/grpc+proto`, `application/grpc-web…`).
+#[must_use]
+pub fn is_grpc(headers: &http::HeaderMap) -> bool {
+    headers
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// A trailers-only gRPC response: status `code`, `message` percent-encoded
+/// as the gRPC HTTP/2 protocol asks.
+#[must_use]
+pub fn grpc_status(code: tonic::Code, message: &str) -> Response {
+    let mut resp = Response::new(Body::empty());
+    let h = resp.headers_mut();
+    h.insert(header::CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    h.extend(grpc_trailers(code, message));
+    resp
+}
+
+/// `grpc-status` and `grpc-message` for `code` and `message`.
+#[must_use]
+pub fn grpc_trailers(code: tonic::Code, message: &str) -> http::HeaderMap {
+    let mut h = http::HeaderMap::with_capacity(2);
+    h.insert("grpc-status", HeaderValue::from(code as i32));
+    if let Ok(v) = HeaderValue::from_str(&percent_encode(message)) {
+        h.insert("grpc-message", v);
+    }
+    h
+}
+
+/// `grpc-message` encoding: printable ASCII but `%` as is, every other
+/// byte of the UTF-8 as `%XX`.
+fn percent_encode(text: &str) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if (0x20..=0x7e).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            let _ = write!(out, "%{b:02X}");
+        }
+    }
+    out
+}
+
+fn log(status: StatusCode, line: &str) {
+    if status.is_server_error() {
+        tracing::warn!(status = status.as_u16(), error = %line, "request failed");
+    } else {
+        tracing::info!(status = status.as_u16(), error = %line, "request rejected");
+    }
+}
+
 /// The client-side cause inside a send error, as text.
 fn client_body_cause(e: &hyper::Error) -> String {
     ClientBodyError::find(e).map_or_else(|| e.to_string(), ToString::to_string)
@@ -218,11 +327,7 @@ impl IntoResponse for Error {
     fn into_response(self) -> Response {
         let status = self.status();
         let line = one_line(&self.to_string());
-        if status.is_server_error() {
-            tracing::warn!(status = status.as_u16(), error = %line, "request failed");
-        } else {
-            tracing::info!(status = status.as_u16(), error = %line, "request rejected");
-        }
+        log(status, &line);
         let mut resp = Response::new(Body::from(format!("{line}\n")));
         *resp.status_mut() = status;
         let h = resp.headers_mut();
@@ -238,5 +343,59 @@ impl IntoResponse for Error {
             h.insert(header::RETRY_AFTER, HeaderValue::from(RETRY_AFTER_SECS));
         }
         resp
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn grpc_messages_are_percent_encoded_outside_printable_ascii() {
+        assert_eq!(
+            percent_encode("no capacity: 100% busy"),
+            "no capacity: 100%25 busy"
+        );
+        assert_eq!(percent_encode("pod \"ä\"\n"), "pod \"%C3%A4\"%0A");
+    }
+
+    #[test]
+    fn a_grpc_answer_is_trailers_only_with_the_errors_status() {
+        let resp = Error::from(HeaderError::Missing).respond(true);
+        assert_eq!(resp.status(), StatusCode::OK);
+        let h = resp.headers();
+        assert_eq!(h[header::CONTENT_TYPE], "application/grpc");
+        assert_eq!(h["grpc-status"], "3");
+        assert_eq!(h["grpc-message"], "missing X-Skipper-Function");
+        let http = Error::from(HeaderError::Missing).respond(false);
+        assert_eq!(http.status(), StatusCode::BAD_REQUEST);
+        assert!(http.headers().get("grpc-status").is_none());
+    }
+
+    #[test]
+    fn grpc_codes_follow_what_the_failure_means() {
+        use std::time::Duration;
+        let timeout = Error::RequestTimeout(Duration::from_secs(1));
+        assert_eq!(timeout.grpc_code(), tonic::Code::DeadlineExceeded);
+        let lost = Error::Misdirected { name: "p".into() };
+        assert_eq!(lost.grpc_code(), tonic::Code::Unavailable);
+        let exhausted = Error::Exhausted {
+            attempts: 3,
+            last: Box::new(Error::RequestTimeout(Duration::from_secs(1))),
+        };
+        assert_eq!(exhausted.grpc_code(), tonic::Code::DeadlineExceeded);
+        assert!(is_grpc(
+            &[(
+                header::CONTENT_TYPE,
+                HeaderValue::from_static("application/grpc+proto")
+            )]
+            .into_iter()
+            .collect()
+        ));
+        assert!(!is_grpc(
+            &[(header::CONTENT_TYPE, HeaderValue::from_static("application/json"))]
+                .into_iter()
+                .collect()
+        ));
     }
 }

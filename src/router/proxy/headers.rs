@@ -46,6 +46,22 @@ pub fn upgrade_protocol(headers: &HeaderMap) -> Option<HeaderValue> {
     }
 }
 
+/// Whether a request's `TE` lists `trailers` (gRPC clients send it; it is
+/// hop-by-hop, so the router says it again to instances that take it).
+#[must_use]
+pub fn accepts_trailers(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(header::TE)
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .any(|t| {
+            t.split(';')
+                .next()
+                .is_some_and(|t| t.trim().eq_ignore_ascii_case("trailers"))
+        })
+}
+
 /// Drops hop-by-hop headers (and those `Connection` lists) from an
 /// instance's response before it is passed back. Not for `101` responses,
 /// whose `Connection` and `Upgrade` belong to the protocol switch.

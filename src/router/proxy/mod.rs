@@ -57,7 +57,7 @@ use tokio_util::task::TaskTracker;
 use tracing::Instrument as _;
 
 pub use body::{ClientBodyError, Pace, Progress, RequestBody};
-pub use error::{Error, MAX_BODY_LINE, RETRY_AFTER_SECS};
+pub use error::{Error, MAX_BODY_LINE, RETRY_AFTER_SECS, is_grpc};
 pub use forwarding::{HostError, TrustedProxies};
 pub use replay::ReplayBody;
 use upstream::{Pool, UpstreamBody};
@@ -143,9 +143,15 @@ pub struct Hold {
 
 /// The response body sent to the client: the instance's body plus the
 /// request's [`Hold`], released when the body is done or the client leaves.
+/// For a gRPC call, an instance lost mid-response ends the body with
+/// `grpc-status: UNAVAILABLE` trailers instead of a reset stream (which a
+/// gRPC client reads as `INTERNAL`).
 pub struct ProxyBody {
     inner: UpstreamBody,
     hold: Option<Hold>,
+    /// `Some(instance)` for a gRPC call.
+    grpc: Option<String>,
+    ended: bool,
 }
 
 impl http_body::Body for ProxyBody {
@@ -156,15 +162,30 @@ impl http_body::Body for ProxyBody {
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
-        let r = Pin::new(&mut self.inner).poll_frame(cx);
+        let this = &mut *self;
+        if this.ended {
+            return Poll::Ready(None);
+        }
+        let r = Pin::new(&mut this.inner).poll_frame(cx);
         if matches!(r, Poll::Ready(None | Some(Err(_)))) {
-            self.hold = None;
+            this.hold = None;
+        }
+        if let Poll::Ready(Some(Err(e))) = &r
+            && let Some(instance) = &this.grpc
+        {
+            this.ended = true;
+            let line = error::one_line(&format!("instance {instance:?} failed mid-response: {e}"));
+            tracing::warn!(error = %line, "gRPC response cut short");
+            return Poll::Ready(Some(Ok(Frame::trailers(error::grpc_trailers(
+                tonic::Code::Unavailable,
+                &line,
+            )))));
         }
         r
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        self.ended || self.inner.is_end_stream()
     }
 
     fn size_hint(&self) -> SizeHint {
@@ -195,6 +216,11 @@ struct Prepared {
     /// Never sent itself: every attempt sends a replay of it.
     body: ReplayBody,
     upgrade: Option<HeaderValue>,
+    /// A gRPC call (its failures are gRPC statuses).
+    grpc: bool,
+    /// The client sent `TE: trailers` (gRPC does): said again to h2c
+    /// instances, where it is the one `TE` allowed.
+    te_trailers: bool,
 }
 
 impl Prepared {
@@ -213,6 +239,8 @@ impl Prepared {
         let upgrade = headers::upgrade_protocol(req.headers());
         let client_upgrade = upgrade.as_ref().map(|_| hyper::upgrade::on(&mut req));
         let (mut parts, body) = req.into_parts();
+        let te_trailers = headers::accepts_trailers(&parts.headers);
+        let grpc = is_grpc(&parts.headers);
         forwarding::set_host_from_target(&parts.uri, &mut parts.headers);
         let trusted = settings.trusted_proxies.contains(client_addr.ip());
         headers::rewrite(&mut parts.headers, Some(client_addr), trusted, upgrade.clone());
@@ -244,6 +272,8 @@ impl Prepared {
                 headers: parts.headers,
                 body,
                 upgrade,
+                grpc,
+                te_trailers,
             },
             client_upgrade,
         )
@@ -259,6 +289,15 @@ impl Prepared {
         let mut headers = self.headers.clone();
         headers.insert(HEADER_INSTANCE, slot.header.clone());
         headers.insert(HEADER_TENANT, tenant.clone());
+        if slot.protocol == crate::api::Protocol::H2c && self.upgrade.is_none() {
+            // HTTP/2 names the target in `:scheme` and `:authority` (from
+            // Host, which HTTP/2 does not repeat).
+            *req.version_mut() = Version::HTTP_2;
+            *req.uri_mut() = h2_target(&self.uri, headers.remove(http::header::HOST).as_ref(), slot.addr);
+            if self.te_trailers {
+                headers.insert(http::header::TE, HeaderValue::from_static("trailers"));
+            }
+        }
         *req.headers_mut() = headers;
         Some(req)
     }
@@ -352,7 +391,7 @@ impl Proxy {
         B: http_body::Body<Data = Bytes, Error = hyper::Error> + Send + 'static,
     {
         self.subscribe(parsed, &in_flight);
-        let (prepared, client_upgrade) = Prepared::new(req, client_addr, &self.settings, progress);
+        let (prepared, client_upgrade) = Prepared::new(req, client_addr, &self.settings, progress.clone());
         let mut tries = Tries::default();
         let mut attempt = 0;
         while self.settings.retry.allows(attempt + 1) {
@@ -383,6 +422,7 @@ impl Proxy {
             };
             match self.attempt(&chosen, req, prepared.upgrade.is_some()).await {
                 Outcome::Response(resp) => {
+                    progress.answered();
                     let ms = u64::try_from(tries.get_instance_time.as_millis()).unwrap_or(u64::MAX);
                     let hold = Hold {
                         in_flight,
@@ -399,7 +439,12 @@ impl Proxy {
                         {
                             self.tunnel(resp, client_upgrade, &want, chosen.slot.name.clone(), hold, ms)
                         }
-                        _ => Ok(finish(resp, hold, ms)),
+                        _ => Ok(finish(
+                            resp,
+                            hold,
+                            ms,
+                            prepared.grpc.then(|| chosen.slot.name.clone()),
+                        )),
                     };
                     return resp.map(|mut r| {
                         if let Some(v) = cold {
@@ -461,7 +506,23 @@ impl Tries {
     }
 }
 
-fn finish(resp: Response<UpstreamBody>, hold: Hold, ms: u64) -> Response<Body> {
+/// The absolute form of `origin` for an HTTP/2 request: `http`, the Host
+/// the client named (else the instance's address), the path and query.
+fn h2_target(origin: &Uri, host: Option<&HeaderValue>, addr: SocketAddr) -> Uri {
+    let authority = host
+        .and_then(|h| http::uri::Authority::try_from(h.as_bytes()).ok())
+        .or_else(|| http::uri::Authority::try_from(addr.to_string()).ok());
+    let mut parts = http::uri::Parts::default();
+    parts.scheme = Some(http::uri::Scheme::HTTP);
+    parts.authority = authority;
+    parts.path_and_query = origin
+        .path_and_query()
+        .cloned()
+        .or_else(|| Some(http::uri::PathAndQuery::from_static("/")));
+    Uri::from_parts(parts).unwrap_or_else(|_| origin.clone())
+}
+
+fn finish(resp: Response<UpstreamBody>, hold: Hold, ms: u64, grpc: Option<String>) -> Response<Body> {
     let (mut parts, inner) = resp.into_parts();
     headers::strip_response(&mut parts.headers);
     parts
@@ -470,6 +531,8 @@ fn finish(resp: Response<UpstreamBody>, hold: Hold, ms: u64) -> Response<Body> {
     let body = ProxyBody {
         inner,
         hold: Some(hold),
+        grpc,
+        ended: false,
     };
     Response::from_parts(parts, Body::new(body))
 }

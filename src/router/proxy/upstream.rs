@@ -1,8 +1,10 @@
-//! Connections to instances: idle keep-alive connections are kept on each
-//! instance's [`Slot`] ([`IdleConnections`]), new ones have `TCP_NODELAY`,
-//! and the split the retry loop relies on — [`Pool::connect`] fails while
-//! the caller still owns the request (retryable), [`Conn::send`] consumes
-//! it (its errors are final).
+//! Connections to instances: idle HTTP/1.1 keep-alive connections are kept
+//! on each instance's [`Slot`] ([`IdleConnections`]); an instance whose pool
+//! speaks h2c gets one multiplexed HTTP/2 connection, shared by every
+//! request to it (upgrades still go over HTTP/1.1); new connections have
+//! `TCP_NODELAY`. The split the retry loop relies on — [`Pool::connect`]
+//! fails while the caller still owns the request (retryable),
+//! [`Conn::send`] consumes it (its errors are final).
 
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
@@ -15,9 +17,11 @@ use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 
 use super::replay::ReplayBody;
+use crate::api::Protocol;
 use crate::router::instances::Slot;
-use hyper::client::conn::http1;
-use hyper_util::rt::TokioIo;
+use crate::router::listener::{CONNECTION_WINDOW, MAX_SEND_BUFFER, PING_TIMEOUT, STREAM_WINDOW, Tracked};
+use hyper::client::conn::{http1, http2};
+use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpSocket;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
@@ -28,6 +32,9 @@ use tracing::Instrument as _;
 pub const MAX_IDLE_PER_INSTANCE: usize = 256;
 /// Idle connections older than this are closed instead of reused.
 pub const IDLE_TIMEOUT: Duration = Duration::from_secs(90);
+/// How often an HTTP/2 connection to an instance is pinged (a dead peer
+/// is noticed within this plus [`PING_TIMEOUT`]).
+pub const H2_PING_INTERVAL: Duration = Duration::from_secs(30);
 
 /// Connecting to an instance failed; nothing of the request was sent.
 #[derive(Debug, thiserror::Error)]
@@ -45,9 +52,10 @@ pub enum ConnectError {
     },
     #[error("connection to {addr} closed before the request was written")]
     Closed { addr: std::net::SocketAddr },
-    #[error("HTTP/1 handshake with {addr} failed: {source}")]
+    #[error("{protocol} handshake with {addr} failed: {source}")]
     Handshake {
         addr: std::net::SocketAddr,
+        protocol: &'static str,
         #[source]
         source: hyper::Error,
     },
@@ -76,12 +84,25 @@ impl Idle {
     }
 }
 
-/// Idle keep-alive connections to one instance, newest last; they go when
-/// the instance's slot goes.
+/// The multiplexed HTTP/2 connection to an instance and its generation
+/// (which dial made it).
+struct Shared {
+    sender: http2::SendRequest<ReplayBody>,
+    generation: u64,
+}
+
+/// Idle keep-alive connections to one instance, newest last, and its
+/// shared HTTP/2 connection; they go when the instance's slot goes.
 #[derive(Default)]
 pub struct IdleConnections {
     /// A std mutex: a push or a pop, never across an await.
     idle: Mutex<Vec<Idle>>,
+    /// The HTTP/2 connection (h2c pools); a std mutex, never across an
+    /// await.
+    shared: Mutex<Option<Shared>>,
+    /// Held while an HTTP/2 connection is dialled, so a burst of requests
+    /// to a new instance makes one connection, not one each.
+    dialing: tokio::sync::Mutex<u64>,
 }
 
 impl std::fmt::Debug for IdleConnections {
@@ -130,6 +151,31 @@ impl IdleConnections {
         }
     }
 
+    /// The shared HTTP/2 connection when it is open, with its generation.
+    fn shared(&self) -> Option<(http2::SendRequest<ReplayBody>, u64)> {
+        let shared = self
+            .shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        shared
+            .as_ref()
+            .filter(|s| !s.sender.is_closed())
+            .map(|s| (s.sender.clone(), s.generation))
+    }
+
+    fn set_shared(&self, sender: http2::SendRequest<ReplayBody>, generation: u64) {
+        *self
+            .shared
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Shared { sender, generation });
+    }
+
+    /// Whether an open HTTP/2 connection to the instance is kept.
+    #[must_use]
+    pub fn has_shared(&self) -> bool {
+        self.shared().is_some()
+    }
+
     /// Idle connections kept now.
     #[must_use]
     pub fn len(&self) -> usize {
@@ -162,9 +208,15 @@ impl std::fmt::Debug for Pool {
 
 /// A connection ready for one request.
 pub struct Conn {
-    sender: http1::SendRequest<ReplayBody>,
+    sender: Sender,
     slot: Arc<Slot>,
     reused: bool,
+}
+
+enum Sender {
+    H1(http1::SendRequest<ReplayBody>),
+    /// A handle on the instance's shared HTTP/2 connection.
+    H2(http2::SendRequest<ReplayBody>),
 }
 
 impl Pool {
@@ -184,9 +236,19 @@ impl Pool {
     /// # Errors
     /// [`ConnectError`] when a new connection cannot be made.
     pub async fn connect(&self, slot: &Arc<Slot>) -> Result<Conn, ConnectError> {
+        if slot.protocol == Protocol::H2c {
+            if let Some((sender, _)) = slot.connections.shared() {
+                return Ok(Conn {
+                    sender: Sender::H2(sender),
+                    slot: slot.clone(),
+                    reused: true,
+                });
+            }
+            return self.connect_h2(slot, None).await;
+        }
         if let Some(sender) = slot.connections.take() {
             return Ok(Conn {
-                sender,
+                sender: Sender::H1(sender),
                 slot: slot.clone(),
                 reused: true,
             });
@@ -194,36 +256,29 @@ impl Pool {
         self.connect_new(slot, false).await
     }
 
-    /// A fresh connection; `upgrades` keeps it usable for a protocol switch.
+    /// A fresh connection; `upgrades` keeps it usable for a protocol switch
+    /// (upgrades use HTTP/1.1 whatever the pool's protocol). For an h2c
+    /// instance without `upgrades`, the shared connection is replaced
+    /// unless another request replaced it already.
     ///
     /// # Errors
     /// [`ConnectError`].
     pub async fn connect_new(&self, slot: &Arc<Slot>, upgrades: bool) -> Result<Conn, ConnectError> {
-        let addr = slot.addr;
-        let socket = if addr.is_ipv4() {
-            TcpSocket::new_v4()
-        } else {
-            TcpSocket::new_v6()
+        if slot.protocol == Protocol::H2c && !upgrades {
+            // Whatever was shared when this request failed is stale.
+            let stale = slot.connections.shared().map_or(0, |(_, g)| g);
+            return self.connect_h2(slot, Some(stale)).await;
         }
-        .map_err(|source| ConnectError::Io { addr, source })?;
-        socket
-            .set_nodelay(true)
-            .and_then(|()| socket.set_keepalive(true))
-            .map_err(|source| ConnectError::Io { addr, source })?;
-        let stream = match tokio::time::timeout(self.dial_timeout, socket.connect(addr)).await {
-            Ok(Ok(s)) => s,
-            Ok(Err(source)) => return Err(ConnectError::Io { addr, source }),
-            Err(_) => {
-                return Err(ConnectError::Timeout {
-                    addr,
-                    timeout: self.dial_timeout,
-                });
-            }
-        };
+        let addr = slot.addr;
+        let stream = self.dial(addr).await?;
         let (sender, conn) = http1::Builder::new()
             .handshake(TokioIo::new(stream))
             .await
-            .map_err(|source| ConnectError::Handshake { addr, source })?;
+            .map_err(|source| ConnectError::Handshake {
+                addr,
+                protocol: "HTTP/1.1",
+                source,
+            })?;
         let stop = self.stop.clone();
         let span = tracing::debug_span!("router.instance_connection", instance = %slot.name, %addr);
         self.tracker.spawn(
@@ -246,10 +301,91 @@ impl Pool {
             .instrument(span),
         );
         Ok(Conn {
-            sender,
+            sender: Sender::H1(sender),
             slot: slot.clone(),
             reused: false,
         })
+    }
+
+    /// The instance's shared HTTP/2 connection, dialled by one request at a
+    /// time: a request that waited for another's dial uses its result.
+    /// `stale` is the generation a failed request used (its replacement is
+    /// any later one).
+    async fn connect_h2(&self, slot: &Arc<Slot>, stale: Option<u64>) -> Result<Conn, ConnectError> {
+        let mut dialed = slot.connections.dialing.lock().await;
+        if let Some((sender, generation)) = slot.connections.shared()
+            && stale.is_none_or(|g| generation > g)
+        {
+            return Ok(Conn {
+                sender: Sender::H2(sender),
+                slot: slot.clone(),
+                reused: stale.is_none(),
+            });
+        }
+        let addr = slot.addr;
+        let stream = self.dial(addr).await?;
+        let mut builder = http2::Builder::new(Tracked(self.tracker.clone()));
+        builder
+            .timer(TokioTimer::new())
+            .initial_stream_window_size(STREAM_WINDOW)
+            .initial_connection_window_size(CONNECTION_WINDOW)
+            .max_send_buf_size(MAX_SEND_BUFFER)
+            .keep_alive_interval(H2_PING_INTERVAL)
+            .keep_alive_timeout(PING_TIMEOUT);
+        let (sender, conn) =
+            builder
+                .handshake(TokioIo::new(stream))
+                .await
+                .map_err(|source| ConnectError::Handshake {
+                    addr,
+                    protocol: "HTTP/2",
+                    source,
+                })?;
+        *dialed += 1;
+        let generation = *dialed;
+        slot.connections.set_shared(sender.clone(), generation);
+        let stop = self.stop.clone();
+        let span =
+            tracing::debug_span!("router.instance_connection", instance = %slot.name, %addr, generation);
+        self.tracker.spawn(
+            async move {
+                tokio::select! {
+                    r = conn => if let Err(e) = r {
+                        tracing::debug!(error = %e, "instance connection ended");
+                    },
+                    () = stop.cancelled() => {}
+                }
+            }
+            .instrument(span),
+        );
+        Ok(Conn {
+            sender: Sender::H2(sender),
+            slot: slot.clone(),
+            reused: false,
+        })
+    }
+
+    /// A TCP connection to `addr` with `TCP_NODELAY` and keep-alive, within
+    /// the dial timeout.
+    async fn dial(&self, addr: std::net::SocketAddr) -> Result<tokio::net::TcpStream, ConnectError> {
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()
+        } else {
+            TcpSocket::new_v6()
+        }
+        .map_err(|source| ConnectError::Io { addr, source })?;
+        socket
+            .set_nodelay(true)
+            .and_then(|()| socket.set_keepalive(true))
+            .map_err(|source| ConnectError::Io { addr, source })?;
+        match tokio::time::timeout(self.dial_timeout, socket.connect(addr)).await {
+            Ok(Ok(s)) => Ok(s),
+            Ok(Err(source)) => Err(ConnectError::Io { addr, source }),
+            Err(_) => Err(ConnectError::Timeout {
+                addr,
+                timeout: self.dial_timeout,
+            }),
+        }
     }
 
     /// Performs the HTTP/1 handshake over an established transport to
@@ -267,7 +403,11 @@ impl Pool {
         let (sender, conn) = http1::Builder::new()
             .handshake(TokioIo::new(io))
             .await
-            .map_err(|source| ConnectError::Handshake { addr, source })?;
+            .map_err(|source| ConnectError::Handshake {
+                addr,
+                protocol: "HTTP/1.1",
+                source,
+            })?;
         let stop = self.stop.clone();
         self.tracker.spawn(async move {
             tokio::select! {
@@ -297,21 +437,34 @@ impl Conn {
     /// [`SendError::NotSent`] when the connection closed before the request
     /// was written, [`SendError::Failed`] otherwise.
     pub async fn send(
-        mut self,
+        self,
         req: Request<ReplayBody>,
         pool_after: bool,
     ) -> Result<Response<UpstreamBody>, SendError> {
-        if self.reused {
+        let Self { sender, slot, reused } = self;
+        let mut sender = match sender {
+            Sender::H1(s) => s,
+            Sender::H2(mut sender) => {
+                return match sender.try_send_request(req).await {
+                    Ok(resp) => Ok(resp.map(|inner| UpstreamBody { inner, back: None })),
+                    Err(mut e) => match e.take_message() {
+                        Some(req) => Err(SendError::NotSent(Box::new(req))),
+                        None => Err(SendError::Failed(e.into_error())),
+                    },
+                };
+            }
+        };
+        if reused {
             // Readiness was checked at checkout; a close since then returns
             // the request.
-            if let Err(e) = std::future::poll_fn(|cx| self.sender.poll_ready(cx)).await {
+            if let Err(e) = std::future::poll_fn(|cx| sender.poll_ready(cx)).await {
                 tracing::debug!(error = %e, "pooled connection closed");
                 return Err(SendError::NotSent(Box::new(req)));
             }
         }
-        match self.sender.try_send_request(req).await {
+        match sender.try_send_request(req).await {
             Ok(resp) => {
-                let back = pool_after.then_some((self.slot, self.sender));
+                let back = pool_after.then_some((slot, sender));
                 Ok(resp.map(|inner| UpstreamBody { inner, back }))
             }
             Err(mut e) => match e.take_message() {

@@ -43,6 +43,7 @@ fn instance(
         ready_at: ready_ago.and_then(at),
         cpu_usage_milli: Some(12),
         memory_usage_mib: Some(30),
+        protocol: None,
     }
 }
 
