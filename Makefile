@@ -140,9 +140,10 @@ test-real:
 	SKIPPER_TEST_CONTROL_PLANE=real $(CARGO) nextest run --no-fail-fast --test-threads 2 \
 		-E 'binary(controller) and not test(/^(bench|supervisor_memory)::/)'
 
-## e2e: the end-to-end scenarios against the real binary (`skipper dev`), two at a time
+## e2e: the end-to-end scenarios against the real binary (`skipper dev`), two at a time; the
+## kubelet-node mode's own check (`kubelet::`, it needs the image) runs in `make e2e-kubelet`
 e2e:
-	$(CARGO) test --test e2e -- --test-threads 2 --nocapture
+	$(CARGO) test --test e2e -- --test-threads 2 --nocapture --skip kubelet::
 
 ## e2e-real: the same scenarios on the real control plane (`skipper dev --control-plane real`, built by
 ## `make control-plane`; needs root for the pods' network); a scenario that needs the simulator prints why
@@ -152,10 +153,12 @@ e2e-real: control-plane
 
 ## e2e-kubelet: scenarios on kubelet nodes (`skipper dev --control-plane real --nodes kubelet`: the
 ## controllers, the router and the pool pods of the image; needs `make control-plane nodes image`):
-## echo and affinity, oneshot, a WebSocket keeping its pod
+## echo and affinity, oneshot, a WebSocket keeping its pod; then the mode's own check (nodes,
+## containers of the image, nothing left on the host after a SIGKILL and a restart)
 E2E_KUBELET_SCENARIOS := s01_echo_and_affinity s03_oneshot s07_websocket_keeps_pod
 e2e-kubelet:
 	SKIPPER_TEST_NODES=kubelet $(CARGO) test --test e2e -- --test-threads 1 --nocapture $(E2E_KUBELET_SCENARIOS)
+	$(CARGO) test --test e2e -- --test-threads 1 --nocapture kubelet::
 
 ## chaos: the reliability suite against the real binary (header and heartbeat floods, races
 ## across controllers, pod and controller kills, key rotation under load, leaked pods), two

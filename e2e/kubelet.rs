@@ -4,10 +4,10 @@
 //! after `skipper dev` is SIGKILLed and started again, then stopped with
 //! Ctrl-C.
 //!
-//! Runs in `make e2e` (it chooses its own control plane and nodes; `make
-//! e2e-kubelet` runs other scenarios on kubelet nodes); skipped
-//! with a message when `make control-plane nodes image` has not run or this
-//! process is not root (a failure under `CI=true`).
+//! Runs in `make e2e-kubelet`, after the scenarios there (it chooses its
+//! own control plane and nodes, and needs the image); skipped with a
+//! message when `make control-plane nodes image` has not run or this process
+//! is not root (a failure under `CI=true`).
 
 use std::collections::BTreeSet;
 use std::path::{Path, PathBuf};
@@ -271,7 +271,7 @@ fn backend_node_count() -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_nodes_run_skipper_from_its_image_and_leave_nothing_after_sigkill() {
     if real_control_plane() {
-        eprintln!("e2e: the kubelet nodes scenario runs in `make e2e` (it chooses its own control plane)");
+        eprintln!("e2e: the kubelet nodes scenario runs in `make e2e-kubelet` (it chooses its own control plane)");
         return;
     }
     if backend::control_plane_config().is_none()
