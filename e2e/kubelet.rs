@@ -271,7 +271,9 @@ fn backend_node_count() -> usize {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kubelet_nodes_run_skipper_from_its_image_and_leave_nothing_after_sigkill() {
     if real_control_plane() {
-        eprintln!("e2e: the kubelet nodes scenario runs in `make e2e-kubelet` (it chooses its own control plane)");
+        eprintln!(
+            "e2e: the kubelet nodes scenario runs in `make e2e-kubelet` (it chooses its own control plane)"
+        );
         return;
     }
     if backend::control_plane_config().is_none()
