@@ -45,5 +45,10 @@ pub enum Command {
     #[cfg(feature = "dev")]
     Dev(crate::dev::DevArgs),
     /// Write an Ed25519 key pair (PKCS#8 / SPKI PEM) for assignment tokens
+    ///
+    /// Rotating the key fails no request in this order, each step rolled out completely before the
+    /// next: (1) pools trust the old and the new public key (both PEM blocks in SKIPPER_PUBLIC_KEY),
+    /// (2) controllers sign with the new private key, (3) pools trust the new public key only. The
+    /// README's "Rotating the assignment key" gives the commands.
     Keygen(crate::keygen::Args),
 }

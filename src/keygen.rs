@@ -2,7 +2,9 @@
 //!
 //! `private.pem` (PKCS#8, `PRIVATE KEY`, mode 0600) goes to the controllers
 //! (`--paseto-private-key`); `public.pem` (SPKI, `PUBLIC KEY`) goes to the
-//! pods that verify tokens.
+//! pods that verify tokens. A pod trusts every key of its file and picks the
+//! one a token's `kid` names, so a new key is rolled in without a failed
+//! assignment in three steps ([`ROTATION`]), which `keygen` prints.
 
 use std::io::Write as _;
 use std::os::unix::fs::OpenOptionsExt as _;
@@ -94,6 +96,17 @@ fn write_file(path: &Path, data: &[u8], mode: u32) -> Result<(), Error> {
     f.write_all(data).map_err(err)
 }
 
+/// The order in which a new key replaces the old one without a failed
+/// assignment: a pod refuses (401) a token whose key it does not trust, so
+/// every pod must trust the new key before any controller signs with it, and
+/// no controller may sign with the old key once pods stop trusting it.
+pub const ROTATION: &str = "\
+to rotate to this key with no failed request, roll out each step completely before the next:
+  1. pools trust the old and the new key: SKIPPER_PUBLIC_KEY holds both PUBLIC KEY blocks; roll the pools
+  2. controllers sign with the new key: their SKIPPER_PASETO_PRIVATE_KEY is private.pem; roll the controllers
+  3. pools trust the new key only: SKIPPER_PUBLIC_KEY is public.pem; roll the pools
+(README: \"Rotating the assignment key\")";
+
 /// Runs `skipper keygen`.
 ///
 /// # Errors
@@ -106,6 +119,7 @@ pub fn main(args: &Args) -> Result<ExitCode, Error> {
         pair.key_id(Version::V2),
         pair.key_id(Version::V4)
     );
+    println!("{ROTATION}");
     Ok(ExitCode::SUCCESS)
 }
 
