@@ -153,9 +153,12 @@ e2e-real: control-plane
 
 ## e2e-kubelet: scenarios on kubelet nodes (`skipper dev --control-plane real --nodes kubelet`: the
 ## controllers, the router and the pool pods of the image; needs `make control-plane nodes image`):
-## echo and affinity, oneshot, a WebSocket keeping its pod; then the mode's own check (nodes,
-## containers of the image, nothing left on the host after a SIGKILL and a restart)
-E2E_KUBELET_SCENARIOS := s01_echo_and_affinity s03_oneshot s07_websocket_keeps_pod
+## echo and affinity, oneshot (a pod per request, released), claims across three controllers and a
+## ring change when one is SIGKILLed, a pool pod's container SIGKILLed under load, a WebSocket
+## keeping its pod, a rolling update of the pool replacing stale instances; then the mode's own
+## check (nodes, containers of the image, nothing left on the host after a SIGKILL and a restart)
+E2E_KUBELET_SCENARIOS := s01_echo_and_affinity s03_oneshot s05_three_controllers_failover \
+	s06_pod_crash_under_load s07_websocket_keeps_pod s08_rollout
 e2e-kubelet:
 	SKIPPER_TEST_NODES=kubelet $(CARGO) test --test e2e -- --test-threads 1 --nocapture $(E2E_KUBELET_SCENARIOS)
 	$(CARGO) test --test e2e -- --test-threads 1 --nocapture kubelet::
