@@ -250,13 +250,7 @@ async fn deleting_a_pod_stops_its_process_and_a_crashed_container_restarts() {
     let victim = name_of(&pods[0]);
     let pid = cluster.pod_pid(NS, &victim).unwrap();
     assert!(common::process_alive(pid));
-    let rv = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
+    let rv = skipper_test_support::list_version(&api).await;
     let mut events = api
         .watch(
             &kube::api::WatchParams::default().fields(&format!("metadata.name={victim}")),

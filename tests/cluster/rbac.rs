@@ -46,6 +46,34 @@ async fn apply(cluster: &Cluster, docs: Value) {
     }
 }
 
+/// Creates Secrets `names` in [`NS`] (each holding `k: v`) as the
+/// administrator.
+async fn create_secrets(cluster: &Cluster, names: &[&str]) {
+    let secrets: Api<Secret> = Api::namespaced(cluster.client().unwrap(), NS);
+    for name in names {
+        let secret = json!({"metadata": {"name": name}, "stringData": {"k": "v"}});
+        secrets
+            .create(&PostParams::default(), &serde_json::from_value(secret).unwrap())
+            .await
+            .unwrap();
+    }
+}
+
+/// The status code of the error the API server answered `result` with;
+/// panics when the request succeeded.
+fn refused<T: std::fmt::Debug>(result: Result<T, kube::Error>) -> u16 {
+    api_error(result.unwrap_err()).0
+}
+
+/// Asserts that `client` may get Secret `allowed` of [`NS`] and is refused
+/// (403) Secret `denied`; the Secrets API of `client`.
+async fn reads_only_secret(client: &kube::Client, allowed: &str, denied: &str) -> Api<Secret> {
+    let secrets: Api<Secret> = Api::namespaced(client.clone(), NS);
+    secrets.get(allowed).await.unwrap();
+    assert_eq!(refused(secrets.get(denied).await), 403);
+    secrets
+}
+
 #[tokio::test]
 async fn forbidden_requests_get_the_real_403_text() {
     let cluster = common::cluster(&[NS, "skipper"]).await;
@@ -129,16 +157,7 @@ async fn roles_and_bindings_grant_exactly_what_they_say() {
     )
     .await;
     let admin = cluster.client().unwrap();
-    for name in ["open", "closed"] {
-        Api::<Secret>::namespaced(admin.clone(), NS)
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": name}, "stringData": {"k": "v"}}))
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
-    }
+    create_secrets(&cluster, &["open", "closed"]).await;
     let alice = cluster.client_for(&user("alice")).unwrap();
     let cms: Api<ConfigMap> = Api::namespaced(alice.clone(), NS);
     cms.list(&ListParams::default()).await.unwrap();
@@ -161,13 +180,8 @@ async fn roles_and_bindings_grant_exactly_what_they_say() {
         403
     );
     // resourceNames: one secret, and no list.
-    let secrets: Api<Secret> = Api::namespaced(alice.clone(), NS);
-    secrets.get("open").await.unwrap();
-    assert_eq!(api_error(secrets.get("closed").await.unwrap_err()).0, 403);
-    assert_eq!(
-        api_error(secrets.list(&ListParams::default()).await.unwrap_err()).0,
-        403
-    );
+    let secrets = reads_only_secret(&alice, "open", "closed").await;
+    assert_eq!(refused(secrets.list(&ListParams::default()).await), 403);
 
     // A ClusterRole bound by a RoleBinding to a group: scale subresources in that namespace only.
     let bob = cluster
@@ -213,6 +227,20 @@ async fn post(client: &kube::Client, path: &str, body: Value) -> Result<Value, k
     Ok(serde_json::from_str(&client.request_text(req).await?).unwrap())
 }
 
+/// `client`'s SelfSubjectAccessReview of `verb` on `resource` in [`NS`]:
+/// the API server's answer.
+async fn can_i(client: &kube::Client, verb: &str, resource: &str) -> Value {
+    let review = json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
+                        "spec": {"resourceAttributes": {"namespace": NS, "verb": verb, "resource": resource}}});
+    post(
+        client,
+        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
+        review,
+    )
+    .await
+    .unwrap()
+}
+
 #[tokio::test]
 async fn access_reviews_answer_can_i() {
     let cluster = common::cluster(&[NS]).await;
@@ -227,29 +255,13 @@ async fn access_reviews_answer_can_i() {
     )
     .await;
     let alice = cluster.client_for(&user("alice")).unwrap();
-    let can_i = |verb: &str, resource: &str| {
-        json!({"apiVersion": "authorization.k8s.io/v1", "kind": "SelfSubjectAccessReview",
-               "spec": {"resourceAttributes": {"namespace": NS, "verb": verb, "resource": resource}}})
-    };
-    let yes = post(
-        &alice,
-        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
-        can_i("list", "pods"),
-    )
-    .await
-    .unwrap();
+    let yes = can_i(&alice, "list", "pods").await;
     assert_eq!(yes["status"]["allowed"], true);
     assert_eq!(
         yes["status"]["reason"],
         "RBAC: allowed by ClusterRoleBinding \"alice-views\" of ClusterRole \"view\" to User \"alice\""
     );
-    let no = post(
-        &alice,
-        "/apis/authorization.k8s.io/v1/selfsubjectaccessreviews",
-        can_i("delete", "pods"),
-    )
-    .await
-    .unwrap();
+    let no = can_i(&alice, "delete", "pods").await;
     assert_eq!(no["status"], json!({"allowed": false}));
 
     // SubjectAccessReview needs its own permission; the administrator has it.
@@ -357,16 +369,7 @@ fn base64_std(s: &str) -> String {
 async fn nodes_reach_only_their_own_objects_and_their_pods_references() {
     let cluster = common::cluster(&[NS]).await;
     let admin = cluster.client().unwrap();
-    for name in ["mine", "theirs"] {
-        Api::<Secret>::namespaced(admin.clone(), NS)
-            .create(
-                &PostParams::default(),
-                &serde_json::from_value(json!({"metadata": {"name": name}, "stringData": {"k": "v"}}))
-                    .unwrap(),
-            )
-            .await
-            .unwrap();
-    }
+    create_secrets(&cluster, &["mine", "theirs"]).await;
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
     for (name, node, secret) in [("p0", "sim-node-0", "mine"), ("p1", "sim-node-1", "theirs")] {
         pods.create(
@@ -395,9 +398,7 @@ async fn nodes_reach_only_their_own_objects_and_their_pods_references() {
         api_error(node_pods.list(&ListParams::default()).await.unwrap_err()).0,
         403
     );
-    let secrets: Api<Secret> = Api::namespaced(node.clone(), NS);
-    secrets.get("mine").await.unwrap();
-    assert_eq!(api_error(secrets.get("theirs").await.unwrap_err()).0, 403);
+    reads_only_secret(&node, "mine", "theirs").await;
     // Its own Node object, not another's.
     let nodes: Api<Node> = Api::all(node.clone());
     nodes

@@ -15,6 +15,8 @@ use futures::{Stream, StreamExt as _};
 use k8s_openapi::api::core::v1::ConfigMap;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams};
 use kube::runtime::{WatchStreamExt as _, reflector, watcher};
+use skipper_devcluster::Cluster;
+use skipper_test_support::list_version;
 
 const NS: &str = "watch";
 
@@ -29,6 +31,25 @@ fn cm(name: &str, labels: &[(&str, &str)]) -> ConfigMap {
     );
     c.data = Some(BTreeMap::from([("k".to_owned(), "v0".to_owned())]));
     c
+}
+
+/// A simulator with namespace [`NS`] and the ConfigMaps API of it.
+async fn configmaps() -> (Cluster, Api<ConfigMap>) {
+    let cluster = common::cluster(&[NS]).await;
+    let api = Api::namespaced(cluster.client().unwrap(), NS);
+    (cluster, api)
+}
+
+/// Creates ConfigMap `name` with `labels` through `api`.
+async fn create(api: &Api<ConfigMap>, name: &str, labels: &[(&str, &str)]) -> ConfigMap {
+    api.create(&PostParams::default(), &cm(name, labels))
+        .await
+        .unwrap()
+}
+
+/// Applies the JSON merge patch `patch` to ConfigMap `name`.
+async fn merge(api: &Api<ConfigMap>, name: &str, patch: serde_json::Value) -> ConfigMap {
+    skipper_test_support::patch(api, name, Patch::Merge(patch)).await
 }
 
 fn name(c: &ConfigMap) -> String {
@@ -56,6 +77,35 @@ where
     .expect("watcher event within 10s")
 }
 
+/// The next watcher event (within 10 s); an error or the end of the stream
+/// fails the test.
+async fn next_ok<K, S>(stream: &mut S) -> watcher::Event<K>
+where
+    S: Stream<Item = Result<watcher::Event<K>, watcher::Error>> + Unpin,
+{
+    tokio::time::timeout(Duration::from_secs(10), stream.next())
+        .await
+        .expect("watcher event within 10s")
+        .expect("the watcher goes on")
+        .expect("a watcher event, not an error")
+}
+
+/// A watcher of `api` with `config`, past its initial listing, which held
+/// exactly `names` (in any order; the cluster CA aside).
+async fn watching(
+    api: &Api<ConfigMap>,
+    config: watcher::Config,
+    names: &[&str],
+) -> futures::stream::BoxStream<'static, Result<watcher::Event<ConfigMap>, watcher::Error>> {
+    let mut w = watcher(api.clone(), config).boxed();
+    let mut listed = initial_names(&mut w).await;
+    listed.sort();
+    let mut names = names.to_vec();
+    names.sort_unstable();
+    assert_eq!(listed, names, "the initial listing");
+    w
+}
+
 /// Consumes an initial listing (Init, InitApply*, InitDone) and returns the names.
 async fn initial_names<S>(stream: &mut S) -> Vec<String>
 where
@@ -75,25 +125,14 @@ where
 
 #[tokio::test]
 async fn watcher_lists_then_streams_adds_modifications_and_deletes() {
-    let cluster = common::cluster(&[NS]).await;
-    let api: Api<ConfigMap> = Api::namespaced(cluster.client().unwrap(), NS);
-    let pp = PostParams::default();
-    api.create(&pp, &cm("a", &[])).await.unwrap();
-    api.create(&pp, &cm("b", &[])).await.unwrap();
-    let mut w = watcher(api.clone(), watcher::Config::default()).boxed();
-    let mut names = initial_names(&mut w).await;
-    names.sort();
-    assert_eq!(names, ["a", "b"]);
+    let (_cluster, api) = configmaps().await;
+    create(&api, "a", &[]).await;
+    create(&api, "b", &[]).await;
+    let mut w = watching(&api, watcher::Config::default(), &["a", "b"]).await;
 
-    api.create(&pp, &cm("c", &[])).await.unwrap();
+    create(&api, "c", &[]).await;
     assert!(matches!(next_event(&mut w).await, watcher::Event::Apply(c) if name(&c) == "c"));
-    api.patch(
-        "a",
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"data": {"k": "v1"}})),
-    )
-    .await
-    .unwrap();
+    merge(&api, "a", serde_json::json!({"data": {"k": "v1"}})).await;
     match next_event(&mut w).await {
         watcher::Event::Apply(c) => {
             assert_eq!(name(&c), "a");
@@ -107,23 +146,17 @@ async fn watcher_lists_then_streams_adds_modifications_and_deletes() {
 
 #[tokio::test]
 async fn streaming_lists_send_initial_events_then_changes() {
-    let cluster = common::cluster(&[NS]).await;
-    let api: Api<ConfigMap> = Api::namespaced(cluster.client().unwrap(), NS);
-    let pp = PostParams::default();
-    api.create(&pp, &cm("s1", &[])).await.unwrap();
-    let mut w = watcher(api.clone(), watcher::Config::default().streaming_lists()).boxed();
-    assert_eq!(initial_names(&mut w).await, ["s1"]);
-    api.create(&pp, &cm("s2", &[])).await.unwrap();
+    let (_cluster, api) = configmaps().await;
+    create(&api, "s1", &[]).await;
+    let mut w = watching(&api, watcher::Config::default().streaming_lists(), &["s1"]).await;
+    create(&api, "s2", &[]).await;
     assert!(matches!(next_event(&mut w).await, watcher::Event::Apply(c) if name(&c) == "s2"));
 }
 
 #[tokio::test]
 async fn metadata_only_lists_and_watches_work() {
-    let cluster = common::cluster(&[NS]).await;
-    let client = cluster.client().unwrap();
-    let api: Api<ConfigMap> = Api::namespaced(client.clone(), NS);
-    let pp = PostParams::default();
-    api.create(&pp, &cm("m1", &[("a", "b")])).await.unwrap();
+    let (cluster, api) = configmaps().await;
+    create(&api, "m1", &[("a", "b")]).await;
     let list = api
         .list_metadata(&ListParams::default().fields(&format!("metadata.name!={ROOT_CA}")))
         .await
@@ -141,16 +174,11 @@ async fn metadata_only_lists_and_watches_work() {
     assert_eq!(raw["kind"], "PartialObjectMetadata");
     assert!(raw.get("data").is_none());
 
-    let meta: Api<kube::core::PartialObjectMeta<ConfigMap>> = Api::namespaced(client, NS);
+    let meta: Api<kube::core::PartialObjectMeta<ConfigMap>> = Api::namespaced(cluster.client().unwrap(), NS);
     let mut w = watcher(meta, watcher::Config::default()).boxed();
     let mut init = Vec::new();
     loop {
-        match tokio::time::timeout(Duration::from_secs(10), w.next())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap()
-        {
+        match next_ok(&mut w).await {
             watcher::Event::InitApply(m) if m.metadata.name.as_deref() != Some(ROOT_CA) => {
                 init.push(m.metadata.name.unwrap());
             }
@@ -159,13 +187,8 @@ async fn metadata_only_lists_and_watches_work() {
         }
     }
     assert_eq!(init, ["m1"]);
-    api.create(&pp, &cm("m2", &[])).await.unwrap();
-    match tokio::time::timeout(Duration::from_secs(10), w.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap()
-    {
+    create(&api, "m2", &[]).await;
+    match next_ok(&mut w).await {
         watcher::Event::Apply(m) => assert_eq!(m.metadata.name.as_deref(), Some("m2")),
         other => panic!("want Apply(m2), got {other:?}"),
     }
@@ -173,67 +196,49 @@ async fn metadata_only_lists_and_watches_work() {
 
 #[tokio::test]
 async fn label_selectors_filter_and_objects_leave_when_labels_stop_matching() {
-    let cluster = common::cluster(&[NS]).await;
-    let api: Api<ConfigMap> = Api::namespaced(cluster.client().unwrap(), NS);
-    let pp = PostParams::default();
-    api.create(&pp, &cm("in", &[("skipper/deployment", "f")]))
-        .await
-        .unwrap();
-    api.create(&pp, &cm("other", &[("skipper/deployment", "g")]))
-        .await
-        .unwrap();
-    api.create(
-        &pp,
-        &cm("taken", &[("skipper/deployment", "f"), ("skipper/tenant", "t")]),
+    let (_cluster, api) = configmaps().await;
+    create(&api, "in", &[("skipper/deployment", "f")]).await;
+    create(&api, "other", &[("skipper/deployment", "g")]).await;
+    create(
+        &api,
+        "taken",
+        &[("skipper/deployment", "f"), ("skipper/tenant", "t")],
     )
-    .await
-    .unwrap();
+    .await;
     let sel = "skipper/deployment in (f),!skipper/tenant";
     let listed = api.list(&ListParams::default().labels(sel)).await.unwrap();
     assert_eq!(listed.items.iter().map(name).collect::<Vec<_>>(), ["in"]);
 
-    let mut w = watcher(api.clone(), watcher::Config::default().labels(sel)).boxed();
-    assert_eq!(initial_names(&mut w).await, ["in"]);
-    api.create(&pp, &cm("ignored", &[("skipper/deployment", "g")]))
-        .await
-        .unwrap();
-    api.create(&pp, &cm("in2", &[("skipper/deployment", "f")]))
-        .await
-        .unwrap();
+    let mut w = watching(&api, watcher::Config::default().labels(sel), &["in"]).await;
+    create(&api, "ignored", &[("skipper/deployment", "g")]).await;
+    create(&api, "in2", &[("skipper/deployment", "f")]).await;
     assert!(matches!(next_event(&mut w).await, watcher::Event::Apply(c) if name(&c) == "in2"));
     // Labelling "in" with a tenant moves it out of the selection: a DELETED event.
-    api.patch(
+    merge(
+        &api,
         "in",
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"metadata": {"labels": {"skipper/tenant": "x"}}})),
+        serde_json::json!({"metadata": {"labels": {"skipper/tenant": "x"}}}),
     )
-    .await
-    .unwrap();
+    .await;
     assert!(matches!(next_event(&mut w).await, watcher::Event::Delete(c) if name(&c) == "in"));
     // Removing the label brings it back.
-    api.patch(
+    merge(
+        &api,
         "in",
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"metadata": {"labels": {"skipper/tenant": null}}})),
+        serde_json::json!({"metadata": {"labels": {"skipper/tenant": null}}}),
     )
-    .await
-    .unwrap();
+    .await;
     assert!(matches!(next_event(&mut w).await, watcher::Event::Apply(c) if name(&c) == "in"));
 }
 
 #[tokio::test]
 async fn a_dropped_watch_resumes_from_its_resource_version_without_losing_events() {
-    let cluster = common::cluster(&[NS]).await;
-    let api: Api<ConfigMap> = Api::namespaced(cluster.client().unwrap(), NS);
-    let pp = PostParams::default();
-    api.create(&pp, &cm("before", &[])).await.unwrap();
-    let mut w = watcher(api.clone(), watcher::Config::default()).boxed();
-    assert_eq!(initial_names(&mut w).await, ["before"]);
+    let (cluster, api) = configmaps().await;
+    create(&api, "before", &[]).await;
+    let mut w = watching(&api, watcher::Config::default(), &["before"]).await;
     for round in 0..3 {
         cluster.drop_watches();
-        api.create(&pp, &cm(&format!("after-{round}"), &[]))
-            .await
-            .unwrap();
+        create(&api, &format!("after-{round}"), &[]).await;
         match next_event(&mut w).await {
             watcher::Event::Apply(c) => assert_eq!(name(&c), format!("after-{round}")),
             other => panic!("a resumed watch delivers the missed event, not {other:?}"),
@@ -250,7 +255,7 @@ async fn a_dropped_watch_resumes_from_its_resource_version_without_losing_events
     reader.wait_until_ready().await.unwrap();
     cluster.drop_watches();
     api.delete("before", &DeleteParams::default()).await.unwrap();
-    api.create(&pp, &cm("late", &[])).await.unwrap();
+    create(&api, "late", &[]).await;
     common::eventually("reflector sees the changes", Duration::from_secs(10), || {
         let mut names: Vec<String> = reader
             .state()
@@ -267,22 +272,13 @@ async fn a_dropped_watch_resumes_from_its_resource_version_without_losing_events
 
 #[tokio::test]
 async fn an_expired_resource_version_makes_the_watcher_relist() {
-    let cluster = common::cluster(&[NS]).await;
-    let api: Api<ConfigMap> = Api::namespaced(cluster.client().unwrap(), NS);
-    let pp = PostParams::default();
-    api.create(&pp, &cm("one", &[])).await.unwrap();
-    let mut w = watcher(api.clone(), watcher::Config::default()).boxed();
-    assert_eq!(initial_names(&mut w).await, ["one"]);
+    let (cluster, api) = configmaps().await;
+    create(&api, "one", &[]).await;
+    let mut w = watching(&api, watcher::Config::default(), &["one"]).await;
 
     // Raw watch from a too-old resourceVersion: an ERROR event with 410 Expired.
-    let rv = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
-    api.create(&pp, &cm("two", &[])).await.unwrap();
+    let rv = list_version(&api).await;
+    create(&api, "two", &[]).await;
     cluster.compact();
     let mut raw = api.watch(&WatchParams::default(), &rv).await.unwrap().boxed();
     match tokio::time::timeout(Duration::from_secs(5), raw.next())
@@ -305,15 +301,8 @@ async fn an_expired_resource_version_makes_the_watcher_relist() {
 
 #[tokio::test]
 async fn bookmarks_arrive_when_asked_and_timeout_seconds_ends_the_watch() {
-    let cluster = common::cluster(&[NS]).await;
-    let api: Api<ConfigMap> = Api::namespaced(cluster.client().unwrap(), NS);
-    let rv = api
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .metadata
-        .resource_version
-        .unwrap();
+    let (_cluster, api) = configmaps().await;
+    let rv = list_version(&api).await;
     let started = Instant::now();
     let mut raw = api
         .watch(&WatchParams::default().timeout(1), &rv)
@@ -346,26 +335,19 @@ fn api_error(e: kube::Error) -> (u16, String) {
 
 #[tokio::test]
 async fn errors_are_status_objects_with_real_reasons_and_codes() {
-    let cluster = common::cluster(&[NS]).await;
-    let api: Api<ConfigMap> = Api::namespaced(cluster.client().unwrap(), NS);
+    let (cluster, api) = configmaps().await;
     let pp = PostParams::default();
     assert_eq!(
         api_error(api.get("nope").await.unwrap_err()),
         (404, "NotFound".into())
     );
-    let created = api.create(&pp, &cm("dup", &[])).await.unwrap();
+    let created = create(&api, "dup", &[]).await;
     assert_eq!(
         api_error(api.create(&pp, &cm("dup", &[])).await.unwrap_err()),
         (409, "AlreadyExists".into())
     );
     // Optimistic concurrency: a replace with a stale resourceVersion is a 409 Conflict.
-    api.patch(
-        "dup",
-        &PatchParams::default(),
-        &Patch::Merge(serde_json::json!({"data": {"k": "v2"}})),
-    )
-    .await
-    .unwrap();
+    merge(&api, "dup", serde_json::json!({"data": {"k": "v2"}})).await;
     let mut stale = created.clone();
     stale.data = Some(BTreeMap::from([("k".to_owned(), "stale".to_owned())]));
     assert_eq!(
@@ -408,8 +390,7 @@ async fn errors_are_status_objects_with_real_reasons_and_codes() {
 
 #[tokio::test]
 async fn dry_run_writes_answer_without_changing_anything() {
-    let cluster = common::cluster(&[NS]).await;
-    let api: Api<ConfigMap> = Api::namespaced(cluster.client().unwrap(), NS);
+    let (_cluster, api) = configmaps().await;
     let dry = PostParams {
         dry_run: true,
         ..PostParams::default()
@@ -417,7 +398,7 @@ async fn dry_run_writes_answer_without_changing_anything() {
     let created = api.create(&dry, &cm("d", &[])).await.unwrap();
     assert_eq!(created.metadata.name.as_deref(), Some("d"));
     assert!(api.get_opt("d").await.unwrap().is_none(), "nothing was created");
-    api.create(&PostParams::default(), &cm("d", &[])).await.unwrap();
+    create(&api, "d", &[]).await;
     let before = api.get("d").await.unwrap();
     let pp = PatchParams {
         dry_run: true,
@@ -439,12 +420,9 @@ async fn dry_run_writes_answer_without_changing_anything() {
 
 #[tokio::test]
 async fn field_selectors_and_paging_work() {
-    let cluster = common::cluster(&[NS]).await;
-    let api: Api<ConfigMap> = Api::namespaced(cluster.client().unwrap(), NS);
+    let (_cluster, api) = configmaps().await;
     for i in 0..5 {
-        api.create(&PostParams::default(), &cm(&format!("c{i}"), &[]))
-            .await
-            .unwrap();
+        create(&api, &format!("c{i}"), &[]).await;
     }
     let one = api
         .list(&ListParams::default().fields("metadata.name=c3"))
@@ -487,8 +465,7 @@ async fn field_selectors_and_paging_work() {
 
 #[tokio::test]
 async fn injected_write_failures_and_latency_apply_over_rust_and_http() {
-    let cluster = common::cluster(&[NS]).await;
-    let api: Api<ConfigMap> = Api::namespaced(cluster.client().unwrap(), NS);
+    let (cluster, api) = configmaps().await;
     let pp = PostParams::default();
     // (kube's client retries 503 by itself, so the tests inject 500 and 409.)
     cluster.fail_next_writes_in(NS, 2, http::StatusCode::INTERNAL_SERVER_ERROR);
@@ -498,7 +475,7 @@ async fn injected_write_failures_and_latency_apply_over_rust_and_http() {
             (500, "InternalError".into())
         );
     }
-    api.create(&pp, &cm("f", &[])).await.unwrap();
+    create(&api, "f", &[]).await;
     assert!(api.get("f").await.is_ok(), "reads are not affected");
 
     let http = common::api_http(&cluster);
@@ -515,7 +492,7 @@ async fn injected_write_failures_and_latency_apply_over_rust_and_http() {
         api_error(api.create(&pp, &cm("g", &[])).await.unwrap_err()),
         (409, "Conflict".into())
     );
-    api.create(&pp, &cm("g", &[])).await.unwrap();
+    create(&api, "g", &[]).await;
 
     http.post(format!("{}/_sim/latency?ms=300", cluster.base_url()))
         .send()

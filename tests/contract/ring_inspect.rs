@@ -23,16 +23,22 @@ fn json(args: &[&str]) -> Value {
     serde_json::from_slice(&out.stdout).expect("one JSON object")
 }
 
-#[test]
-fn owner_of_a_function_matches_the_go_vector() {
-    let v = json(&[
+/// The JSON answer of a lookup of `function` on the three members of the
+/// Go vectors.
+fn lookup(function: &str) -> Value {
+    json(&[
         "--members",
         "10.0.0.1,10.0.0.2,10.0.0.3",
         "--function",
-        FN,
+        function,
         "--output",
         "json",
-    ]);
+    ])
+}
+
+#[test]
+fn owner_of_a_function_matches_the_go_vector() {
+    let v = lookup(FN);
     let f = &v["functions"][0];
     assert_eq!(f["hash"], "13873020088491798334");
     assert_eq!(f["key"], "0x60efb17a");
@@ -51,22 +57,8 @@ fn owner_of_a_function_matches_the_go_vector() {
 
 #[test]
 fn a_lookup_needs_no_scale_block() {
-    let with_scale = json(&[
-        "--members",
-        "10.0.0.1,10.0.0.2,10.0.0.3",
-        "--function",
-        FN,
-        "--output",
-        "json",
-    ]);
-    let without = json(&[
-        "--members",
-        "10.0.0.1,10.0.0.2,10.0.0.3",
-        "--function",
-        r#"{"namespace":"ns","deployment":"dep","tenant":"tenant"}"#,
-        "--output",
-        "json",
-    ]);
+    let with_scale = lookup(FN);
+    let without = lookup(r#"{"namespace":"ns","deployment":"dep","tenant":"tenant"}"#);
     assert_eq!(
         without["functions"], with_scale["functions"],
         "the same function, the same owner"

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, Patch, PatchParams};
 use serde_json::json;
 use skipper::api::{self, EventType};
-use skipper::controller::metrics::Metrics;
+use skipper::controller::metrics::{FunctionLabels, Metrics};
 use skipper::domain::Function;
 use tokio_util::sync::CancellationToken;
 use tonic::Code;
@@ -46,6 +46,85 @@ fn in_flight_function(deployment: &str, tenant: &str, max: u32, target: u32) -> 
     f
 }
 
+/// A controller on the simulator that scales a function to zero after
+/// `heartbeat_timeout` without a heartbeat and scales down only after
+/// `stabilization`.
+async fn ctl_scaling_down(sim: &Sim<'_>, heartbeat_timeout: Duration, stabilization: Duration) -> Ctl {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let mut config = sim.config("127.0.0.1");
+    config.scale.heartbeat_timeout = heartbeat_timeout;
+    config.scale.downscale_stabilization = stabilization;
+    Ctl::start(sim, config, listener).await
+}
+
+/// Waits (at most `limit`) until `tenant` has exactly `n` pods.
+async fn tenant_pods_reach(sim: &Sim<'_>, tenant: &str, n: usize, limit: Duration) {
+    eventually(&format!("{n} pods of {tenant}"), limit, || async {
+        (sim.tenant_pods(tenant).await.len() == n).then_some(())
+    })
+    .await;
+}
+
+/// Asserts, reading every 50 ms until `until`, that the number of pods of
+/// `tenant` satisfies `ok`.
+async fn tenant_pods_hold(
+    sim: &Sim<'_>,
+    tenant: &str,
+    until: tokio::time::Instant,
+    ok: impl Fn(usize) -> bool,
+    what: &str,
+) {
+    while tokio::time::Instant::now() < until {
+        let n = sim.tenant_pods(tenant).await.len();
+        assert!(ok(n), "{what}: {n} pods of {tenant}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Waits (at most `limit`) until pod `name` is gone.
+async fn pod_gone(sim: &Sim<'_>, name: &str, limit: Duration) {
+    eventually(&format!("pod {name} deleted"), limit, || async {
+        sim.live_pod(name).await.is_none().then_some(())
+    })
+    .await;
+}
+
+/// Whether the controller recorded an event of `kind` (with `message`, when
+/// given).
+fn recorded(ctl: &Ctl, kind: EventType, message: Option<&str>) -> bool {
+    ctl.core
+        .cluster
+        .events
+        .snapshot()
+        .iter()
+        .any(|e| e.kind == kind && message.is_none_or(|m| e.message == m))
+}
+
+/// Claims `pod` for `f` the way a controller does before its assign
+/// request, as if at `at`, and never assigns it.
+async fn claim(sim: &Sim<'_>, f: &Function, pod: &str, at: SystemTime) {
+    let ops = skipper::controller::kube::pods::claim_ops(f, at, None);
+    let patch: Patch<()> = Patch::Json(serde_json::from_value(ops).unwrap());
+    Api::<Pod>::namespaced(sim.client.clone(), NS)
+        .patch(pod, &PatchParams::default(), &patch)
+        .await
+        .unwrap();
+}
+
+/// A per-deployment count of the controller's metrics: `count` reads it
+/// from the metrics for the functions of `deployment`.
+fn counted(ctl: &Ctl, deployment: &str, count: impl FnOnce(&Metrics, &FunctionLabels) -> u64) -> u64 {
+    count(&ctl.core.cluster.metrics, &Metrics::function(deployment))
+}
+
+/// Releases `instance` through the controller's gRPC API.
+async fn release(ctl: &mut Ctl, instance: Option<api::Instance>) -> Result<(), tonic::Status> {
+    ctl.grpc
+        .release_instance(api::ReleaseInstanceRequest { instance })
+        .await
+        .map(drop)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn in_flight_load_scales_up_and_clamps_at_max() {
     let sim = Sim::with_pool("load", 4).await;
@@ -54,33 +133,17 @@ async fn in_flight_load_scales_up_and_clamps_at_max() {
     let load = Arc::new(AtomicU32::new(25));
     let stop = keep_alive(&ctl, &f, load);
 
-    eventually("two instances", Duration::from_secs(10), || async {
-        (sim.tenant_pods("busy").await.len() == 2).then_some(())
-    })
-    .await;
+    tenant_pods_reach(&sim, "busy", 2, Duration::from_secs(10)).await;
     // Desired 3 is clamped at max 2: the count stays at 2 over several ticks.
     let until = tokio::time::Instant::now() + Duration::from_secs(1);
-    while tokio::time::Instant::now() < until {
-        assert!(
-            sim.tenant_pods("busy").await.len() <= 2,
-            "clamped at max_instances"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    let ups = ctl
-        .core
-        .cluster
-        .metrics
-        .scale_ups_total
-        .get_or_create(&Metrics::function("load"))
-        .get();
+    tenant_pods_hold(&sim, "busy", until, |n| n <= 2, "clamped at max_instances").await;
+    let ups = counted(&ctl, "load", |m, f| m.scale_ups_total.get_or_create(f).get());
     assert_eq!(ups, 2);
-    let events = ctl.core.cluster.events.snapshot();
-    assert!(
-        events
-            .iter()
-            .any(|e| e.kind == EventType::ScaleUp && e.message == "scaling up from 0 to 2 instances")
-    );
+    assert!(recorded(
+        &ctl,
+        EventType::ScaleUp,
+        Some("scaling up from 0 to 2 instances")
+    ));
     stop.cancel();
     ctl.stop().await;
 }
@@ -88,47 +151,31 @@ async fn in_flight_load_scales_up_and_clamps_at_max() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn idle_function_scales_to_zero_after_the_heartbeat_timeout() {
     let sim = Sim::with_pool("idle", 1).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mut config = sim.config("127.0.0.1");
-    config.scale.heartbeat_timeout = Duration::from_secs(1);
-    config.scale.downscale_stabilization = Duration::from_millis(500);
-    let mut ctl = Ctl::start(&sim, config, listener).await;
+    let mut ctl = ctl_scaling_down(&sim, Duration::from_secs(1), Duration::from_millis(500)).await;
 
     let f = function("idle", "sleepy", 1);
     let inst = ctl.instance(&f, Duration::from_secs(10)).await;
-    let name = inst.name.unwrap();
-    eventually("idle pod deleted", Duration::from_secs(10), || async {
-        sim.live_pod(&name).await.is_none().then_some(())
-    })
-    .await;
+    pod_gone(&sim, &inst.name.unwrap(), Duration::from_secs(10)).await;
     eventually("supervisor stopped", Duration::from_secs(5), || async {
         ctl.core.supervisors.get(f.id()).is_none().then_some(())
     })
     .await;
-    let events = ctl.core.cluster.events.snapshot();
-    assert!(
-        events
-            .iter()
-            .any(|e| e.kind == EventType::HeartbeatTimeout && e.message == "heartbeat timeout, scaling to 0")
-    );
+    assert!(recorded(
+        &ctl,
+        EventType::HeartbeatTimeout,
+        Some("heartbeat timeout, scaling to 0")
+    ));
     ctl.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn stabilization_keeps_the_maximum_before_scaling_down() {
     let sim = Sim::with_pool("wave", 4).await;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mut config = sim.config("127.0.0.1");
-    config.scale.heartbeat_timeout = Duration::from_secs(2);
-    config.scale.downscale_stabilization = Duration::from_secs(2);
-    let ctl = Ctl::start(&sim, config, listener).await;
+    let ctl = ctl_scaling_down(&sim, Duration::from_secs(2), Duration::from_secs(2)).await;
     let f = in_flight_function("wave", "surfer", 3, 10);
     let load = Arc::new(AtomicU32::new(20));
     let stop = keep_alive(&ctl, &f, load.clone());
-    eventually("two instances", Duration::from_secs(10), || async {
-        (sim.tenant_pods("surfer").await.len() == 2).then_some(())
-    })
-    .await;
+    tenant_pods_reach(&sim, "surfer", 2, Duration::from_secs(10)).await;
     // Let the protection period pass, then drop the load.
     let started = ctl.core.cluster.started_at;
     eventually("protection period over", Duration::from_secs(5), || async {
@@ -138,18 +185,16 @@ async fn stabilization_keeps_the_maximum_before_scaling_down() {
     load.store(0, Ordering::SeqCst);
     let dropped = tokio::time::Instant::now();
     // Within the window the earlier recommendation of 2 holds.
-    while dropped.elapsed() < Duration::from_millis(1200) {
-        assert_eq!(
-            sim.tenant_pods("surfer").await.len(),
-            2,
-            "stabilized at the window maximum"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    eventually("scale down to one", Duration::from_secs(10), || async {
-        (sim.tenant_pods("surfer").await.len() == 1).then_some(())
-    })
+    let until = dropped + Duration::from_millis(1200);
+    tenant_pods_hold(
+        &sim,
+        "surfer",
+        until,
+        |n| n == 2,
+        "stabilized at the window maximum",
+    )
     .await;
+    tenant_pods_reach(&sim, "surfer", 1, Duration::from_secs(10)).await;
     // The last recommendation of 2 was made at most one heartbeat period plus
     // one tick (about 400 ms) before the drop; it expires 2 s after that.
     assert!(
@@ -191,14 +236,7 @@ async fn template_rollout_replaces_stale_instances_one_for_one() {
     )
     .await;
     assert_ne!(replaced.metadata.name, inst.name);
-    assert!(
-        ctl.core
-            .cluster
-            .events
-            .snapshot()
-            .iter()
-            .any(|e| e.kind == EventType::StaleReplacement)
-    );
+    assert!(recorded(&ctl, EventType::StaleReplacement, None));
     stop.cancel();
     ctl.stop().await;
 }
@@ -247,15 +285,10 @@ async fn a_scale_only_change_keeps_a_warm_tenants_pod_and_a_metadata_change_repl
         .filter_map(|p| p.metadata.name)
         .collect();
     assert_eq!(pods, std::slice::from_ref(&first), "the same pod serves");
-    let replaced = |ctl: &Ctl| {
-        ctl.core
-            .cluster
-            .events
-            .snapshot()
-            .iter()
-            .any(|e| e.kind == EventType::StaleReplacement)
-    };
-    assert!(!replaced(&ctl), "no stale replacement for a scale change");
+    assert!(
+        !recorded(&ctl, EventType::StaleReplacement, None),
+        "no stale replacement for a scale change"
+    );
     stop_one.cancel();
     stop_two.cancel();
     // New metadata: the pod was assigned with the old one.
@@ -268,7 +301,7 @@ async fn a_scale_only_change_keeps_a_warm_tenants_pod_and_a_metadata_change_repl
         (pods.len() == 1 && pods[0].metadata.name.as_ref() != Some(&first)).then(|| pods[0].clone())
     })
     .await;
-    assert!(replaced(&ctl));
+    assert!(recorded(&ctl, EventType::StaleReplacement, None));
     let annotation = replacement
         .metadata
         .annotations
@@ -292,16 +325,7 @@ async fn stuck_instance_is_cleaned_up() {
     // Claim a pod the way a controller that crashed before the assign
     // request would have left it: assigned an hour ago, never ready.
     let victim = sim.free_pods("stuck").await[0].clone();
-    let ops = skipper::controller::kube::pods::claim_ops(
-        &f,
-        std::time::SystemTime::now() - Duration::from_secs(3600),
-        None,
-    );
-    let patch: Patch<()> = Patch::Json(serde_json::from_value(ops).unwrap());
-    Api::<Pod>::namespaced(sim.client.clone(), NS)
-        .patch(&victim, &PatchParams::default(), &patch)
-        .await
-        .unwrap();
+    claim(&sim, &f, &victim, SystemTime::now() - Duration::from_secs(3600)).await;
     // The first heartbeat must find the claim in the controller's pod cache:
     // a tick that saw the heartbeat but not the claim would assign a second
     // pod, and with two instances (scaling down) the start-up protection
@@ -315,13 +339,7 @@ async fn stuck_instance_is_cleaned_up() {
         "stuck pod deleted and its event",
         Duration::from_secs(10),
         || async {
-            let event = ctl
-                .core
-                .cluster
-                .events
-                .snapshot()
-                .iter()
-                .any(|e| e.kind == EventType::StuckInstanceCleanup && e.message == message);
+            let event = recorded(&ctl, EventType::StuckInstanceCleanup, Some(message.as_str()));
             (event && sim.live_pod(&victim).await.is_none()).then_some(())
         },
     )
@@ -349,45 +367,22 @@ async fn oneshot_gets_a_pod_per_request_and_release_deletes_it() {
     }
     assert_ne!(names[0].name, names[1].name, "one pod per request");
     for inst in &names {
-        ctl.grpc
-            .release_instance(api::ReleaseInstanceRequest {
-                instance: Some(inst.clone()),
-            })
-            .await
-            .unwrap();
-        let name = inst.name.clone().unwrap();
-        eventually("released pod gone", Duration::from_secs(5), || async {
-            sim.live_pod(&name).await.is_none().then_some(())
-        })
-        .await;
+        release(&mut ctl, Some(inst.clone())).await.unwrap();
+        pod_gone(&sim, inst.name.as_deref().unwrap(), Duration::from_secs(5)).await;
         // Idempotent.
-        ctl.grpc
-            .release_instance(api::ReleaseInstanceRequest {
-                instance: Some(inst.clone()),
-            })
-            .await
-            .unwrap();
+        release(&mut ctl, Some(inst.clone())).await.unwrap();
     }
     // A pool pod is not Skipper-assigned: refused.
     let pool_pod = sim.free_pods("once").await[0].clone();
-    let err = ctl
-        .grpc
-        .release_instance(api::ReleaseInstanceRequest {
-            instance: Some(api::Instance {
-                function: Some((&f).into()),
-                name: Some(pool_pod.clone()),
-                ..Default::default()
-            }),
-        })
-        .await
-        .unwrap_err();
+    let pool_instance = api::Instance {
+        function: Some((&f).into()),
+        name: Some(pool_pod.clone()),
+        ..Default::default()
+    };
+    let err = release(&mut ctl, Some(pool_instance)).await.unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
     assert!(sim.live_pod(&pool_pod).await.is_some());
-    let err = ctl
-        .grpc
-        .release_instance(api::ReleaseInstanceRequest { instance: None })
-        .await
-        .unwrap_err();
+    let err = release(&mut ctl, None).await.unwrap_err();
     assert_eq!(
         (err.code(), err.message()),
         (Code::InvalidArgument, "missing instance name or namespace")
@@ -402,12 +397,7 @@ async fn no_ready_instance_at_max_plus_one_waits_instead_of_spinning() {
     let f = function("full", "jammed", 1);
     // Two claimed, never-ready instances (max 1 → max + 1 = 2 exist).
     for pod in sim.free_pods("full").await.into_iter().take(2) {
-        let ops = skipper::controller::kube::pods::claim_ops(&f, std::time::SystemTime::now(), None);
-        let patch: Patch<()> = Patch::Json(serde_json::from_value(ops).unwrap());
-        Api::<Pod>::namespaced(sim.client.clone(), NS)
-            .patch(&pod, &PatchParams::default(), &patch)
-            .await
-            .unwrap();
+        claim(&sim, &f, &pod, SystemTime::now()).await;
     }
     sim.caught_up().await;
     let started = tokio::time::Instant::now();
@@ -421,13 +411,7 @@ async fn no_ready_instance_at_max_plus_one_waits_instead_of_spinning() {
         "{err:?}"
     );
     assert!(started.elapsed() >= Duration::from_millis(600));
-    let assigned = ctl
-        .core
-        .cluster
-        .metrics
-        .assignments_total
-        .get_or_create(&Metrics::function("full"))
-        .get();
+    let assigned = counted(&ctl, "full", |m, f| m.assignments_total.get_or_create(f).get());
     assert_eq!(assigned, 0, "the max + 1 rule held");
     ctl.stop().await;
 }
@@ -446,10 +430,7 @@ async fn discovery_deletes_tenant_pods_without_a_valid_function() {
         )
         .await
         .unwrap();
-    eventually("invalid pod deleted", Duration::from_secs(5), || async {
-        sim.live_pod(&victim).await.is_none().then_some(())
-    })
-    .await;
+    pod_gone(&sim, &victim, Duration::from_secs(5)).await;
     assert!(ctl.core.supervisors.is_empty());
     ctl.stop().await;
 }

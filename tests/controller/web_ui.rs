@@ -109,10 +109,19 @@ async fn pages_answer_and_a_live_view_shows_a_new_tenant() {
 
     // Detail pages.
     let key = format!("{NS}%3Afixture%3At-live");
-    let page = get(&format!("/functions/{key}")).await;
-    assert_eq!(page.status(), 200);
-    let html = page.text().await.unwrap();
-    assert!(html.contains(&name), "the instance is listed");
+    // The page reads the controller's pod cache, which the watch keeps
+    // current: the instance is listed once the cache holds it.
+    let html = eventually(
+        "the function's page lists the instance",
+        Duration::from_secs(10),
+        || async {
+            let page = get(&format!("/functions/{key}")).await;
+            assert_eq!(page.status(), 200);
+            let html = page.text().await.unwrap();
+            html.contains(&name).then_some(html)
+        },
+    )
+    .await;
     assert!(
         html.contains("data-sse=\"&#x2f;sse&#x2f;function&#x2f;"),
         "the page is live"

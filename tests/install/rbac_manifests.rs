@@ -91,6 +91,13 @@ async fn apply_rbac(b: &Backend) {
     }
 }
 
+/// The manifests' RBAC objects ([`apply_rbac`]) and the controller pod that
+/// makes a ring of one ([`ready_controller_pod`] on 127.0.0.1).
+async fn controller_rbac_and_pod(b: &Backend) {
+    apply_rbac(b).await;
+    ready_controller_pod(b, "127.0.0.1").await;
+}
+
 /// A controller pod in `skipper`, Ready on `ip`, written as a kubelet
 /// would report it (the ring's one member).
 async fn ready_controller_pod(b: &Backend, ip: &str) {
@@ -155,15 +162,32 @@ async fn leaving_controller_pod(b: &Backend) {
     .await;
 }
 
-/// The named test: the controller, as ServiceAccount `skipper/skipper-controller`,
-/// starts, syncs its caches and serves within `limit`. The error says why not.
-async fn controller_serves_as_its_service_account(b: &Backend, limit: Duration) -> Result<(), String> {
-    let log_start = logs().0.lock().unwrap().len();
+/// A controller run as ServiceAccount `skipper/skipper-controller` on a
+/// fresh 127.0.0.1 port.
+struct AsServiceAccount {
+    addr: std::net::SocketAddr,
+    /// Answered once the controller serves.
+    ready: tokio::sync::oneshot::Receiver<skipper::controller::Running>,
+    shutdown: Shutdown,
+    task: tokio::task::JoinHandle<Result<(), skipper::controller::RunError>>,
+}
+
+/// Starts the controller as its ServiceAccount, signing with `key` and
+/// waiting at most `ring_wait` for the hash ring; `tweak` adjusts the rest
+/// of its config.
+async fn run_as_service_account(
+    b: &Backend,
+    key: SigningKey,
+    ring_wait: Duration,
+    tweak: impl FnOnce(&mut skipper::controller::Config),
+) -> AsServiceAccount {
     let client = b.service_account_client(CTL_NS, SA).await;
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let mut config = skipper::controller::Config::new(CTL_NS, "127.0.0.1", &[FN_NS], SigningKey::generate());
-    config.port = listener.local_addr().unwrap().port();
-    config.hash_ring_wait_time = limit;
+    let addr = listener.local_addr().unwrap();
+    let mut config = skipper::controller::Config::new(CTL_NS, "127.0.0.1", &[FN_NS], key);
+    config.port = addr.port();
+    config.hash_ring_wait_time = ring_wait;
+    tweak(&mut config);
     let shutdown = Shutdown::new();
     let (tx, ready) = tokio::sync::oneshot::channel();
     let task = tokio::spawn(skipper::controller::run(
@@ -175,19 +199,48 @@ async fn controller_serves_as_its_service_account(b: &Backend, limit: Duration) 
             let _ = tx.send(r);
         },
     ));
-    let outcome = tokio::select! {
-        r = ready => r.map(|_| ()).map_err(|_| "the controller stopped before it served".to_owned()),
-        () = tokio::time::sleep(limit) => Err(format!("not serving after {limit:?}")),
-    };
+    AsServiceAccount {
+        addr,
+        ready,
+        shutdown,
+        task,
+    }
+}
+
+/// Stops a controller (`shutdown`, `task`) and turns the `outcome` of a
+/// named test into its answer: on failure, why (the controller's own error
+/// when it ended with one), with the first refusals it logged since byte
+/// `log_start`.
+async fn stopped_with(
+    outcome: Result<(), String>,
+    shutdown: &Shutdown,
+    task: tokio::task::JoinHandle<Result<(), skipper::controller::RunError>>,
+    log_start: usize,
+) -> Result<(), String> {
     shutdown.trigger();
     let ended = tokio::time::timeout(Duration::from_secs(15), task).await;
-    let refusals = forbidden_lines(log_start);
-    let refusals = refusals.iter().take(3).cloned().collect::<Vec<_>>().join("\n");
+    let refusals = forbidden_lines(log_start)
+        .into_iter()
+        .take(3)
+        .collect::<Vec<_>>()
+        .join("\n");
     match (outcome, ended) {
         (Ok(()), _) => Ok(()),
         (Err(_), Ok(Ok(Err(e)))) => Err(format!("{e}\n{refusals}")),
         (Err(why), _) => Err(format!("{why}\n{refusals}")),
     }
+}
+
+/// The named test: the controller, as ServiceAccount `skipper/skipper-controller`,
+/// starts, syncs its caches and serves within `limit`. The error says why not.
+async fn controller_serves_as_its_service_account(b: &Backend, limit: Duration) -> Result<(), String> {
+    let log_start = logs().0.lock().unwrap().len();
+    let c = run_as_service_account(b, SigningKey::generate(), limit, |_| {}).await;
+    let outcome = tokio::select! {
+        r = c.ready => r.map(|_| ()).map_err(|_| "the controller stopped before it served".to_owned()),
+        () = tokio::time::sleep(limit) => Err(format!("not serving after {limit:?}")),
+    };
+    stopped_with(outcome, &c.shutdown, c.task, log_start).await
 }
 
 differential!(
@@ -197,8 +250,7 @@ differential!(
 );
 
 async fn serves_under_manifest_roles(b: &Backend) {
-    apply_rbac(b).await;
-    ready_controller_pod(b, "127.0.0.1").await;
+    controller_rbac_and_pod(b).await;
     controller_serves_as_its_service_account(b, Duration::from_secs(30))
         .await
         .unwrap_or_else(|e| panic!("{e}"));
@@ -220,15 +272,79 @@ async fn controller_grants(b: &Backend) -> Vec<(String, usize, String)> {
     grants
 }
 
-async fn set_rules(b: &Backend, ns: &str, rules: &Value) {
+/// The rules of Role `role` in `ns`, as JSON.
+async fn rules_of(b: &Backend, ns: &str, role: &str) -> Value {
+    let role = Api::<Role>::namespaced(b.client().await, ns)
+        .get(role)
+        .await
+        .unwrap();
+    serde_json::to_value(role.rules.unwrap()).unwrap()
+}
+
+/// Replaces the rules of Role `role` in `ns` with `rules`.
+async fn set_rules(b: &Backend, ns: &str, role: &str, rules: &Value) {
     Api::<Role>::namespaced(b.client().await, ns)
         .patch(
-            SA,
+            role,
             &PatchParams::default(),
             &Patch::Merge(json!({"rules": rules})),
         )
         .await
         .unwrap();
+}
+
+/// `rules` without `verb` in rule number `rule` (and without that rule when
+/// `verb` was its only one: a rule needs a verb).
+fn without_verb(rules: &Value, rule: usize, verb: &str) -> Value {
+    let mut reduced = rules.clone();
+    let verbs = reduced[rule]["verbs"].as_array_mut().unwrap();
+    verbs.retain(|v| v != verb);
+    if verbs.is_empty() {
+        reduced.as_array_mut().unwrap().remove(rule);
+    }
+    reduced
+}
+
+/// `group/resource` of rule number `rule` of `rules` (its first of each).
+fn resource_of(rules: &Value, rule: usize) -> String {
+    format!(
+        "{}/{}",
+        rules[rule]["apiGroups"][0].as_str().unwrap_or(""),
+        rules[rule]["resources"][0].as_str().unwrap_or("")
+    )
+}
+
+/// Runs the named test `named` (`what` it checks) once without each verb
+/// the manifests grant the controller, numbering the rounds, and grants the
+/// verb again after it: the verbs it passed without (`verb group/resource
+/// in namespace`). Where it fails, its error shows a 403.
+async fn without_each_verb(
+    b: &Backend,
+    what: &str,
+    mut named: impl AsyncFnMut(usize) -> Result<(), String>,
+) -> Vec<String> {
+    let mut passed_without = Vec::new();
+    for (round, (ns, rule, verb)) in controller_grants(b).await.into_iter().enumerate() {
+        let original = rules_of(b, &ns, SA).await;
+        set_rules(b, &ns, SA, &without_verb(&original, rule, &verb)).await;
+        let result = named(round).await;
+        set_rules(b, &ns, SA, &original).await;
+        let resource = resource_of(&original, rule);
+        match result {
+            Ok(()) => passed_without.push(format!("{verb} {resource} in {ns}")),
+            Err(e) => {
+                assert!(
+                    e.contains("403") || e.to_lowercase().contains("forbidden"),
+                    "without {verb} on {resource} in {ns} {what} fails, but not with 403: {e}"
+                );
+                println!(
+                    "without {verb} on {resource} in {ns}: {}",
+                    e.replace('\n', "\n    ")
+                );
+            }
+        }
+    }
+    passed_without
 }
 
 differential!(
@@ -244,45 +360,11 @@ differential!(
 /// start-up does not exercise them (see
 /// `removing_a_claim_path_verb_from_the_controller_roles_fails_with_403`).
 async fn verb_removal(b: &Backend) {
-    apply_rbac(b).await;
-    ready_controller_pod(b, "127.0.0.1").await;
-    let mut not_needed_at_start = Vec::new();
-    for (ns, rule, verb) in controller_grants(b).await {
-        let original = serde_json::to_value(
-            Api::<Role>::namespaced(b.client().await, &ns)
-                .get(SA)
-                .await
-                .unwrap()
-                .rules
-                .unwrap(),
-        )
-        .unwrap();
-        let mut reduced = original.clone();
-        let verbs = reduced[rule]["verbs"].as_array_mut().unwrap();
-        verbs.retain(|v| v != verb.as_str());
-        if verbs.is_empty() {
-            // A rule needs a verb: without its only one the rule goes.
-            reduced.as_array_mut().unwrap().remove(rule);
-        }
-        set_rules(b, &ns, &reduced).await;
-        let result = controller_serves_as_its_service_account(b, Duration::from_secs(8)).await;
-        set_rules(b, &ns, &original).await;
-        let resource = format!(
-            "{}/{}",
-            original[rule]["apiGroups"][0].as_str().unwrap_or(""),
-            original[rule]["resources"][0]
-        );
-        match result {
-            Ok(()) => not_needed_at_start.push(format!("{ns} {resource} {verb}")),
-            Err(e) => {
-                assert!(
-                    e.contains("403") || e.to_lowercase().contains("forbidden"),
-                    "without {verb} on {resource} in {ns} the controller fails, but not with 403: {e}"
-                );
-                println!("without {verb} on {resource} in {ns}: {e}");
-            }
-        }
-    }
+    controller_rbac_and_pod(b).await;
+    let not_needed_at_start = without_each_verb(b, "the controller", async |_| {
+        controller_serves_as_its_service_account(b, Duration::from_secs(8)).await
+    })
+    .await;
     println!("verbs start-up does not need (exercised by the claim path): {not_needed_at_start:?}");
     // With every verb back the named test passes again.
     controller_serves_as_its_service_account(b, Duration::from_secs(30))
@@ -339,10 +421,8 @@ async fn await_health(
 /// it reports SERVING (at the watch's next retry). Liveness stays SERVING.
 async fn refused_watch(b: &Backend) {
     use tonic_health::pb::health_check_response::ServingStatus;
-    apply_rbac(b).await;
-    ready_controller_pod(b, "127.0.0.1").await;
-    let roles = Api::<Role>::namespaced(b.client().await, FN_NS);
-    let original = serde_json::to_value(roles.get(SA).await.unwrap().rules.unwrap()).unwrap();
+    controller_rbac_and_pod(b).await;
+    let original = rules_of(b, FN_NS, SA).await;
     let mut reduced = original.clone();
     for rule in reduced.as_array_mut().unwrap() {
         if rule["apiGroups"] == json!([""]) && rule["resources"] == json!(["pods"]) {
@@ -350,27 +430,12 @@ async fn refused_watch(b: &Backend) {
         }
     }
     assert_ne!(reduced, original, "the manifests grant watch on pods in {FN_NS}");
-    set_rules(b, FN_NS, &reduced).await;
+    set_rules(b, FN_NS, SA, &reduced).await;
 
     let log_start = logs().0.lock().unwrap().len();
-    let client = b.service_account_client(CTL_NS, SA).await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let port = listener.local_addr().unwrap().port();
-    let mut config = skipper::controller::Config::new(CTL_NS, "127.0.0.1", &[FN_NS], SigningKey::generate());
-    config.port = port;
-    config.hash_ring_wait_time = Duration::from_secs(30);
-    let shutdown = Shutdown::new();
-    let (tx, ready) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(skipper::controller::run(
-        config,
-        client,
-        listener,
-        shutdown.clone(),
-        move |r| {
-            let _ = tx.send(r);
-        },
-    ));
-    let started = tokio::time::timeout(Duration::from_secs(30), ready).await;
+    let c = run_as_service_account(b, SigningKey::generate(), Duration::from_secs(30), |_| {}).await;
+    let port = c.addr.port();
+    let started = tokio::time::timeout(Duration::from_secs(30), c.ready).await;
     assert!(
         matches!(started, Ok(Ok(_))),
         "the controller did not start without watch: {}",
@@ -388,11 +453,11 @@ async fn refused_watch(b: &Backend) {
         .find(|l| l.contains("controller not serving"))
         .map(str::to_owned);
 
-    set_rules(b, FN_NS, &original).await;
+    set_rules(b, FN_NS, SA, &original).await;
     // The watch retries with kube-rs' back-off (at most 30 s apart).
     let granted = await_health(&mut statuses, ServingStatus::Serving, Duration::from_secs(45)).await;
-    shutdown.trigger();
-    let _ = tokio::time::timeout(Duration::from_secs(15), task).await;
+    c.shutdown.trigger();
+    let _ = tokio::time::timeout(Duration::from_secs(15), c.task).await;
 
     refused.unwrap_or_else(|e| panic!("without watch on pods: {e}\n{logged}"));
     let why = why.unwrap_or_else(|| panic!("no log line says why the controller is not serving:\n{logged}"));
@@ -512,30 +577,13 @@ async fn router_verbs(b: &Backend) {
     router_discovers_as_its_service_account(b, Duration::from_secs(30), None)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
-    let roles: Api<Role> = Api::namespaced(admin, CTL_NS);
-    let original = serde_json::to_value(roles.get(ROUTER_SA).await.unwrap().rules.unwrap()).unwrap();
+    let original = rules_of(b, CTL_NS, ROUTER_SA).await;
     for verb in ["list", "watch"] {
-        let mut reduced = original.clone();
-        reduced[0]["verbs"].as_array_mut().unwrap().retain(|v| v != verb);
-        roles
-            .patch(
-                ROUTER_SA,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"rules": reduced})),
-            )
-            .await
-            .unwrap();
+        set_rules(b, CTL_NS, ROUTER_SA, &without_verb(&original, 0, verb)).await;
         let refusals = skipper::watch_access::Refusals::new();
         let probe = (verb == "watch").then_some(&refusals);
         let result = router_discovers_as_its_service_account(b, Duration::from_secs(8), probe).await;
-        roles
-            .patch(
-                ROUTER_SA,
-                &PatchParams::default(),
-                &Patch::Merge(json!({"rules": original})),
-            )
-            .await
-            .unwrap();
+        set_rules(b, CTL_NS, ROUTER_SA, &original).await;
         match (verb, result) {
             ("list", Err(e)) => assert!(e.contains("403"), "without list: {e}"),
             ("list", Ok(())) => panic!("discovery works without list"),
@@ -604,32 +652,19 @@ async fn start_as_service_account(
     Shutdown,
     tokio::task::JoinHandle<Result<(), skipper::controller::RunError>>,
 ) {
-    let client = b.service_account_client(CTL_NS, SA).await;
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    let mut config = skipper::controller::Config::new(CTL_NS, "127.0.0.1", &[FN_NS], key.clone());
-    config.port = addr.port();
-    config.hash_ring_wait_time = limit;
-    config.scale_interval = Duration::from_millis(200);
-    // The calls below carry no token: this test is about the API server's
-    // authorisation of the controller, not the controller's of its callers.
-    config.auth.allow_unauthenticated = true;
-    let shutdown = Shutdown::new();
-    let (tx, ready) = tokio::sync::oneshot::channel();
-    let task = tokio::spawn(skipper::controller::run(
-        config,
-        client,
-        listener,
-        shutdown.clone(),
-        move |r| {
-            let _ = tx.send(r);
-        },
-    ));
+    let c = run_as_service_account(b, key.clone(), limit, |config| {
+        config.scale_interval = Duration::from_millis(200);
+        // The calls below carry no token: this test is about the API server's
+        // authorisation of the controller, not the controller's of its callers.
+        config.auth.allow_unauthenticated = true;
+    })
+    .await;
+    let addr = c.addr;
     let started = tokio::select! {
-        r = ready => r.map(|r| (addr, r.core)).map_err(|_| "the controller stopped before it served".to_owned()),
+        r = c.ready => r.map(|r| (addr, r.core)).map_err(|_| "the controller stopped before it served".to_owned()),
         () = tokio::time::sleep(limit) => Err(format!("not started after {limit:?}")),
     };
-    (started, shutdown, task)
+    (started, c.shutdown, c.task)
 }
 
 /// The named test of the claim path: the controller, as ServiceAccount
@@ -746,18 +781,7 @@ async fn claim_path_as_its_service_account(
     }
     .await;
     leaving_controller_pod(b).await;
-    shutdown.trigger();
-    let ended = tokio::time::timeout(Duration::from_secs(15), task).await;
-    let refusals = forbidden_lines(log_start)
-        .into_iter()
-        .take(3)
-        .collect::<Vec<_>>()
-        .join("\n");
-    match (outcome, ended) {
-        (Ok(()), _) => Ok(()),
-        (Err(_), Ok(Ok(Err(e)))) => Err(format!("{e}\n{refusals}")),
-        (Err(why), _) => Err(format!("{why}\n{refusals}")),
-    }
+    stopped_with(outcome, &shutdown, task, log_start).await
 }
 
 differential!(
@@ -775,45 +799,16 @@ async fn claim_path_verb_removal(b: &Backend) {
         eprintln!("skipped: no node agent runs pods on the {} backend", b.name());
         return;
     }
-    apply_rbac(b).await;
-    ready_controller_pod(b, "127.0.0.1").await;
+    controller_rbac_and_pod(b).await;
     let key = SigningKey::generate();
     let limit = Duration::from_secs(8);
     claim_path_as_its_service_account(b, &key, "pool-all", Duration::from_secs(30))
         .await
         .unwrap_or_else(|e| panic!("with every verb of the manifests: {e}"));
-    let mut passed_without = Vec::new();
-    for (round, (ns, rule, verb)) in controller_grants(b).await.into_iter().enumerate() {
-        let roles = Api::<Role>::namespaced(b.client().await, &ns);
-        let original = serde_json::to_value(roles.get(SA).await.unwrap().rules.unwrap()).unwrap();
-        let mut reduced = original.clone();
-        let verbs = reduced[rule]["verbs"].as_array_mut().unwrap();
-        verbs.retain(|v| v != verb.as_str());
-        if verbs.is_empty() {
-            reduced.as_array_mut().unwrap().remove(rule);
-        }
-        set_rules(b, &ns, &reduced).await;
-        let result = claim_path_as_its_service_account(b, &key, &format!("pool-{round}"), limit).await;
-        set_rules(b, &ns, &original).await;
-        let resource = format!(
-            "{}/{}",
-            original[rule]["apiGroups"][0].as_str().unwrap_or(""),
-            original[rule]["resources"][0].as_str().unwrap_or("")
-        );
-        match result {
-            Ok(()) => passed_without.push(format!("{verb} {resource} in {ns}")),
-            Err(e) => {
-                assert!(
-                    e.contains("403") || e.to_lowercase().contains("forbidden"),
-                    "without {verb} on {resource} in {ns} the claim path fails, but its log shows no 403: {e}"
-                );
-                println!(
-                    "without {verb} on {resource} in {ns}: {}",
-                    e.replace('\n', "\n    ")
-                );
-            }
-        }
-    }
+    let passed_without = without_each_verb(b, "the claim path", async |round| {
+        claim_path_as_its_service_account(b, &key, &format!("pool-{round}"), limit).await
+    })
+    .await;
     assert!(
         passed_without.is_empty(),
         "the claim path needs no {passed_without:?}: the manifests grant more than Skipper uses"

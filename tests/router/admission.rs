@@ -11,7 +11,8 @@ use skipper_test_support::router as harness;
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use harness::{FakeController, start_router, start_upstream, test_config};
+use harness::{FakeController, World, start_router, start_upstream, test_config};
+use reqwest::Method;
 use skipper::domain::HEADER_FUNCTION;
 use skipper_test_support::http;
 use tokio::time::Instant;
@@ -25,17 +26,32 @@ fn limited(tenant: &str, limit: u32) -> String {
     )
 }
 
+/// A router whose fake controller streams its one instance, `pod-1` (the
+/// test upstream); `tweak` adjusts the router's config.
+async fn streaming_world(tweak: impl FnOnce(&mut skipper::router::Config)) -> World {
+    let w = harness::world(tweak).await;
+    w.fake.enable_streams();
+    w
+}
+
+/// `n` requests of `header`'s function to `/block`, each on a task of its
+/// own.
+fn blocked_requests(
+    router: &harness::RouterHandle,
+    header: &str,
+    n: usize,
+) -> Vec<tokio::task::JoinHandle<reqwest::Result<reqwest::Response>>> {
+    (0..n)
+        .map(|_| tokio::spawn(router.request_as(Method::GET, "/block", header).send()))
+        .collect()
+}
+
 /// Waits (bounded) until `header`'s function is warm: the table is live
 /// once a request is served without a GetInstance call.
 async fn warm(router: &harness::RouterHandle, fake: &FakeController, header: &str) {
     skipper_test_support::eventually("a warm table", LIMIT, || async {
         let before = fake.calls("GetInstance");
-        let r = http()
-            .get(router.url("/hello"))
-            .header(HEADER_FUNCTION, header)
-            .send()
-            .await
-            .unwrap();
+        let r = router.get_as("/hello", header).await;
         assert_eq!(r.status(), 200);
         (fake.calls("GetInstance") == before).then_some(())
     })
@@ -52,22 +68,16 @@ async fn metric_reaches(router: &harness::RouterHandle, name: &str, want: f64) {
 
 #[tokio::test]
 async fn a_function_at_its_concurrency_limit_queues_then_serves() {
-    let upstream = start_upstream().await;
-    let fake = FakeController::new();
-    fake.enable_streams();
-    fake.add_instance("pod-1", upstream.addr);
-    let stop = CancellationToken::new();
-    let ctrl = fake.serve(stop.clone()).await;
-    let router = start_router(test_config(vec![ctrl])).await;
+    let World {
+        fake,
+        router,
+        upstream,
+        ..
+    } = streaming_world(|_| {}).await;
     let header = limited("t1", 2);
     warm(&router, &fake, &header).await;
 
-    let requests: Vec<_> = (0..5)
-        .map(|_| {
-            let (url, header) = (router.url("/block"), header.clone());
-            tokio::spawn(async move { http().get(url).header(HEADER_FUNCTION, header).send().await })
-        })
-        .collect();
+    let requests = blocked_requests(&router, &header, 5);
     // Two reach the instance; three wait in the router.
     upstream.wait_arrived(2).await;
     metric_reaches(&router, "skipper_router_requests_waiting", 3.0).await;
@@ -87,40 +97,26 @@ async fn a_function_at_its_concurrency_limit_queues_then_serves() {
     assert_eq!(upstream.peak(), 2, "never more than the limit at the instance");
     metric_reaches(&router, "skipper_router_requests_waiting", 0.0).await;
     router.stop().await;
-    stop.cancel();
 }
 
 #[tokio::test]
 async fn a_full_queue_answers_503_with_retry_after_at_once() {
-    let upstream = start_upstream().await;
-    let fake = FakeController::new();
-    fake.enable_streams();
-    fake.add_instance("pod-1", upstream.addr);
-    let stop = CancellationToken::new();
-    let ctrl = fake.serve(stop.clone()).await;
-    let mut config = test_config(vec![ctrl]);
-    config.waiting.per_function = 2;
-    let router = start_router(config).await;
+    let World {
+        fake,
+        router,
+        upstream,
+        ..
+    } = streaming_world(|c| c.waiting.per_function = 2).await;
     let header = limited("t1", 1);
     warm(&router, &fake, &header).await;
 
     // One at the instance, two queued (the function's bound).
-    let held: Vec<_> = (0..3)
-        .map(|_| {
-            let (url, header) = (router.url("/block"), header.clone());
-            tokio::spawn(async move { http().get(url).header(HEADER_FUNCTION, header).send().await })
-        })
-        .collect();
+    let held = blocked_requests(&router, &header, 3);
     upstream.wait_arrived(1).await;
     metric_reaches(&router, "skipper_router_requests_waiting", 2.0).await;
     // The queue is full: answered while the instance is still blocked.
     for _ in 0..2 {
-        let r = http()
-            .get(router.url("/block"))
-            .header(HEADER_FUNCTION, &header)
-            .send()
-            .await
-            .unwrap();
+        let r = router.get_as("/block", &header).await;
         assert_eq!(r.status(), 503);
         assert_eq!(r.headers()["retry-after"], "1");
         let body = r.text().await.unwrap();
@@ -133,7 +129,6 @@ async fn a_full_queue_answers_503_with_retry_after_at_once() {
         assert_eq!(r.await.unwrap().unwrap().status(), 200);
     }
     router.stop().await;
-    stop.cancel();
 }
 
 #[tokio::test]

@@ -5,6 +5,7 @@
 
 use skipper_test_support::router as harness;
 
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use harness::FakeController;
@@ -15,13 +16,24 @@ use tonic::Code;
 
 const DEADLINE: Duration = Duration::from_secs(5);
 
-async fn setup() -> (FakeController, Client, CancellationToken) {
+/// A fake controller whose GetInstance answers `pod`, serving on a fresh
+/// port until the token is cancelled.
+async fn serving(pod: &str) -> (FakeController, SocketAddr, CancellationToken) {
     let fake = FakeController::new();
-    fake.add_instance("pod-a", "127.0.0.1:1".parse().unwrap());
+    fake.add_instance(pod, "127.0.0.1:1".parse().unwrap());
     let stop = CancellationToken::new();
     let addr = fake.serve(stop.clone()).await;
-    let client = Client::new(Endpoints::fixed(&[addr], ChannelSettings::default()));
-    (fake, client, stop)
+    (fake, addr, stop)
+}
+
+/// A client of the controllers at `addrs`.
+fn client_of(addrs: &[SocketAddr]) -> Client {
+    Client::new(Endpoints::fixed(addrs, ChannelSettings::default()))
+}
+
+async fn setup() -> (FakeController, Client, CancellationToken) {
+    let (fake, addr, stop) = serving("pod-a").await;
+    (fake, client_of(&[addr]), stop)
 }
 
 fn function() -> api::Function {
@@ -150,17 +162,10 @@ async fn no_endpoints_is_unavailable() {
 
 #[tokio::test]
 async fn unreachable_controller_is_unavailable_and_fails_over_to_the_next() {
-    // A bound-then-dropped port refuses connections.
-    let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        l.local_addr().unwrap()
-    };
-    let fake = FakeController::new();
-    fake.add_instance("pod-a", "127.0.0.1:1".parse().unwrap());
-    let stop = CancellationToken::new();
-    let live = fake.serve(stop.clone()).await;
+    let dead = harness::refused_addr();
+    let (_fake, live, _stop) = serving("pod-a").await;
 
-    let only_dead = Client::new(Endpoints::fixed(&[dead], ChannelSettings::default()));
+    let only_dead = client_of(&[dead]);
     let err = only_dead
         .get_instance(get_instance_req(), DEADLINE)
         .await
@@ -168,7 +173,7 @@ async fn unreachable_controller_is_unavailable_and_fails_over_to_the_next() {
     assert_code(&err, Code::Unavailable);
 
     // Round-robin: the retry after the refused connection goes to the live one.
-    let both = Client::new(Endpoints::fixed(&[dead, live], ChannelSettings::default()));
+    let both = client_of(&[dead, live]);
     for _ in 0..4 {
         both.get_instance(get_instance_req(), DEADLINE).await.unwrap();
     }
@@ -177,12 +182,9 @@ async fn unreachable_controller_is_unavailable_and_fails_over_to_the_next() {
 #[tokio::test]
 async fn a_single_attempt_whose_controller_refuses_the_connection_goes_to_another() {
     let dead = harness::refused_addr();
-    let fake = FakeController::new();
-    fake.add_instance("pod-a", "127.0.0.1:1".parse().unwrap());
-    let stop = CancellationToken::new();
-    let live = fake.serve(stop.clone()).await;
+    let (fake, live, _stop) = serving("pod-a").await;
     // The refusing address is first in the round robin.
-    let client = Client::new(Endpoints::fixed(&[dead, live], ChannelSettings::default()));
+    let client = client_of(&[dead, live]);
     for i in 1..=4 {
         let resp = client
             .get_instance_once(get_instance_req(), DEADLINE)
@@ -193,7 +195,7 @@ async fn a_single_attempt_whose_controller_refuses_the_connection_goes_to_anothe
     }
     // Only the live controller's answer counts: a refused connection is not
     // an attempt of the method's retry policy.
-    let only_dead = Client::new(Endpoints::fixed(&[dead], ChannelSettings::default()));
+    let only_dead = client_of(&[dead]);
     let err = only_dead
         .get_instance_once(get_instance_req(), DEADLINE)
         .await
@@ -207,7 +209,7 @@ async fn deadline_bounds_the_whole_call() {
     // A listener that accepts but never answers.
     let silent = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = silent.local_addr().unwrap();
-    let client = Client::new(Endpoints::fixed(&[addr], ChannelSettings::default()));
+    let client = client_of(&[addr]);
     let started = tokio::time::Instant::now();
     let err = client
         .get_instance(get_instance_req(), Duration::from_millis(200))
@@ -221,10 +223,7 @@ async fn deadline_bounds_the_whole_call() {
 #[tokio::test]
 async fn replaced_endpoints_take_effect() {
     let (fake, client, _stop) = setup().await;
-    let other = FakeController::new();
-    other.add_instance("pod-b", "127.0.0.1:1".parse().unwrap());
-    let stop = CancellationToken::new();
-    let other_addr = other.serve(stop.clone()).await;
+    let (_other, other_addr, _other_stop) = serving("pod-b").await;
 
     client.endpoints().replace(&[other_addr]);
     let resp = client.get_instance(get_instance_req(), DEADLINE).await.unwrap();

@@ -93,15 +93,10 @@ async fn start_api() -> (SocketAddr, Api) {
     (addr, api)
 }
 
-fn addrs(list: &[&str]) -> Vec<SocketAddr> {
-    list.iter().map(|s| s.parse().unwrap()).collect()
-}
-
-#[tokio::test]
-async fn endpoint_slices_drive_the_controller_endpoints_with_zone_preference() {
-    let (addr, api) = start_api().await;
-    let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
-    let client = kube::Client::try_from(config).unwrap();
+/// Runs the router's EndpointSlice discovery of Service `controller` in
+/// namespace `skipper` through `client`, preferring `zone`: the endpoints it
+/// keeps, its stop token and its task.
+fn discover(client: kube::Client, zone: &str) -> (Endpoints, CancellationToken, tokio::task::JoinHandle<()>) {
     let endpoints = Endpoints::new(ChannelSettings::default());
     let stop = CancellationToken::new();
     let task = tokio::spawn(discovery::run_endpoint_slices(
@@ -109,16 +104,37 @@ async fn endpoint_slices_drive_the_controller_endpoints_with_zone_preference() {
         "skipper".into(),
         "controller".into(),
         50051,
-        "z2".into(),
+        zone.into(),
         endpoints.clone(),
         stop.clone(),
     ));
+    (endpoints, stop, task)
+}
+
+/// Waits (at most [`LIMIT`]) until `endpoints` are `want` in any order;
+/// panics naming `what` otherwise.
+async fn endpoints_become(endpoints: &Endpoints, want: &[&str], what: &str) {
+    let mut want: Vec<SocketAddr> = want.iter().map(|s| s.parse().unwrap()).collect();
+    want.sort();
+    let matches = |a: &[SocketAddr]| {
+        let mut a = a.to_vec();
+        a.sort();
+        a == want
+    };
+    tokio::time::timeout(LIMIT, endpoints.wait_until(matches))
+        .await
+        .unwrap_or_else(|_| panic!("{what}: not {want:?} in time"));
+}
+
+#[tokio::test]
+async fn endpoint_slices_drive_the_controller_endpoints_with_zone_preference() {
+    let (addr, api) = start_api().await;
+    let config = kube::Config::new(format!("http://{addr}").parse().unwrap());
+    let client = kube::Client::try_from(config).unwrap();
+    let (endpoints, stop, task) = discover(client, "z2");
 
     // Same-zone ready endpoint preferred.
-    let want = addrs(&["10.0.0.2:50051"]);
-    tokio::time::timeout(LIMIT, endpoints.wait_until(|a| a == want.as_slice()))
-        .await
-        .expect("initial endpoints");
+    endpoints_become(&endpoints, &["10.0.0.2:50051"], "initial endpoints").await;
     assert!(
         api.selectors
             .lock()
@@ -137,10 +153,7 @@ async fn endpoint_slices_drive_the_controller_endpoints_with_zone_preference() {
         .expect("the watch is established")
         .unwrap();
     api.events.send(event).unwrap();
-    let want = addrs(&["10.0.0.1:50051"]);
-    tokio::time::timeout(LIMIT, endpoints.wait_until(|a| a == want.as_slice()))
-        .await
-        .expect("endpoints after the update");
+    endpoints_become(&endpoints, &["10.0.0.1:50051"], "endpoints after the update").await;
 
     stop.cancel();
     tokio::time::timeout(LIMIT, task).await.unwrap().unwrap();
@@ -171,21 +184,13 @@ async fn endpoint_slices_from_the_simulator() {
     other.endpoints[0].addresses = vec!["10.9.9.9".into()];
     api.create(&PostParams::default(), &other).await.unwrap();
 
-    let endpoints = Endpoints::new(ChannelSettings::default());
-    let stop = CancellationToken::new();
-    let task = tokio::spawn(discovery::run_endpoint_slices(
-        cluster.client().unwrap(),
-        "skipper".into(),
-        "controller".into(),
-        50051,
-        "z1".into(),
-        endpoints.clone(),
-        stop.clone(),
-    ));
-    let want = addrs(&["10.0.0.1:50051"]);
-    tokio::time::timeout(LIMIT, endpoints.wait_until(|a| a == want.as_slice()))
-        .await
-        .expect("same-zone endpoint from the simulator");
+    let (endpoints, stop, task) = discover(cluster.client().unwrap(), "z1");
+    endpoints_become(
+        &endpoints,
+        &["10.0.0.1:50051"],
+        "same-zone endpoint from the simulator",
+    )
+    .await;
 
     // A second slice of the same Service adds a ready same-zone endpoint.
     let mut second: EndpointSlice = serde_json::from_value(slice("0", true)).unwrap();
@@ -198,26 +203,23 @@ async fn endpoint_slices_from_the_simulator() {
         .unwrap(),
     ];
     api.create(&PostParams::default(), &second).await.unwrap();
-    let want = addrs(&["10.0.0.1:50051", "10.0.0.4:50051"]);
-    tokio::time::timeout(
-        LIMIT,
-        endpoints.wait_until(|a| {
-            let mut a = a.to_vec();
-            a.sort();
-            a == want
-        }),
+    endpoints_become(
+        &endpoints,
+        &["10.0.0.1:50051", "10.0.0.4:50051"],
+        "endpoints of both slices",
     )
-    .await
-    .expect("endpoints of both slices");
+    .await;
 
     // Deleting the first slice leaves only the second's endpoint.
     api.delete("controller-abc", &DeleteParams::default())
         .await
         .unwrap();
-    let want = addrs(&["10.0.0.4:50051"]);
-    tokio::time::timeout(LIMIT, endpoints.wait_until(|a| a == want.as_slice()))
-        .await
-        .expect("endpoints after a slice is deleted");
+    endpoints_become(
+        &endpoints,
+        &["10.0.0.4:50051"],
+        "endpoints after a slice is deleted",
+    )
+    .await;
 
     stop.cancel();
     tokio::time::timeout(LIMIT, task).await.unwrap().unwrap();

@@ -19,6 +19,7 @@ use skipper::shutdown::Shutdown;
 use skipper::token::{PodRef, SigningKey, TrustedKeys, Version};
 use skipper_test_support::devcluster::{bound_token, function_json, keys};
 use skipper_test_support::router::{self as harness, FakeController, RouterHandle, function_header};
+use tokio::sync::mpsc;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Channel;
 
@@ -58,6 +59,23 @@ struct World {
     _stop: CancellationToken,
 }
 
+/// A router (configured as `tweak` says) in front of a fake controller whose
+/// only instance is pod `pod` at `addr`, of an h2c pool. The fake serves
+/// until the token is cancelled.
+async fn route_to(
+    pod: &str,
+    addr: SocketAddr,
+    tweak: impl FnOnce(&mut skipper::router::Config),
+) -> (RouterHandle, FakeController, CancellationToken) {
+    let fake = FakeController::new();
+    let stop = CancellationToken::new();
+    let ctrl = fake.serve(stop.clone()).await;
+    fake.add_instance_speaking(pod, addr, Protocol::H2c);
+    let mut config = harness::test_config(vec![ctrl]);
+    tweak(&mut config);
+    (harness::start_router(config).await, fake, stop)
+}
+
 async fn world() -> World {
     world_with(|_| {}).await
 }
@@ -82,13 +100,7 @@ async fn world_with(tweak: impl FnOnce(&mut skipper::router::Config)) -> World {
     .await
     .unwrap();
     assign(fixture.addr(), &key, "pod-a").await;
-    let fake = FakeController::new();
-    let stop = CancellationToken::new();
-    let ctrl = fake.serve(stop.clone()).await;
-    fake.add_instance_speaking("pod-a", fixture.addr(), Protocol::H2c);
-    let mut config = harness::test_config(vec![ctrl]);
-    tweak(&mut config);
-    let router = harness::start_router(config).await;
+    let (router, fake, stop) = route_to("pod-a", fixture.addr(), tweak).await;
     World {
         router,
         fake,
@@ -125,6 +137,36 @@ fn echo(message: &str) -> EchoRequest {
     }
 }
 
+/// A bidirectional call for [`TENANT`] on `c`: the sender of its requests
+/// (the call's request stream ends when it is dropped) and its replies.
+async fn bidi(c: &mut EchoClient<Channel>) -> (mpsc::Sender<EchoRequest>, tonic::Streaming<EchoReply>) {
+    let (tx, rx) = mpsc::channel(4);
+    let replies = c
+        .bidi(call(tokio_stream::wrappers::ReceiverStream::new(rx)))
+        .await
+        .unwrap()
+        .into_inner();
+    (tx, replies)
+}
+
+/// Ends the requests of a bidirectional call (drops `tx`) and asserts that
+/// the call then ends with OK (within [`LIMIT`]).
+async fn ends_ok(tx: mpsc::Sender<EchoRequest>, mut replies: tonic::Streaming<EchoReply>) {
+    drop(tx);
+    let end = tokio::time::timeout(LIMIT, replies.message()).await.unwrap();
+    assert!(matches!(end, Ok(None)), "the call ends with OK: {end:?}");
+}
+
+/// The next message of `replies` (within [`LIMIT`]); panics when the call
+/// ends or fails instead.
+async fn next_reply(replies: &mut tonic::Streaming<EchoReply>) -> EchoReply {
+    tokio::time::timeout(LIMIT, replies.message())
+        .await
+        .expect("a reply within the limit")
+        .expect("the call goes on")
+        .expect("a reply, not the end of the call")
+}
+
 #[tokio::test]
 async fn unary_and_bidi_calls_reach_the_tenants_pod() {
     let w = world().await;
@@ -142,26 +184,15 @@ async fn unary_and_bidi_calls_reach_the_tenants_pod() {
         "{reply:?}"
     );
 
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let mut replies = c
-        .bidi(call(tokio_stream::wrappers::ReceiverStream::new(rx)))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut replies) = bidi(&mut c).await;
     for n in 1..=3u32 {
         // Each reply comes before the next request is sent: the stream is
         // relayed message by message, not buffered to the end.
         tx.send(echo(&format!("m{n}"))).await.unwrap();
-        let r: EchoReply = tokio::time::timeout(LIMIT, replies.message())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
+        let r = next_reply(&mut replies).await;
         assert_eq!((r.message, r.sequence), (format!("m{n}"), n));
     }
-    drop(tx);
-    let end = tokio::time::timeout(LIMIT, replies.message()).await.unwrap();
-    assert!(matches!(end, Ok(None)), "the call ends with OK: {end:?}");
+    ends_ok(tx, replies).await;
     w.router.stop().await;
 }
 
@@ -171,27 +202,15 @@ async fn a_quiet_client_keeps_its_stream_past_the_body_timeout() {
     // the pod has answered is the pod's to keep.
     let w = world_with(|c| c.body_timeout = Some(Duration::from_millis(300))).await;
     let mut c = client(w.router.addr).await;
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let mut replies = c
-        .bidi(call(tokio_stream::wrappers::ReceiverStream::new(rx)))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut replies) = bidi(&mut c).await;
     for n in 1..=2u32 {
         tx.send(echo("tick")).await.unwrap();
-        let r = tokio::time::timeout(LIMIT, replies.message())
-            .await
-            .unwrap()
-            .unwrap()
-            .unwrap();
-        assert_eq!(r.sequence, n);
+        assert_eq!(next_reply(&mut replies).await.sequence, n);
         // A pause of three body timeouts: the pace the client keeps is
         // what is under test.
         tokio::time::sleep(Duration::from_millis(900)).await;
     }
-    drop(tx);
-    let end = tokio::time::timeout(LIMIT, replies.message()).await.unwrap();
-    assert!(matches!(end, Ok(None)), "{end:?}");
+    ends_ok(tx, replies).await;
     w.router.stop().await;
 }
 
@@ -315,25 +334,11 @@ async fn a_pod_killed_mid_stream_ends_the_call_with_unavailable() {
     let (key, pem) = keys();
     let mut pod = fixture_process(&pem).await;
     assign(pod.addr, &key, "pod-k").await;
-    let fake = FakeController::new();
-    let stop = CancellationToken::new();
-    let ctrl = fake.serve(stop.clone()).await;
-    fake.add_instance_speaking("pod-k", pod.addr, Protocol::H2c);
-    let router = harness::start_router(harness::test_config(vec![ctrl])).await;
+    let (router, _fake, _stop) = route_to("pod-k", pod.addr, |_| {}).await;
     let mut c = client(router.addr).await;
-    let (tx, rx) = tokio::sync::mpsc::channel(4);
-    let mut replies = c
-        .bidi(call(tokio_stream::wrappers::ReceiverStream::new(rx)))
-        .await
-        .unwrap()
-        .into_inner();
+    let (tx, mut replies) = bidi(&mut c).await;
     tx.send(echo("before")).await.unwrap();
-    let r = tokio::time::timeout(LIMIT, replies.message())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert_eq!(r.pod, "pod-k");
+    assert_eq!(next_reply(&mut replies).await.pod, "pod-k");
     pod.child.kill().await.unwrap();
     let end = tokio::time::timeout(LIMIT, replies.message())
         .await

@@ -14,54 +14,15 @@ use std::future::Future as _;
 use std::time::Duration;
 
 use futures::{SinkExt as _, StreamExt as _};
-use harness::{function_header, world};
+use harness::{echoed_header, function_header, world};
 use skipper::api::Protocol;
 use skipper::domain::HEADER_FUNCTION;
 use skipper::router::listener::{MAX_CONCURRENT_STREAMS, MAX_SEND_BUFFER};
 
 const LIMIT: Duration = Duration::from_secs(20);
 
-#[tokio::test]
-async fn curl_with_http2_prior_knowledge_gets_the_pods_answer() {
-    let w = world(|_| {}).await;
-    let header = format!("{HEADER_FUNCTION}: {}", function_header("app", "t1", false));
-    let url = format!("http://{}/x", w.router.addr);
-    let out = tokio::process::Command::new("curl")
-        .args([
-            "-sS",
-            "--http2-prior-knowledge",
-            "-o",
-            "-",
-            "-w",
-            "\n%{http_version} %{http_code}",
-        ])
-        .args(["-H", &header, "-H", "x-forwarded-for: 10.6.6.6", &url])
-        .output()
-        .await
-        .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    let (body, status) = text.rsplit_once('\n').unwrap();
-    assert_eq!(status, "2 200", "{text} {}", String::from_utf8_lossy(&out.stderr));
-    let v: serde_json::Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
-    let headers: Vec<(String, String)> = serde_json::from_value(v["headers"].clone()).unwrap();
-    let values = |name: &str| -> Vec<String> {
-        headers
-            .iter()
-            .filter(|(k, _)| k == name)
-            .map(|(_, v)| v.clone())
-            .collect()
-    };
-    // `:authority` stands for Host; the client's forwarding headers are
-    // replaced; the pool speaks HTTP/1.1.
-    assert_eq!(v["version"], "HTTP/1.1", "{v}");
-    assert_eq!(values("host"), [w.router.addr.to_string()]);
-    assert_eq!(values("x-forwarded-for"), ["127.0.0.1"]);
-    assert!(values(HEADER_FUNCTION).is_empty(), "{headers:?}");
-    w.router.stop().await;
-}
-
-/// `curl` through the router with `args`: the echo's JSON and the HTTP
-/// version curl used.
+/// `curl` through the router to `/x?y=1` with `args` (and `te: trailers`):
+/// the echo's JSON and the HTTP version curl used; asserts a 200.
 async fn curl_echo(router: std::net::SocketAddr, args: &[&str]) -> (serde_json::Value, String) {
     let header = format!("{HEADER_FUNCTION}: {}", function_header("app", "t1", false));
     let url = format!("http://{router}/x?y=1");
@@ -78,6 +39,22 @@ async fn curl_echo(router: std::net::SocketAddr, args: &[&str]) -> (serde_json::
     assert_eq!(code, "200", "{text} {}", String::from_utf8_lossy(&out.stderr));
     let v = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"));
     (v, version.to_owned())
+}
+
+#[tokio::test]
+async fn curl_with_http2_prior_knowledge_gets_the_pods_answer() {
+    let w = world(|_| {}).await;
+    let forwarded = ["--http2-prior-knowledge", "-H", "x-forwarded-for: 10.6.6.6"];
+    let (v, version) = curl_echo(w.router.addr, &forwarded).await;
+    assert_eq!(version, "2");
+    let values = |name: &str| echoed_header(&v, name);
+    // `:authority` stands for Host; the client's forwarding headers are
+    // replaced; the pool speaks HTTP/1.1.
+    assert_eq!(v["version"], "HTTP/1.1", "{v}");
+    assert_eq!(values("host"), [w.router.addr.to_string()]);
+    assert_eq!(values("x-forwarded-for"), ["127.0.0.1"]);
+    assert!(values(HEADER_FUNCTION).is_empty(), "{v}");
+    w.router.stop().await;
 }
 
 #[tokio::test]
@@ -144,27 +121,7 @@ async fn requests_to_an_h2c_instance_share_one_connection() {
 async fn a_websocket_to_an_h2c_pool_goes_over_http1() {
     let w = world(|_| {}).await;
     w.fake.speak(Protocol::H2c);
-    let url = format!("ws://{}/ws", w.router.addr);
-    let mut req =
-        tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url).unwrap();
-    req.headers_mut().insert(
-        HEADER_FUNCTION,
-        function_header("app", "t1", false).parse().unwrap(),
-    );
-    let (mut ws, resp) = tokio::time::timeout(LIMIT, tokio_tungstenite::connect_async(req))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(resp.status(), 101);
-    ws.send(tokio_tungstenite::tungstenite::Message::text("ping"))
-        .await
-        .unwrap();
-    let reply = tokio::time::timeout(LIMIT, ws.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert_eq!(reply.into_text().unwrap().as_str(), "ping");
+    crate::common::echoing_websocket(w.router.addr).await;
     w.router.stop().await;
 }
 

@@ -6,6 +6,7 @@
 
 mod admission;
 mod client;
+mod common;
 mod discovery;
 mod edge;
 mod grpc;

@@ -9,27 +9,16 @@ use std::time::Duration;
 
 use futures::{SinkExt, StreamExt};
 use harness::{
-    FakeController, World, function_header, refused_addr, start_router, start_upstream, test_config, world,
+    FakeController, app_header as header, echo_of, echoed_header, function_header, pattern_body,
+    refused_addr, start_router, start_upstream, test_config, world,
 };
+use reqwest::Method;
 use skipper::domain::HEADER_FUNCTION;
+use skipper::router::Discovery;
 use skipper_test_support::http;
 use tokio_util::sync::CancellationToken;
 
 const LIMIT: Duration = Duration::from_secs(10);
-
-fn header() -> String {
-    function_header("app", "t1", false)
-}
-
-/// `GET path` through the router of `w` with the standard function header.
-async fn get(w: &World, path: &str) -> reqwest::Response {
-    http()
-        .get(w.router.url(path))
-        .header(HEADER_FUNCTION, header())
-        .send()
-        .await
-        .unwrap()
-}
 
 #[tokio::test]
 async fn bad_function_headers_get_400_naming_the_problem() {
@@ -103,13 +92,7 @@ async fn bad_function_headers_get_400_naming_the_problem() {
         }
     }
     // GET /healthz with a valid header is proxied.
-    let resp = c
-        .get(w.router.url("/healthz"))
-        .header(HEADER_FUNCTION, header())
-        .send()
-        .await
-        .unwrap();
-    let echo: serde_json::Value = resp.json().await.unwrap();
+    let echo = echo_of(w.router.get("/healthz").await).await;
     assert_eq!(echo["uri"], "/healthz");
     assert_eq!(w.fake.calls("GetInstance"), 1);
     w.router.stop().await;
@@ -119,9 +102,9 @@ async fn bad_function_headers_get_400_naming_the_problem() {
 async fn headers_are_rewritten_and_path_and_query_kept_byte_for_byte() {
     let w = world(|_| {}).await;
     let path = "/a/b%2Fc?foo=bar&baz=qux&special=%20encoded";
-    let resp = http()
-        .put(w.router.url(path))
-        .header(HEADER_FUNCTION, header())
+    let resp = w
+        .router
+        .request(Method::PUT, path)
         .header("x-multi", "1")
         .header("x-multi", "2")
         .header("connection", "x-hop")
@@ -130,27 +113,19 @@ async fn headers_are_rewritten_and_path_and_query_kept_byte_for_byte() {
         .send()
         .await
         .unwrap();
-    assert_eq!(resp.status(), 200);
     assert!(resp.headers().contains_key("x-skipper-get-instance-duration-ms"));
-    let echo: serde_json::Value = resp.json().await.unwrap();
+    let echo = echo_of(resp).await;
     assert_eq!(echo["method"], "PUT");
     assert_eq!(echo["uri"], path);
-    let headers: Vec<(String, String)> = serde_json::from_value(echo["headers"].clone()).unwrap();
-    let get = |k: &str| -> Vec<&str> {
-        headers
-            .iter()
-            .filter(|(n, _)| n == k)
-            .map(|(_, v)| v.as_str())
-            .collect()
-    };
+    let get = |k: &str| echoed_header(&echo, k);
     let host = w.router.addr.to_string();
-    assert_eq!(get("host"), vec![host.as_str()]);
-    assert_eq!(get("x-forwarded-for"), vec!["127.0.0.1"]);
-    assert_eq!(get("x-forwarded-host"), vec![host.as_str()]);
-    assert_eq!(get("x-forwarded-proto"), vec!["http"]);
+    assert_eq!(get("host"), [host.as_str()]);
+    assert_eq!(get("x-forwarded-for"), ["127.0.0.1"]);
+    assert_eq!(get("x-forwarded-host"), [host.as_str()]);
+    assert_eq!(get("x-forwarded-proto"), ["http"]);
     let forwarded = format!("for=127.0.0.1;host=\"{host}\";proto=http");
-    assert_eq!(get("forwarded"), vec![forwarded.as_str()]);
-    assert_eq!(get("x-multi"), vec!["1", "2"]);
+    assert_eq!(get("forwarded"), [forwarded.as_str()]);
+    assert_eq!(get("x-multi"), ["1", "2"]);
     assert!(get(HEADER_FUNCTION).is_empty());
     assert!(get("x-hop").is_empty());
     assert_eq!(echo["body_len"], 7);
@@ -161,12 +136,7 @@ async fn headers_are_rewritten_and_path_and_query_kept_byte_for_byte() {
 async fn backend_error_statuses_pass_through() {
     let w = world(|_| {}).await;
     for code in [404u16, 500, 503] {
-        let resp = http()
-            .get(w.router.url(&format!("/status/{code}")))
-            .header(HEADER_FUNCTION, header())
-            .send()
-            .await
-            .unwrap();
+        let resp = w.router.get(&format!("/status/{code}")).await;
         assert_eq!(resp.status().as_u16(), code);
         assert_eq!(resp.headers()["x-upstream"], "yes");
         assert_eq!(resp.text().await.unwrap(), format!("status {code} from upstream"));
@@ -179,31 +149,10 @@ async fn backend_error_statuses_pass_through() {
 async fn connect_refused_is_retried_on_another_instance_with_the_body_intact() {
     let w = world(|_| {}).await;
     // The first instance refuses connections; the second is the upstream.
-    w.fake.with(|s| {
-        let good = s.instances.remove(0);
-        s.instances.push(skipper::api::Instance {
-            name: Some("pod-dead".into()),
-            addr: Some(refused_addr().to_string()),
-            ..Default::default()
-        });
-        s.instances.push(good);
-    });
-    let body: Vec<u8> = (0..1024 * 1024).map(|i| (i % 251) as u8).collect();
-    let resp = http()
-        .post(w.router.url("/upload"))
-        .header(HEADER_FUNCTION, header())
-        .body(body.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let echo: serde_json::Value = resp.json().await.unwrap();
-    assert_eq!(echo["body_len"], body.len());
-    assert_eq!(echo["body_xxh64"], xxhash_rust::xxh64::xxh64(&body, 0));
-    let reqs = w.fake.with(|s| s.get_instance_requests.clone());
-    assert_eq!(reqs.len(), 2);
-    assert!(reqs[0].exclude_instance_names.is_empty());
-    assert_eq!(reqs[1].exclude_instance_names, vec!["pod-dead".to_owned()]);
+    w.fake.add_instance_first("pod-dead", &refused_addr().to_string());
+    let body = pattern_body(1024 * 1024);
+    w.router.upload(Method::POST, &body).await;
+    assert_eq!(w.fake.exclusions(), [vec![], vec!["pod-dead".to_owned()]]);
     w.router.stop().await;
 }
 
@@ -231,13 +180,7 @@ async fn upstream_reset_after_sending_a_post_is_502_after_one_attempt() {
     w.fake.with(|s| {
         s.instances[0].addr = Some(rude_addr.to_string());
     });
-    let resp = http()
-        .post(w.router.url("/x"))
-        .header(HEADER_FUNCTION, header())
-        .body("once")
-        .send()
-        .await
-        .unwrap();
+    let resp = w.router.post("/x", "once").await;
     assert_eq!(resp.status(), 502);
     let body = resp.text().await.unwrap();
     assert!(body.contains("pod-1"), "{body}");
@@ -253,21 +196,12 @@ async fn upstream_reset_after_sending_a_post_is_502_after_one_attempt() {
 async fn an_idempotent_request_whose_instance_hung_up_before_answering_goes_elsewhere() {
     let w = world(|_| {}).await;
     let rude_addr = rude_instance().await;
-    w.fake.with(|s| {
-        s.instances.insert(
-            0,
-            skipper::api::Instance {
-                name: Some("pod-rude".into()),
-                addr: Some(rude_addr.to_string()),
-                ..Default::default()
-            },
-        );
-    });
-    for method in [http::Method::GET, http::Method::PUT, http::Method::DELETE] {
-        let before = w.fake.with(|s| s.get_instance_requests.len());
-        let resp = http()
-            .request(method.clone(), w.router.url("/x"))
-            .header(HEADER_FUNCTION, header())
+    w.fake.add_instance_first("pod-rude", &rude_addr.to_string());
+    for method in [Method::GET, Method::PUT, Method::DELETE] {
+        let before = w.fake.exclusions().len();
+        let resp = w
+            .router
+            .request(method.clone(), "/x")
             .body("same bytes")
             .send()
             .await
@@ -275,9 +209,9 @@ async fn an_idempotent_request_whose_instance_hung_up_before_answering_goes_else
         assert_eq!(resp.status(), 200, "{method}");
         let echo: serde_json::Value = resp.json().await.unwrap();
         assert_eq!(echo["body_len"], 10);
-        let reqs = w.fake.with(|s| s.get_instance_requests[before..].to_vec());
-        assert_eq!(reqs.len(), 2, "{method}");
-        assert_eq!(reqs[1].exclude_instance_names, ["pod-rude".to_owned()]);
+        let exclusions = w.fake.exclusions().split_off(before);
+        assert_eq!(exclusions.len(), 2, "{method}");
+        assert_eq!(exclusions[1], ["pod-rude".to_owned()]);
     }
     w.router.stop().await;
 }
@@ -290,12 +224,7 @@ async fn controller_down_is_503_with_retry_after_within_the_budget() {
     config.max_round_trip_attempts = 3;
     let router = start_router(config).await;
     let started = tokio::time::Instant::now();
-    let resp = http()
-        .get(router.url("/x"))
-        .header(HEADER_FUNCTION, header())
-        .send()
-        .await
-        .unwrap();
+    let resp = router.get("/x").await;
     assert_eq!(resp.status(), 503);
     assert_eq!(resp.headers()["retry-after"], "1");
     let body = resp.text().await.unwrap();
@@ -313,21 +242,17 @@ async fn controller_down_is_503_with_retry_after_within_the_budget() {
 async fn a_controller_refusing_connections_costs_no_attempt_of_a_request() {
     // A replaced controller: discovery still lists its address, its port is
     // closed. Each request has one attempt and needs a `GetInstance` call.
-    let fake = FakeController::new();
-    let stop = CancellationToken::new();
-    let live = fake.serve(stop.clone()).await;
-    let upstream = start_upstream().await;
-    fake.add_instance("pod-1", upstream.addr);
-    let mut config = test_config(vec![refused_addr(), live]);
-    config.max_round_trip_attempts = 1;
-    let router = start_router(config).await;
+    let w = world(|c| {
+        c.max_round_trip_attempts = 1;
+        let Discovery::Static(controllers) = &mut c.discovery else {
+            unreachable!("the harness lists its controllers")
+        };
+        controllers.insert(0, refused_addr());
+    })
+    .await;
+    let oneshot = function_header("app", "t1", true);
     for i in 0..8 {
-        let resp = http()
-            .get(router.url("/hello"))
-            .header(HEADER_FUNCTION, function_header("app", "t1", true))
-            .send()
-            .await
-            .unwrap();
+        let resp = w.router.get_as("/hello", &oneshot).await;
         let status = resp.status();
         let body = resp.text().await.unwrap();
         assert_eq!(
@@ -336,20 +261,20 @@ async fn a_controller_refusing_connections_costs_no_attempt_of_a_request() {
             "request {i}"
         );
     }
-    assert!(fake.calls("GetInstance") >= 8);
-    router.stop().await;
+    assert!(w.fake.calls("GetInstance") >= 8);
+    w.router.stop().await;
 }
 
 #[tokio::test]
 async fn no_capacity_is_503_and_controller_errors_are_502() {
     let w = world(|c| c.max_round_trip_attempts = 2).await;
     w.fake.fail("GetInstance", tonic::Code::ResourceExhausted, 1);
-    let resp = get(&w, "/x").await;
+    let resp = w.router.get("/x").await;
     assert_eq!(resp.status(), 503);
     assert!(resp.headers().contains_key("retry-after"));
 
     w.fake.fail("GetInstance", tonic::Code::Internal, 2);
-    let resp = get(&w, "/x").await;
+    let resp = w.router.get("/x").await;
     assert_eq!(resp.status(), 502);
     w.router.stop().await;
 }
@@ -365,7 +290,7 @@ async fn refusals_no_retry_can_fix_are_answered_after_one_call() {
     ] {
         let before = w.fake.calls("GetInstance");
         w.fake.fail("GetInstance", code, 1);
-        let resp = get(&w, "/x").await;
+        let resp = w.router.get("/x").await;
         assert_eq!(resp.status(), status, "{code:?}");
         assert_eq!(
             w.fake.calls("GetInstance") - before,
@@ -381,20 +306,10 @@ async fn refusals_no_retry_can_fix_are_answered_after_one_call() {
 #[tokio::test]
 async fn an_unusable_instance_address_is_excluded_and_retried() {
     let w = world(|_| {}).await;
-    w.fake.with(|s| {
-        s.instances.insert(
-            0,
-            skipper::api::Instance {
-                name: Some("pod-noaddr".into()),
-                addr: Some(String::new()),
-                ..Default::default()
-            },
-        );
-    });
-    let resp = get(&w, "/x").await;
+    w.fake.add_instance_first("pod-noaddr", "");
+    let resp = w.router.get("/x").await;
     assert_eq!(resp.status(), 200);
-    let reqs = w.fake.with(|s| s.get_instance_requests.clone());
-    assert_eq!(reqs[1].exclude_instance_names, vec!["pod-noaddr".to_owned()]);
+    assert_eq!(w.fake.exclusions()[1], ["pod-noaddr".to_owned()]);
     w.router.stop().await;
 }
 
@@ -403,7 +318,7 @@ async fn every_connect_failing_is_502() {
     let w = world(|c| c.max_round_trip_attempts = 3).await;
     w.fake
         .with(|s| s.instances[0].addr = Some(refused_addr().to_string()));
-    let resp = get(&w, "/x").await;
+    let resp = w.router.get("/x").await;
     assert_eq!(resp.status(), 502);
     let body = resp.text().await.unwrap();
     assert!(body.contains("failed to connect to instance"), "{body}");
@@ -412,42 +327,39 @@ async fn every_connect_failing_is_502() {
 }
 
 #[tokio::test]
-async fn response_header_timeout_is_504() {
-    let w = world(|c| c.response_header_timeout = Some(Duration::from_millis(100))).await;
-    let resp = get(&w, "/block").await;
-    assert_eq!(resp.status(), 504);
-    w.upstream.open();
-    w.router.stop().await;
-}
-
-#[tokio::test]
-async fn request_timeout_is_504() {
-    let w = world(|c| c.request_timeout = Some(Duration::from_millis(100))).await;
-    let resp = get(&w, "/block").await;
-    assert_eq!(resp.status(), 504);
-    let body = resp.text().await.unwrap();
-    assert!(body.contains("request timeout"), "{body}");
-    w.upstream.open();
-    w.router.stop().await;
+async fn response_header_and_request_timeouts_are_504() {
+    // Each bound alone, and what the answer's body says (if it is checked).
+    let cases: [(fn(&mut skipper::router::Config), Option<&str>); 2] = [
+        (
+            |c| c.response_header_timeout = Some(Duration::from_millis(100)),
+            None,
+        ),
+        (
+            |c| c.request_timeout = Some(Duration::from_millis(100)),
+            Some("request timeout"),
+        ),
+    ];
+    for (bound, says) in cases {
+        let w = world(bound).await;
+        let resp = w.router.get("/block").await;
+        assert_eq!(resp.status(), 504);
+        let body = resp.text().await.unwrap();
+        assert!(says.is_none_or(|s| body.contains(s)), "{body}");
+        w.upstream.open();
+        w.router.stop().await;
+    }
 }
 
 #[tokio::test]
 async fn oneshot_instance_is_released_after_an_upstream_failure() {
     let w = world(|_| {}).await;
-    let rude = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let rude_addr = rude.local_addr().unwrap();
-    tokio::spawn(async move {
-        let Ok((mut s, _)) = rude.accept().await else {
-            return;
-        };
-        let mut buf = [0u8; 1024];
-        let _ = tokio::io::AsyncReadExt::read(&mut s, &mut buf).await;
-    });
+    let rude_addr = rude_instance().await;
     w.fake.with(|s| s.instances[0].addr = Some(rude_addr.to_string()));
     // A POST: once the instance has it, the request is not sent again.
-    let resp = http()
-        .post(w.router.url("/x"))
-        .header(HEADER_FUNCTION, function_header("app", "t1", true))
+    let oneshot = function_header("app", "t1", true);
+    let resp = w
+        .router
+        .request_as(Method::POST, "/x", &oneshot)
         .body("payload")
         .send()
         .await
@@ -455,19 +367,13 @@ async fn oneshot_instance_is_released_after_an_upstream_failure() {
     assert_eq!(resp.status(), 502);
     let fake = w.fake.clone();
     w.router.stop().await;
-    let names: Vec<String> = fake.with(|s| {
-        s.releases
-            .iter()
-            .map(|r| r.instance.as_ref().unwrap().name.clone().unwrap())
-            .collect()
-    });
-    assert_eq!(names, vec!["pod-1".to_owned()]);
+    assert_eq!(fake.released(), ["pod-1".to_owned()]);
 }
 
 #[tokio::test]
 async fn sse_first_event_arrives_before_the_response_ends() {
     let w = world(|_| {}).await;
-    let resp = get(&w, "/sse").await;
+    let resp = w.router.get("/sse").await;
     assert_eq!(resp.status(), 200);
     let mut stream = resp.bytes_stream();
     let first = tokio::time::timeout(LIMIT, stream.next())
@@ -490,12 +396,7 @@ async fn sse_first_event_arrives_before_the_response_ends() {
 async fn large_download_streams_through() {
     let w = world(|_| {}).await;
     let n = 64 * 1024 * 1024;
-    let resp = http()
-        .get(w.router.url(&format!("/download/{n}")))
-        .header(HEADER_FUNCTION, header())
-        .send()
-        .await
-        .unwrap();
+    let resp = w.router.get(&format!("/download/{n}")).await;
     let mut stream = resp.bytes_stream();
     let mut total = 0;
     while let Some(chunk) = stream.next().await {
@@ -511,7 +412,7 @@ async fn instance_connections_are_kept_alive_and_reused() {
     let mut peers = Vec::new();
     for _ in 0..5 {
         // A fresh client connection each time; the router's side is pooled.
-        let peer = get(&w, "/peer").await.text().await.unwrap();
+        let peer = w.router.get("/peer").await.text().await.unwrap();
         peers.push(peer);
     }
     peers.dedup();
@@ -523,7 +424,7 @@ async fn instance_connections_are_kept_alive_and_reused() {
 async fn metrics_count_requests_and_durations() {
     let w = world(|_| {}).await;
     for _ in 0..5 {
-        let resp = get(&w, "/x").await;
+        let resp = w.router.get("/x").await;
         resp.bytes().await.unwrap();
     }
     let metrics = w.router.metrics().await;
@@ -534,12 +435,8 @@ async fn metrics_count_requests_and_durations() {
     assert!(metrics.contains("skipper_router_request_duration_seconds_count{function_deployment=\"app\",status_class=\"2xx\"} 5"), "{metrics}");
     // A deployment no controller served gets no series of its own.
     w.fake.fail("GetInstance", tonic::Code::NotFound, 1);
-    let resp = http()
-        .get(w.router.url("/x"))
-        .header(HEADER_FUNCTION, function_header("made-up-deployment", "t", false))
-        .send()
-        .await
-        .unwrap();
+    let made_up = function_header("made-up-deployment", "t", false);
+    let resp = w.router.get_as("/x", &made_up).await;
     assert_eq!(resp.status(), 404);
     let metrics = w.router.metrics().await;
     assert!(!metrics.contains("made-up-deployment"), "{metrics}");
@@ -553,26 +450,7 @@ async fn metrics_count_requests_and_durations() {
 #[tokio::test]
 async fn websocket_echo_counts_in_flight_for_the_tunnel() {
     let w = world(|_| {}).await;
-    let url = format!("ws://{}/ws", w.router.addr);
-    let mut req =
-        tokio_tungstenite::tungstenite::client::IntoClientRequest::into_client_request(url).unwrap();
-    req.headers_mut()
-        .insert(HEADER_FUNCTION, header().parse().unwrap());
-    let (mut ws, resp) = tokio::time::timeout(LIMIT, tokio_tungstenite::connect_async(req))
-        .await
-        .unwrap()
-        .unwrap();
-    assert_eq!(resp.status(), 101);
-    ws.send(tokio_tungstenite::tungstenite::Message::text("ping"))
-        .await
-        .unwrap();
-    let reply = tokio::time::timeout(LIMIT, ws.next())
-        .await
-        .unwrap()
-        .unwrap()
-        .unwrap();
-    assert_eq!(reply.into_text().unwrap().as_str(), "ping");
-
+    let mut ws = crate::common::echoing_websocket(w.router.addr).await;
     w.fake.wait_until(LIMIT, harness::in_flight(1)).await;
     ws.close(None).await.unwrap();
     while let Some(Ok(_)) = tokio::time::timeout(LIMIT, ws.next()).await.unwrap() {}
@@ -585,35 +463,16 @@ async fn websocket_echo_counts_in_flight_for_the_tunnel() {
 async fn oneshot_instances_are_released_exactly_once() {
     let w = world(|_| {}).await;
     // First instance refuses (released right away), second serves.
-    let dead = refused_addr();
-    w.fake.with(|s| {
-        s.instances.insert(
-            0,
-            skipper::api::Instance {
-                name: Some("pod-dead".into()),
-                addr: Some(dead.to_string()),
-                ..Default::default()
-            },
-        );
-    });
-    let resp = http()
-        .get(w.router.url("/x"))
-        .header(HEADER_FUNCTION, function_header("app", "t1", true))
-        .send()
-        .await
-        .unwrap();
+    w.fake.add_instance_first("pod-dead", &refused_addr().to_string());
+    let oneshot = function_header("app", "t1", true);
+    let resp = w.router.get_as("/x", &oneshot).await;
     assert_eq!(resp.status(), 200);
     resp.bytes().await.unwrap();
     w.fake.wait_until(LIMIT, |s| s.releases.len() >= 2).await;
     let fake = w.fake.clone();
     // Stopping drains every tracked task: no release can still be pending.
     w.router.stop().await;
-    let mut names: Vec<String> = fake.with(|s| {
-        s.releases
-            .iter()
-            .map(|r| r.instance.as_ref().unwrap().name.clone().unwrap())
-            .collect()
-    });
+    let mut names = fake.released();
     names.sort();
     assert_eq!(names, vec!["pod-1".to_owned(), "pod-dead".to_owned()]);
 }
@@ -664,9 +523,7 @@ async fn heartbeat_batch_reports_50_concurrent_requests() {
 #[tokio::test]
 async fn graceful_drain_finishes_a_slow_request() {
     let w = world(|c| c.shutdown_timeout = Duration::from_secs(10)).await;
-    let req = http()
-        .get(w.router.url("/block"))
-        .header(HEADER_FUNCTION, header());
+    let req = w.router.request(Method::GET, "/block");
     let pending = tokio::spawn(async move {
         let r = req.send().await.unwrap();
         (r.status(), r.text().await.unwrap())
@@ -724,12 +581,7 @@ async fn oversized_headers_are_431_and_bad_values_are_cut_in_the_answer() {
         r#"{{"namespace":"ns","deployment":"app","tenant":"t","x":"{}","scale":{{"max_instances":1}}}}"#,
         "y".repeat(9000)
     );
-    let resp = http()
-        .get(w.router.url("/x"))
-        .header(HEADER_FUNCTION, &big)
-        .send()
-        .await
-        .unwrap();
+    let resp = w.router.get_as("/x", &big).await;
     assert_eq!(resp.status(), 431);
     let body = resp.text().await.unwrap();
     assert_eq!(
@@ -737,9 +589,9 @@ async fn oversized_headers_are_431_and_bad_values_are_cut_in_the_answer() {
         format!("X-Skipper-Function is {} bytes; the limit is 8192\n", big.len())
     );
     // A request head beyond the router's buffer never reaches the handler.
-    let resp = http()
-        .get(w.router.url("/x"))
-        .header(HEADER_FUNCTION, header())
+    let resp = w
+        .router
+        .request(Method::GET, "/x")
         .header("x-padding", "p".repeat(70 * 1024))
         .send()
         .await
@@ -750,12 +602,7 @@ async fn oversized_headers_are_431_and_bad_values_are_cut_in_the_answer() {
         r#"{{"namespace":"ns","deployment":"app","tenant":"{}!","scale":{{"max_instances":1}}}}"#,
         "t".repeat(7000)
     );
-    let resp = http()
-        .get(w.router.url("/x"))
-        .header(HEADER_FUNCTION, &long_tenant)
-        .send()
-        .await
-        .unwrap();
+    let resp = w.router.get_as("/x", &long_tenant).await;
     assert_eq!(resp.status(), 400);
     let body = resp.text().await.unwrap();
     assert!(body.starts_with("invalid tenant \"ttt"), "{body}");
@@ -948,9 +795,7 @@ async fn a_pooled_connection_to_a_dead_instance_is_excluded_and_retried() {
         .await
         .expect("the request is retried on another instance");
     assert_eq!(resp.status(), 200);
-    let reqs = fake.with(|s| s.get_instance_requests.clone());
-    assert_eq!(reqs.len(), 2, "{reqs:?}");
-    assert_eq!(reqs[1].exclude_instance_names, vec!["pod-dead".to_owned()]);
+    assert_eq!(fake.exclusions(), [vec![], vec!["pod-dead".to_owned()]]);
     stop.cancel();
 }
 
@@ -984,22 +829,12 @@ async fn dies_with_the_request() -> (
 
 #[tokio::test]
 async fn an_idempotent_request_is_retried_when_its_instance_dies_with_it() {
-    let fake = FakeController::new();
-    let stop = CancellationToken::new();
-    let ctrl = fake.serve(stop.clone()).await;
+    let w = world(|_| {}).await;
     let (dying, heads) = dies_with_the_request().await;
-    let upstream = start_upstream().await;
-    fake.add_instance("pod-dies", dying);
-    fake.add_instance("pod-2", upstream.addr);
-    let router = start_router(test_config(vec![ctrl])).await;
+    w.fake.add_instance_first("pod-dies", &dying.to_string());
 
     // A GET without a body goes to the next instance.
-    let resp = http()
-        .get(router.url("/hello"))
-        .header(HEADER_FUNCTION, header())
-        .send()
-        .await
-        .unwrap();
+    let resp = w.router.get("/hello").await;
     assert_eq!(resp.status(), 200);
     assert_eq!(resp.text().await.unwrap(), "hello world");
     assert_eq!(
@@ -1007,20 +842,12 @@ async fn an_idempotent_request_is_retried_when_its_instance_dies_with_it() {
         1,
         "pod-dies had the request"
     );
-    let reqs = fake.with(|s| s.get_instance_requests.clone());
-    assert_eq!(reqs.len(), 2, "{reqs:?}");
-    assert_eq!(reqs[1].exclude_instance_names, vec!["pod-dies".to_owned()]);
+    assert_eq!(w.fake.exclusions(), [vec![], vec!["pod-dies".to_owned()]]);
 
     // A POST is not replayed: the instance may have acted on it.
-    let resp = http()
-        .post(router.url("/hello"))
-        .header(HEADER_FUNCTION, header())
-        .body("payload")
-        .send()
-        .await
-        .unwrap();
+    let resp = w.router.post("/hello", "payload").await;
     assert_eq!(resp.status(), 502);
     assert_eq!(heads.load(std::sync::atomic::Ordering::SeqCst), 2);
-    assert_eq!(fake.with(|s| s.get_instance_requests.len()), 3);
-    stop.cancel();
+    assert_eq!(w.fake.exclusions().len(), 3);
+    w.router.stop().await;
 }

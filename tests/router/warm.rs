@@ -12,16 +12,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use harness::{FakeController, function_header, start_router, start_upstream, test_config};
-use skipper::domain::{HEADER_FUNCTION, HEADER_INSTANCE, HEADER_TENANT};
-use skipper_test_support::http;
+use harness::{
+    FakeController, echo_of, echoed_header, pattern_body, start_router, start_upstream, test_config,
+};
+use reqwest::Method;
+use skipper::domain::{HEADER_INSTANCE, HEADER_TENANT};
 use tokio_util::sync::CancellationToken;
 
 const LIMIT: Duration = Duration::from_secs(10);
-
-fn header() -> String {
-    function_header("app", "t1", false)
-}
 
 struct World {
     fake: FakeController,
@@ -50,27 +48,23 @@ async fn world(instances: &[(&str, SocketAddr)], tweak: impl FnOnce(&mut skipper
     }
 }
 
+/// A [`world`] whose one instance, `pod-1`, is a test upstream of its own.
+async fn world_of_one(tweak: impl FnOnce(&mut skipper::router::Config)) -> World {
+    let up = start_upstream().await;
+    world(&[("pod-1", up.addr)], tweak).await
+}
+
 impl World {
     async fn get(&self, path: &str) -> reqwest::Response {
-        http()
-            .get(self.router.url(path))
-            .header(HEADER_FUNCTION, header())
-            .send()
-            .await
-            .unwrap()
+        self.router.get(path).await
     }
 
     /// The instance the upstream echo says the router named.
     async fn instance_of(&self, path: &str) -> String {
-        let resp = self.get(path).await;
-        assert_eq!(resp.status(), 200);
-        let echo: serde_json::Value = resp.json().await.unwrap();
-        let headers: Vec<(String, String)> = serde_json::from_value(echo["headers"].clone()).unwrap();
-        headers
-            .iter()
-            .find(|(k, _)| k == HEADER_INSTANCE)
-            .map(|(_, v)| v.clone())
-            .expect("the router names the instance")
+        let echo = echo_of(self.get(path).await).await;
+        let mut named = echoed_header(&echo, HEADER_INSTANCE);
+        assert_eq!(named.len(), 1, "the router names the instance once: {named:?}");
+        named.remove(0)
     }
 
     /// Sends requests until one is served from the table (no GetInstance).
@@ -95,8 +89,7 @@ impl World {
 
 #[tokio::test]
 async fn warm_requests_are_routed_without_controller_calls() {
-    let up = start_upstream().await;
-    let w = world(&[("pod-1", up.addr)], |_| {}).await;
+    let w = world_of_one(|_| {}).await;
     w.warm_up().await;
     let calls = w.fake.calls("GetInstance");
     let counted = w.metric("skipper_router_controller_calls_total").await;
@@ -117,27 +110,18 @@ async fn warm_requests_are_routed_without_controller_calls() {
 
 #[tokio::test]
 async fn the_router_names_the_instance_and_tenant_and_drops_client_copies() {
-    let up = start_upstream().await;
-    let w = world(&[("pod-1", up.addr)], |_| {}).await;
-    let resp = http()
-        .get(w.router.url("/x"))
-        .header(HEADER_FUNCTION, header())
+    let w = world_of_one(|_| {}).await;
+    let resp = w
+        .router
+        .request(Method::GET, "/x")
         .header(HEADER_INSTANCE, "spoofed")
         .header(HEADER_TENANT, "someone-else")
         .send()
         .await
         .unwrap();
-    let echo: serde_json::Value = resp.json().await.unwrap();
-    let headers: Vec<(String, String)> = serde_json::from_value(echo["headers"].clone()).unwrap();
-    let values = |k: &str| -> Vec<&str> {
-        headers
-            .iter()
-            .filter(|(n, _)| n == k)
-            .map(|(_, v)| v.as_str())
-            .collect()
-    };
-    assert_eq!(values(HEADER_INSTANCE), ["pod-1"]);
-    assert_eq!(values(HEADER_TENANT), ["t1"]);
+    let echo = echo_of(resp).await;
+    assert_eq!(echoed_header(&echo, HEADER_INSTANCE), ["pod-1"]);
+    assert_eq!(echoed_header(&echo, HEADER_TENANT), ["t1"]);
     w.router.stop().await;
 }
 
@@ -148,16 +132,7 @@ async fn two_choices_send_new_requests_to_the_less_busy_instance() {
     let w = world(&[("pod-a", a.addr), ("pod-b", b.addr)], |_| {}).await;
     w.warm_up().await;
     // One request stays in flight on whichever instance it lands on.
-    let router = w.router.url("/block");
-    let blocked = tokio::spawn(async move {
-        http()
-            .get(router)
-            .header(HEADER_FUNCTION, header())
-            .send()
-            .await
-            .unwrap()
-            .status()
-    });
+    let blocked = w.router.get_in_background("/block");
     tokio::time::timeout(LIMIT, async {
         loop {
             if *a.arrived.borrow() + *b.arrived.borrow() == 1 {
@@ -190,16 +165,7 @@ async fn a_draining_instance_gets_no_new_requests_and_is_reported_idle_once_its_
     let b = start_upstream().await;
     let w = world(&[("pod-a", a.addr)], |_| {}).await;
     w.warm_up().await;
-    let router = w.router.url("/block");
-    let blocked = tokio::spawn(async move {
-        http()
-            .get(router)
-            .header(HEADER_FUNCTION, header())
-            .send()
-            .await
-            .unwrap()
-            .status()
-    });
+    let blocked = w.router.get_in_background("/block");
     a.wait_arrived(1).await;
     w.fake.with(|s| {
         s.instances.push(skipper::api::Instance {
@@ -232,11 +198,7 @@ async fn a_draining_instance_gets_no_new_requests_and_is_reported_idle_once_its_
 
 #[tokio::test]
 async fn a_lost_stream_falls_back_to_get_instance_and_an_aborted_one_resubscribes_at_once() {
-    let up = start_upstream().await;
-    let w = world(&[("pod-1", up.addr)], |c| {
-        c.heartbeat_interval = Duration::from_secs(5)
-    })
-    .await;
+    let w = world_of_one(|c| c.heartbeat_interval = Duration::from_secs(5)).await;
     w.warm_up().await;
 
     // The controller moved the function: the router subscribes again.
@@ -250,9 +212,7 @@ async fn a_lost_stream_falls_back_to_get_instance_and_an_aborted_one_resubscribe
     w.fake.end_streams(tonic::Code::Unavailable);
     // The router noticed (it marks the table down before it asks again).
     w.fake
-        .wait_until(LIMIT, |s| {
-            s.calls.get("WatchInstances").copied().unwrap_or(0) >= 3
-        })
+        .wait_until(LIMIT, |s| s.called("WatchInstances") >= 3)
         .await;
     let calls = w.fake.calls("GetInstance");
     let resp = w.get("/x").await;
@@ -263,9 +223,7 @@ async fn a_lost_stream_falls_back_to_get_instance_and_an_aborted_one_resubscribe
     );
     // After the refusals the router subscribes again and the table is warm.
     w.fake
-        .wait_until(LIMIT, |s| {
-            s.calls.get("WatchInstances").copied().unwrap_or(0) >= 5
-        })
+        .wait_until(LIMIT, |s| s.called("WatchInstances") >= 5)
         .await;
     w.warm_up().await;
     w.router.stop().await;
@@ -273,8 +231,7 @@ async fn a_lost_stream_falls_back_to_get_instance_and_an_aborted_one_resubscribe
 
 #[tokio::test]
 async fn a_controller_without_the_stream_is_asked_per_request_and_not_hammered() {
-    let up = start_upstream().await;
-    let w = world(&[("pod-1", up.addr)], |_| {}).await;
+    let w = world_of_one(|_| {}).await;
     w.fake.with(|s| s.streams = false);
     for _ in 0..20 {
         assert_eq!(w.get("/x").await.status(), 200);
@@ -290,11 +247,7 @@ async fn a_controller_without_the_stream_is_asked_per_request_and_not_hammered()
 
 #[tokio::test]
 async fn an_idle_function_unsubscribes() {
-    let up = start_upstream().await;
-    let w = world(&[("pod-1", up.addr)], |c| {
-        c.heartbeat_interval = Duration::from_millis(50)
-    })
-    .await;
+    let w = world_of_one(|c| c.heartbeat_interval = Duration::from_millis(50)).await;
     assert_eq!(w.get("/x").await.status(), 200);
     w.fake.wait_until(LIMIT, |s| s.subscriptions.len() == 1).await;
     // Three heartbeat intervals without a request: the function is
@@ -327,10 +280,6 @@ async fn misdirected_instance(read_body: bool) -> (SocketAddr, Arc<AtomicUsize>)
     (addr, hits)
 }
 
-fn body_of(len: usize) -> Vec<u8> {
-    (0..len).map(|i| (i % 251) as u8).collect()
-}
-
 #[tokio::test]
 async fn an_instance_answering_421_is_excluded_and_the_request_succeeds_elsewhere_with_its_body() {
     // From the controller (no stream): the 421 instance comes first.
@@ -341,22 +290,10 @@ async fn an_instance_answering_421_is_excluded_and_the_request_succeeds_elsewher
     })
     .await;
     w.fake.with(|s| s.streams = false);
-    let body = body_of(32 * 1024);
-    let resp = http()
-        .post(w.router.url("/upload"))
-        .header(HEADER_FUNCTION, header())
-        .body(body.clone())
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(resp.status(), 200);
-    let echo: serde_json::Value = resp.json().await.unwrap();
-    assert_eq!(echo["body_len"], body.len());
-    assert_eq!(echo["body_xxh64"], xxhash_rust::xxh64::xxh64(&body, 0));
+    let body = pattern_body(32 * 1024);
+    w.router.upload(Method::POST, &body).await;
     assert_eq!(hits.load(Ordering::SeqCst), 1);
-    let reqs = w.fake.with(|s| s.get_instance_requests.clone());
-    assert_eq!(reqs.len(), 2);
-    assert_eq!(reqs[1].exclude_instance_names, ["pod-wrong".to_owned()]);
+    assert_eq!(w.fake.exclusions(), [vec![], vec!["pod-wrong".to_owned()]]);
     w.router.stop().await;
 
     // From the table: whichever instance is picked, every request succeeds
@@ -366,17 +303,8 @@ async fn an_instance_answering_421_is_excluded_and_the_request_succeeds_elsewher
     w.warm_up().await;
     let calls = w.fake.calls("GetInstance");
     for i in 0..30 {
-        let body = body_of(1000 + i * 100);
-        let resp = http()
-            .put(w.router.url("/upload"))
-            .header(HEADER_FUNCTION, header())
-            .body(body.clone())
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(resp.status(), 200);
-        let echo: serde_json::Value = resp.json().await.unwrap();
-        assert_eq!(echo["body_xxh64"], xxhash_rust::xxh64::xxh64(&body, 0));
+        let body = pattern_body(1000 + i * 100);
+        w.router.upload(Method::PUT, &body).await;
     }
     assert!(
         hits.load(Ordering::SeqCst) > 0,
@@ -392,10 +320,10 @@ async fn a_421_after_more_body_than_is_kept_is_a_503() {
     let up = start_upstream().await;
     let w = world(&[("pod-wrong", wrong), ("pod-1", up.addr)], |_| {}).await;
     w.fake.with(|s| s.streams = false);
-    let body = body_of(skipper::router::proxy::replay::MAX_REPLAY_BYTES + 1);
-    let resp = http()
-        .post(w.router.url("/upload"))
-        .header(HEADER_FUNCTION, header())
+    let body = pattern_body(skipper::router::proxy::replay::MAX_REPLAY_BYTES + 1);
+    let resp = w
+        .router
+        .request(Method::POST, "/upload")
         .body(body)
         .send()
         .await

@@ -6,7 +6,7 @@
 //! simulator's test settings and pod helpers ([`devcluster`]), process
 //! checks ([`process`]), the one condition wait ([`eventually`]), and the
 //! requests tests repeat ([`http`], [`get_text`], [`get_status`],
-//! [`patch`], [`api_error`]).
+//! [`patch`], [`list_version`], [`api_error`]).
 //!
 //! The root package takes this crate as a dev-dependency only; the product
 //! never links it.
@@ -116,6 +116,20 @@ pub fn api_error(e: kube::Error) -> (u16, String, String) {
         kube::Error::Api(s) => (s.code, s.reason, s.message),
         other => panic!("not an API error: {other}"),
     }
+}
+
+/// The resourceVersion of a list of `api` now: a watch from it misses
+/// nothing that changes after this call.
+pub async fn list_version<K>(api: &kube::Api<K>) -> String
+where
+    K: Clone + std::fmt::Debug + k8s_openapi::serde::de::DeserializeOwned,
+{
+    api.list(&kube::api::ListParams::default())
+        .await
+        .unwrap()
+        .metadata
+        .resource_version
+        .expect("a list carries its resourceVersion")
 }
 
 /// Applies `patch` to object `name` of `api`; panics when the API server

@@ -51,6 +51,13 @@ pub struct State {
     pub refuse: Option<tonic::Code>,
 }
 
+impl State {
+    /// Calls received of `method` (failed ones included).
+    pub fn called(&self, method: &str) -> usize {
+        self.calls.get(method).copied().unwrap_or(0)
+    }
+}
+
 /// A fake controller. Clones share state.
 #[derive(Debug, Clone)]
 pub struct FakeController {
@@ -120,6 +127,42 @@ impl FakeController {
         });
     }
 
+    /// Adds an instance GetInstance returns before every other one (while
+    /// it is not excluded).
+    pub fn add_instance_first(&self, name: &str, addr: &str) {
+        self.with(|s| {
+            s.instances.insert(
+                0,
+                api::Instance {
+                    name: Some(name.to_owned()),
+                    addr: Some(addr.to_owned()),
+                    ..Default::default()
+                },
+            );
+        });
+    }
+
+    /// The instance names each GetInstance call asked to exclude, in the
+    /// order of the calls.
+    pub fn exclusions(&self) -> Vec<Vec<String>> {
+        self.with(|s| {
+            s.get_instance_requests
+                .iter()
+                .map(|r| r.exclude_instance_names.clone())
+                .collect()
+        })
+    }
+
+    /// The names of the instances ReleaseInstance was called for, in order.
+    pub fn released(&self) -> Vec<String> {
+        self.with(|s| {
+            s.releases
+                .iter()
+                .map(|r| r.instance.as_ref().unwrap().name.clone().unwrap())
+                .collect()
+        })
+    }
+
     /// Makes every instance GetInstance returns speak `protocol`.
     pub fn speak(&self, protocol: api::Protocol) {
         self.with(|s| {
@@ -130,7 +173,7 @@ impl FakeController {
     }
 
     pub fn calls(&self, method: &'static str) -> usize {
-        self.with(|s| s.calls.get(method).copied().unwrap_or(0))
+        self.with(|s| s.called(method))
     }
 
     /// Waits (at most `limit`) until `cond` holds on the state.
@@ -422,6 +465,42 @@ pub fn function_header(deployment: &str, tenant: &str, oneshot: bool) -> String 
     )
 }
 
+/// The function header of deployment `app` for tenant `t1`: the function
+/// most tests send.
+pub fn app_header() -> String {
+    function_header("app", "t1", false)
+}
+
+/// `len` bytes of a pattern that does not repeat at any power of two, for
+/// bodies whose every byte is checked at the far end.
+pub fn pattern_body(len: usize) -> Vec<u8> {
+    (0..len).map(|i| (i % 251) as u8).collect()
+}
+
+/// The JSON the test upstream's echo answered `resp` with; asserts a 200.
+pub async fn echo_of(resp: reqwest::Response) -> serde_json::Value {
+    assert_eq!(resp.status(), 200);
+    resp.json().await.unwrap()
+}
+
+/// The values of header `name` the test upstream received, as its `echo`
+/// reports them, in the order they arrived.
+pub fn echoed_header(echo: &serde_json::Value, name: &str) -> Vec<String> {
+    let headers: Vec<(String, String)> = serde_json::from_value(echo["headers"].clone()).unwrap();
+    headers
+        .into_iter()
+        .filter(|(k, _)| k == name)
+        .map(|(_, v)| v)
+        .collect()
+}
+
+/// Asserts that the test upstream's `echo` received exactly `body` (its
+/// length and digest).
+pub fn assert_echoed_body(echo: &serde_json::Value, body: &[u8]) {
+    assert_eq!(echo["body_len"], body.len());
+    assert_eq!(echo["body_xxh64"], xxhash_rust::xxh64::xxh64(body, 0));
+}
+
 /// A router running on 127.0.0.1:0.
 pub struct RouterHandle {
     pub addr: SocketAddr,
@@ -433,6 +512,64 @@ pub struct RouterHandle {
 impl RouterHandle {
     pub fn url(&self, path: &str) -> String {
         format!("http://{}{path}", self.addr)
+    }
+
+    /// A request `method path` through the router with `header` as the
+    /// function header.
+    pub fn request_as(&self, method: reqwest::Method, path: &str, header: &str) -> reqwest::RequestBuilder {
+        crate::http()
+            .request(method, self.url(path))
+            .header(skipper::domain::HEADER_FUNCTION, header)
+    }
+
+    /// A request `method path` through the router for [`app_header`]'s
+    /// function.
+    pub fn request(&self, method: reqwest::Method, path: &str) -> reqwest::RequestBuilder {
+        self.request_as(method, path, &app_header())
+    }
+
+    /// `GET path` through the router with `header` as the function header;
+    /// panics on a transport error.
+    pub async fn get_as(&self, path: &str, header: &str) -> reqwest::Response {
+        self.request_as(reqwest::Method::GET, path, header)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// `GET path` through the router for [`app_header`]'s function; panics
+    /// on a transport error.
+    pub async fn get(&self, path: &str) -> reqwest::Response {
+        self.get_as(path, &app_header()).await
+    }
+
+    /// `POST path` with `body` through the router for [`app_header`]'s
+    /// function; panics on a transport error.
+    pub async fn post(&self, path: &str, body: impl Into<reqwest::Body>) -> reqwest::Response {
+        self.request(reqwest::Method::POST, path)
+            .body(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// Sends `body` with `method` to the test upstream's echo (`/upload`)
+    /// for [`app_header`]'s function; asserts that it arrived byte for byte.
+    pub async fn upload(&self, method: reqwest::Method, body: &[u8]) {
+        let resp = self
+            .request(method, "/upload")
+            .body(body.to_vec())
+            .send()
+            .await
+            .unwrap();
+        assert_echoed_body(&echo_of(resp).await, body);
+    }
+
+    /// `GET path` for [`app_header`]'s function on a task of its own: the
+    /// status it is answered with.
+    pub fn get_in_background(&self, path: &str) -> tokio::task::JoinHandle<reqwest::StatusCode> {
+        let req = self.request(reqwest::Method::GET, path);
+        tokio::spawn(async move { req.send().await.unwrap().status() })
     }
 
     /// The router's metrics, as its `/metrics` endpoint exposes them.
