@@ -13,7 +13,6 @@ use skipper_test_support::router as harness;
 use std::future::Future as _;
 use std::time::Duration;
 
-use futures::{SinkExt as _, StreamExt as _};
 use harness::{echoed_header, function_header, world};
 use skipper::api::Protocol;
 use skipper::domain::HEADER_FUNCTION;

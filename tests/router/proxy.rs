@@ -7,7 +7,7 @@ use skipper_test_support::router as harness;
 
 use std::time::Duration;
 
-use futures::{SinkExt, StreamExt};
+use futures::StreamExt;
 use harness::{
     FakeController, app_header as header, echo_of, echoed_header, function_header, pattern_body,
     refused_addr, start_router, start_upstream, test_config, world,
