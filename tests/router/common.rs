@@ -1,6 +1,8 @@
 //! What several modules of the router's suite share beyond the harness of
 //! `skipper_test_support::router`.
 
+#![allow(clippy::unwrap_used)]
+
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -329,7 +329,8 @@ async fn every_connect_failing_is_502() {
 #[tokio::test]
 async fn response_header_and_request_timeouts_are_504() {
     // Each bound alone, and what the answer's body says (if it is checked).
-    let cases: [(fn(&mut skipper::router::Config), Option<&str>); 2] = [
+    type Bound = fn(&mut skipper::router::Config);
+    let cases: [(Bound, Option<&str>); 2] = [
         (
             |c| c.response_header_timeout = Some(Duration::from_millis(100)),
             None,
