@@ -248,6 +248,26 @@ impl Error {
     }
 }
 
+/// The gRPC status for an instance's response body that ended in `err`
+/// mid-call: a stream the instance reset with `CANCEL` is the call
+/// cancelled (`CANCELLED`, as the instance's own gRPC library reports a
+/// handler that gave up); every other failure (reset otherwise, connection
+/// lost, process gone) is `UNAVAILABLE`.
+#[must_use]
+pub fn grpc_code_mid_response(err: &(dyn std::error::Error + 'static)) -> tonic::Code {
+    let mut cause = Some(err);
+    while let Some(e) = cause {
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            return match h2.reason() {
+                Some(h2::Reason::CANCEL) => tonic::Code::Cancelled,
+                _ => tonic::Code::Unavailable,
+            };
+        }
+        cause = e.source();
+    }
+    tonic::Code::Unavailable
+}
+
 /// Whether a request is a gRPC call (`Content-Type: application/grpc`,
 /// `application/grpc+proto`, `application/grpc-web…`).
 #[must_use]
@@ -370,6 +390,32 @@ mod tests {
         let http = Error::from(HeaderError::Missing).respond(false);
         assert_eq!(http.status(), StatusCode::BAD_REQUEST);
         assert!(http.headers().get("grpc-status").is_none());
+    }
+
+    #[test]
+    fn a_stream_the_instance_cancels_is_a_cancelled_call_and_other_losses_unavailable() {
+        /// An error caused by `0`, as hyper wraps the h2 error it got.
+        #[derive(Debug, thiserror::Error)]
+        #[error("stream error")]
+        struct Wrapped(#[source] h2::Error);
+        let cases: [(&(dyn std::error::Error + 'static), tonic::Code); 4] = [
+            (&Wrapped(h2::Reason::CANCEL.into()), tonic::Code::Cancelled),
+            (
+                &Wrapped(h2::Reason::INTERNAL_ERROR.into()),
+                tonic::Code::Unavailable,
+            ),
+            (
+                &Wrapped(h2::Reason::REFUSED_STREAM.into()),
+                tonic::Code::Unavailable,
+            ),
+            (
+                &std::io::Error::from(std::io::ErrorKind::ConnectionReset),
+                tonic::Code::Unavailable,
+            ),
+        ];
+        for (err, want) in cases {
+            assert_eq!(grpc_code_mid_response(err), want, "{err}");
+        }
     }
 
     #[test]

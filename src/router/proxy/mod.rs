@@ -144,8 +144,9 @@ pub struct Hold {
 /// The response body sent to the client: the instance's body plus the
 /// request's [`Hold`], released when the body is done or the client leaves.
 /// For a gRPC call, an instance lost mid-response ends the body with
-/// `grpc-status: UNAVAILABLE` trailers instead of a reset stream (which a
-/// gRPC client reads as `INTERNAL`).
+/// `grpc-status` trailers instead of a reset stream (which a gRPC client
+/// reads as `INTERNAL`): `CANCELLED` when the instance cancelled the stream,
+/// else `UNAVAILABLE`.
 pub struct ProxyBody {
     inner: UpstreamBody,
     hold: Option<Hold>,
@@ -174,12 +175,14 @@ impl http_body::Body for ProxyBody {
             && let Some(instance) = &this.grpc
         {
             this.ended = true;
-            let line = error::one_line(&format!("instance {instance:?} failed mid-response: {e}"));
+            let code = error::grpc_code_mid_response(e);
+            let line = if code == tonic::Code::Cancelled {
+                format!("instance {instance:?} cancelled the call")
+            } else {
+                error::one_line(&format!("instance {instance:?} failed mid-response: {e}"))
+            };
             tracing::warn!(error = %line, "gRPC response cut short");
-            return Poll::Ready(Some(Ok(Frame::trailers(error::grpc_trailers(
-                tonic::Code::Unavailable,
-                &line,
-            )))));
+            return Poll::Ready(Some(Ok(Frame::trailers(error::grpc_trailers(code, &line)))));
         }
         r
     }
