@@ -249,8 +249,11 @@ async fn s05_three_controllers_failover() {
     pods.delete(&pod, &kube::api::DeleteParams::default())
         .await
         .unwrap();
+    // The controllers only: on kubelet nodes the router is a pod of this
+    // namespace too.
+    let controllers = kube::api::ListParams::default().labels(CONTROLLER_SELECTOR);
     let members = wait_for(WAIT, "a replacement controller is Ready", || async {
-        let list = pods.list(&kube::api::ListParams::default()).await.ok()?;
+        let list = pods.list(&controllers).await.ok()?;
         let ips: Vec<String> = list
             .items
             .iter()
@@ -362,10 +365,13 @@ async fn check_supervisors(dev: &Dev, members: &[String], functions: &[String], 
     }
 }
 
+/// The label selector of the controller pods (`manifests/controller.yaml`).
+const CONTROLLER_SELECTOR: &str = "app.kubernetes.io/name=skipper,app.kubernetes.io/component=controller";
+
 async fn controller_pod(dev: &Dev, ip: &str) -> String {
     use k8s_openapi::api::core::v1::Pod;
     let api: kube::Api<Pod> = kube::Api::namespaced(dev.client.clone(), "skipper");
-    api.list(&kube::api::ListParams::default())
+    api.list(&kube::api::ListParams::default().labels(CONTROLLER_SELECTOR))
         .await
         .unwrap()
         .items
