@@ -322,6 +322,15 @@ async fn oneshot_releases_succeed_on_any_controller() {
         controllers: 3,
         pool: 8,
         heartbeat_timeout: "60s",
+        // Four callers claim and release back to back, so a claim waits for
+        // the pool to refill: give it the callers' 30 s rather than the
+        // suite's 5 s (a loaded 2-core machine starts a replacement pod in
+        // more than 5 s), so what is measured is the releases.
+        controller_env: vec![
+            "SKIPPER_HPA_DOWNSCALE_STABILIZATION=2s",
+            "SKIPPER_HPA_INITIAL_READINESS_DELAY=1s",
+            "SKIPPER_FUNCTION_ASSIGN_TIMEOUT=25s",
+        ],
         ..Opts::default()
     })
     .await;
