@@ -261,7 +261,7 @@ impl Load {
     /// Waits (at most 60 s) until `n` more requests have completed.
     pub async fn progress(&self, n: u64) {
         let target = self.done.load(Ordering::SeqCst) + n;
-        wait_until(Duration::from_secs(60), &format!("{n} more requests"), || {
+        wait_until(&format!("{n} more requests"), Duration::from_secs(60), || {
             (self.done.load(Ordering::SeqCst) >= target).then_some(())
         })
         .await;

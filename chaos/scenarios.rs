@@ -170,8 +170,8 @@ async fn flood(dev: &Dev, ctls: &[(String, String, u32)], round: usize) -> Vec<u
     // 40,000 supervisors every 100 ms would be the load, not the flood.
     for ip in ips {
         crate::harness::wait_for(
-            Duration::from_secs(90),
             "the flood supervisors stopped",
+            Duration::from_secs(90),
             || async { (supervisor_gauge(dev, ip).await == Some(0)).then_some(()) },
         )
         .await;
@@ -397,7 +397,7 @@ async fn oneshot_releases_succeed_on_any_controller() {
     assert!(failed.is_empty(), "failed releases: {failed:?}");
     // Released pods go at once (the heartbeat timeout here is 60 s).
     let released: Vec<String> = results.into_iter().map(|(n, _)| n).collect();
-    crate::harness::wait_for(Duration::from_secs(15), "released pods deleted", || async {
+    crate::harness::wait_for("released pods deleted", Duration::from_secs(15), || async {
         let claimed = probe::claimed_pods(&dev).await;
         (!released.iter().any(|n| claimed.contains(n))).then_some(())
     })
@@ -521,7 +521,7 @@ async fn no_502_while_pods_are_killed_under_load() {
     for round in 0..6 {
         // A Ready pod of the tenant (an earlier victim may still be there, dead).
         let tenant = &functions[round % functions.len()].1;
-        let pod = crate::harness::wait_for(WAIT, "a Ready pod of the tenant", || async {
+        let pod = crate::harness::wait_for("a Ready pod of the tenant", WAIT, || async {
             dev.pods().await.into_iter().find_map(|p| {
                 let serves = p.metadata.labels.as_ref()?.get(TENANT) == Some(tenant);
                 (serves && p.metadata.deletion_timestamp.is_none() && pod_ready(&p))
@@ -655,8 +655,8 @@ async fn roll(dev: &Dev, namespace: &str, name: &str, step: &str, until: Rolled)
     let pods: Api<Pod> = Api::namespaced(dev.client.clone(), namespace);
     let lp = kube::api::ListParams::default().labels(&selector.join(","));
     crate::harness::wait_for(
-        ROLLOUT,
         &format!("the rollout of {namespace}/{name} to step {step}"),
+        ROLLOUT,
         || async {
             // Claimed pods keep the pool's labels; they are the tenants', not
             // the rollout's (a rollout of the pool replaces them as stale

@@ -233,7 +233,7 @@ impl Dev {
             panic!("skipper dev did not get ready within 120s (or exited); stderr:\n{stderr}");
         }
         // Wait for the rest of the ready block (controllers line).
-        let controllers = wait_until(Duration::from_secs(5), "the controllers line", || {
+        let controllers = wait_until("the controllers line", Duration::from_secs(5), || {
             let l = dev.stdout.lock().unwrap();
             let line = l.iter().find(|l| l.trim_start().starts_with("controllers:"))?;
             let ips = line.split_whitespace().nth(1)?.to_owned();
@@ -548,21 +548,51 @@ pub fn pod_ready(p: &Pod) -> bool {
 }
 
 /// [`wait_for`] with a synchronous check.
-pub async fn wait_until<T, F>(limit: Duration, what: &str, mut check: F) -> T
+pub async fn wait_until<T, F>(what: &str, limit: Duration, mut check: F) -> T
 where
     F: FnMut() -> Option<T>,
 {
-    wait_for(limit, what, || std::future::ready(check())).await
+    wait_for(what, limit, || std::future::ready(check())).await
 }
 
-/// Polls `check` every 100 ms (each poll may list pods) until it yields a
-/// value; panics after `limit`, naming `what`.
-pub async fn wait_for<T, F, Fut>(limit: Duration, what: &str, check: F) -> T
+/// [`skipper_test_support::eventually`] (same arguments) polling every
+/// 100 ms: each poll may list pods.
+pub async fn wait_for<T, F, Fut>(what: &str, limit: Duration, check: F) -> T
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
 {
     skipper_test_support::eventually_every(what, limit, Duration::from_millis(100), check).await
+}
+
+/// Prints a scenario's wall time when it ends (also on failure), as a
+/// `<suite>: <scenario> ok|FAILED in <seconds>s` line.
+pub struct Timer {
+    name: &'static str,
+    start: std::time::Instant,
+}
+
+impl Timer {
+    /// Starts timing scenario `name`.
+    pub fn start(name: &'static str) -> Self {
+        Self {
+            name,
+            start: std::time::Instant::now(),
+        }
+    }
+}
+
+impl Drop for Timer {
+    fn drop(&mut self) {
+        let outcome = if std::thread::panicking() { "FAILED" } else { "ok" };
+        // The suite is the test binary including this file: `e2e` or `chaos`.
+        eprintln!(
+            "{}: {} {outcome} in {:.1}s",
+            env!("CARGO_CRATE_NAME"),
+            self.name,
+            self.start.elapsed().as_secs_f64()
+        );
+    }
 }
 
 /// A function header value.
@@ -599,7 +629,7 @@ impl Load {
     /// Waits until `n` more requests have completed.
     pub async fn progress(&self, n: u64) {
         let target = self.done.load(Ordering::SeqCst) + n;
-        wait_until(Duration::from_secs(60), &format!("{n} more requests"), || {
+        wait_until(&format!("{n} more requests"), Duration::from_secs(60), || {
             (self.done.load(Ordering::SeqCst) >= target).then_some(())
         })
         .await;

@@ -17,29 +17,4 @@ mod playground;
 mod scenarios;
 mod traces;
 
-/// Prints a scenario's wall time when it ends (also on failure).
-pub struct Timer {
-    name: &'static str,
-    start: std::time::Instant,
-}
-
-impl Timer {
-    /// Starts timing scenario `name`.
-    pub fn start(name: &'static str) -> Self {
-        Self {
-            name,
-            start: std::time::Instant::now(),
-        }
-    }
-}
-
-impl Drop for Timer {
-    fn drop(&mut self) {
-        let outcome = if std::thread::panicking() { "FAILED" } else { "ok" };
-        eprintln!(
-            "e2e: {} {outcome} in {:.1}s",
-            self.name,
-            self.start.elapsed().as_secs_f64()
-        );
-    }
-}
+pub use harness::Timer;

@@ -102,7 +102,7 @@ async fn s03_oneshot() {
     for _ in 0..10 {
         assert_eq!(dev.echo_tenant(&f, "/job").await, "once");
     }
-    let seen = wait_for(WAIT, "10 oneshot pods recorded", || {
+    let seen = wait_for("10 oneshot pods recorded", WAIT, || {
         let s = rec.snapshot();
         let n = s.tenants_of_pod.values().filter(|t| t.contains("once")).count();
         async move { (n >= 10).then_some(s) }
@@ -115,11 +115,11 @@ async fn s03_oneshot() {
         .collect();
     assert_eq!(once.len(), 10, "oneshot pods: {once:?}");
     assert!(once.iter().all(|(_, t)| t.len() == 1));
-    wait_for(WAIT, "every oneshot pod deleted", || async {
+    wait_for("every oneshot pod deleted", WAIT, || async {
         dev.tenant_pods("once").await.is_empty().then_some(())
     })
     .await;
-    wait_for(WAIT, "the pool refilled to 3 Ready pods", || async {
+    wait_for("the pool refilled to 3 Ready pods", WAIT, || async {
         (dev.idle_pool_pods().await == 3).then_some(())
     })
     .await;
@@ -161,7 +161,7 @@ async fn s04_scale_on_in_flight() {
             failures
         });
     }
-    wait_for(WAIT, "3 instances of busy", || async {
+    wait_for("3 instances of busy", WAIT, || async {
         (dev.tenant_pods("busy").await.len() == 3).then_some(())
     })
     .await;
@@ -172,7 +172,7 @@ async fn s04_scale_on_in_flight() {
     }
     assert_eq!(failures, 0);
     let started = std::time::Instant::now();
-    wait_for(WAIT, "busy scaled to zero", || async {
+    wait_for("busy scaled to zero", WAIT, || async {
         dev.tenant_pods("busy").await.is_empty().then_some(())
     })
     .await;
@@ -232,7 +232,7 @@ async fn s05_three_controllers_failover() {
     running.progress(50).await;
     let before = rec.snapshot();
     dev.kill_pod_process("skipper", &pod, 50051).await;
-    wait_for(WAIT, "the killed controller restarted and Ready", || async {
+    wait_for("the killed controller restarted and Ready", WAIT, || async {
         let p = controller_pod_status(&dev, &pod).await?;
         let cs = p.container_statuses?.into_iter().next()?;
         (cs.restart_count >= 1 && cs.ready).then_some(())
@@ -252,7 +252,7 @@ async fn s05_three_controllers_failover() {
     // The controllers only: on kubelet nodes the router is a pod of this
     // namespace too.
     let controllers = kube::api::ListParams::default().labels(CONTROLLER_SELECTOR);
-    let members = wait_for(WAIT, "a replacement controller is Ready", || async {
+    let members = wait_for("a replacement controller is Ready", WAIT, || async {
         let list = pods.list(&controllers).await.ok()?;
         let ips: Vec<String> = list
             .items
@@ -397,7 +397,7 @@ async fn s06_pod_crash_under_load() {
     let running = load(&dev, vec![f.clone()], 4);
     dev.kill_pod_process(NS, &old, 8888).await;
     let pods: kube::Api<Pod> = kube::Api::namespaced(dev.client.clone(), NS);
-    wait_for(WAIT, "the crashed container restarted and Ready", || async {
+    wait_for("the crashed container restarted and Ready", WAIT, || async {
         let p = pods.get_opt(&old).await.ok()??;
         let cs = p.status?.container_statuses?.into_iter().next()?;
         (cs.restart_count >= 1 && cs.ready).then_some(())
@@ -449,7 +449,7 @@ async fn s07_websocket_keeps_pod() {
     }
     ws.close(None).await.unwrap();
     drop(ws);
-    wait_for(WAIT, "the websocket's pod reclaimed", || async {
+    wait_for("the websocket's pod reclaimed", WAIT, || async {
         dev.tenant_pods("ws").await.is_empty().then_some(())
     })
     .await;
@@ -514,14 +514,14 @@ async fn s08_rollout() {
         };
         Some((size(None), size(Some("2"))))
     };
-    wait_for(WAIT, "the old and new ReplicaSets side by side", || async {
+    wait_for("the old and new ReplicaSets side by side", WAIT, || async {
         let (old, new) = pool_sets().await?;
         (old > 0 && new > 0).then_some(())
     })
     .await;
     wait_for(
-        Duration::from_secs(90),
         "every stale instance replaced",
+        Duration::from_secs(90),
         || async {
             let mut now = BTreeSet::new();
             for i in 0..3 {
@@ -535,7 +535,7 @@ async fn s08_rollout() {
         },
     )
     .await;
-    wait_for(Duration::from_secs(90), "the rollout to finish", || async {
+    wait_for("the rollout to finish", Duration::from_secs(90), || async {
         let (old, new) = pool_sets().await?;
         (old == 0 && new == 4).then_some(())
     })
@@ -588,7 +588,7 @@ async fn s09_watches_dropped() {
         assert_eq!(dev.echo_tenant(&single(&t), "/").await, t);
     }
     // The pool refills (the controllers see the claimed pods leave the pool).
-    wait_for(WAIT, "the pool refilled", || async {
+    wait_for("the pool refilled", WAIT, || async {
         (dev.idle_pool_pods().await == 3).then_some(())
     })
     .await;
@@ -681,7 +681,7 @@ async fn s11_grpc_to_an_h2c_pool() {
         )
         .await
         .unwrap();
-    wait_for(WAIT, "the pool's pods rolled to the h2c template", || async {
+    wait_for("the pool's pods rolled to the h2c template", WAIT, || async {
         let pool: Vec<_> = dev
             .pods()
             .await

@@ -10,6 +10,7 @@
 
 use skipper_test_support::backend;
 use skipper_test_support::differential;
+use skipper_test_support::try_eventually;
 
 use std::time::Duration;
 
@@ -724,13 +725,10 @@ async fn claim_path_as_its_service_account(
             .instance
             .ok_or("GetInstance answered no instance")?;
         let name = instance.name.clone().unwrap_or_default();
-        tokio::time::timeout(limit, async {
-            while core.cluster.state.usage.get(FN_NS, &name) == (0, 0) {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+        try_eventually(&format!("usage of {name} from metrics.k8s.io"), limit, || {
+            std::future::ready((core.cluster.state.usage.get(FN_NS, &name) != (0, 0)).then_some(()))
         })
-        .await
-        .map_err(|_| format!("no usage of {name} from metrics.k8s.io within {limit:?}"))?;
+        .await?;
         let unknown = skipper::api::Instance {
             name: Some(format!("{pool}-not-a-pod")),
             ..instance.clone()
@@ -746,37 +744,24 @@ async fn claim_path_as_its_service_account(
         .await
         .map_err(|e| format!("ReleaseInstance: {e:?}"))?;
         let pods: Api<Pod> = Api::namespaced(b.client().await, FN_NS);
-        tokio::time::timeout(limit, async {
-            while pods
-                .get_opt(&name)
-                .await
-                .unwrap()
-                .is_some_and(|p| p.metadata.deletion_timestamp.is_none())
-            {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
+        try_eventually(&format!("the released pod {name} deleted"), limit, || async {
+            let pod = pods.get_opt(&name).await.unwrap();
+            (!pod.is_some_and(|p| p.metadata.deletion_timestamp.is_none())).then_some(())
         })
-        .await
-        .map_err(|_| format!("the released pod {name} was not deleted within {limit:?}"))?;
+        .await?;
         // A controller that joins later enters the ring (the watch of the
         // controller pods), and leaves it when its pod goes.
         let members = || core.cluster.ring.current().sorted_members().len();
         joining_controller_pod(b, "127.0.0.2").await;
-        tokio::time::timeout(limit, async {
-            while members() != 2 {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        try_eventually("a joining controller in the ring", limit, || {
+            std::future::ready((members() == 2).then_some(()))
         })
-        .await
-        .map_err(|_| format!("a joining controller did not enter the ring within {limit:?}"))?;
+        .await?;
         leaving_controller_pod(b).await;
-        tokio::time::timeout(limit, async {
-            while members() != 1 {
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        try_eventually("a leaving controller out of the ring", limit, || {
+            std::future::ready((members() == 1).then_some(()))
         })
-        .await
-        .map_err(|_| format!("a leaving controller stayed in the ring for {limit:?}"))?;
+        .await?;
         Ok::<(), String>(())
     }
     .await;

@@ -72,7 +72,27 @@ where
 
 /// [`eventually`], polling every `every` (for checks that cost the system
 /// under test something, such as listing pods).
-pub async fn eventually_every<T, F, Fut>(what: &str, timeout: Duration, every: Duration, mut f: F) -> T
+pub async fn eventually_every<T, F, Fut>(what: &str, timeout: Duration, every: Duration, f: F) -> T
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    poll(what, timeout, every, f)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`eventually`] that returns the time-out as an error naming `what`
+/// instead of panicking, for a test that must clean up before it fails.
+pub async fn try_eventually<T, F, Fut>(what: &str, timeout: Duration, f: F) -> Result<T, String>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Option<T>>,
+{
+    poll(what, timeout, Duration::from_millis(20), f).await
+}
+
+async fn poll<T, F, Fut>(what: &str, timeout: Duration, every: Duration, mut f: F) -> Result<T, String>
 where
     F: FnMut() -> Fut,
     Fut: Future<Output = Option<T>>,
@@ -86,7 +106,7 @@ where
         }
     })
     .await
-    .unwrap_or_else(|_| panic!("timed out after {timeout:?} waiting for {what}"))
+    .map_err(|_| format!("timed out after {timeout:?} waiting for {what}"))
 }
 
 /// An HTTP client that dials every address itself (no proxy from the
