@@ -163,6 +163,17 @@ pub enum NodesError {
     TooManyNodes { count: usize },
     #[error("kubelet nodes need cgroup v1 hierarchies under {CGROUP_ROOT}: {0}")]
     Cgroups(String),
+    #[error(
+        "{count} kubelet nodes and their control plane need about {need} inotify instances ({INOTIFY_PER_NODE} a node, \
+         {INOTIFY_PER_CLUSTER} the control plane); fs.inotify.max_user_instances is {max} and root's processes \
+         use {used}: raise it, e.g. `sysctl -w fs.inotify.max_user_instances=1024`"
+    )]
+    Inotify {
+        count: usize,
+        need: usize,
+        max: usize,
+        used: usize,
+    },
     #[error("{what} {path}: {source}")]
     Io {
         what: &'static str,
@@ -1189,7 +1200,7 @@ fn executable(path: &Path) -> bool {
 /// # Errors
 /// [`NodesError::MissingBinary`], [`NodesError::MissingTool`],
 /// [`NodesError::MissingImage`], [`NodesError::TooManyNodes`],
-/// [`NodesError::Cgroups`].
+/// [`NodesError::Cgroups`], [`NodesError::Inotify`].
 pub fn check(config: &Config, count: usize) -> Result<(), NodesError> {
     if count > MAX_NODES {
         return Err(NodesError::TooManyNodes { count });
@@ -1237,7 +1248,64 @@ pub fn check(config: &Config, count: usize) -> Result<(), NodesError> {
     if hierarchies().is_empty() {
         return Err(NodesError::Cgroups("none is mounted".into()));
     }
+    // A kubelet without an inotify instance exits at start ("Failed to
+    // start cAdvisor"): the per-user limit is shared by every root process,
+    // other clusters' nodes among them.
+    if let Some(max) = read_usize("/proc/sys/fs/inotify/max_user_instances") {
+        inotify_room(count, max, inotify_instances_of(0))?;
+    }
     Ok(())
+}
+
+/// Whether `count` nodes and their control plane fit in `max` inotify
+/// instances of which `used` are taken.
+fn inotify_room(count: usize, max: usize, used: usize) -> Result<(), NodesError> {
+    let need = count * INOTIFY_PER_NODE + INOTIFY_PER_CLUSTER;
+    if used + need > max {
+        return Err(NodesError::Inotify {
+            count,
+            need,
+            max,
+            used,
+        });
+    }
+    Ok(())
+}
+
+/// The inotify instances one node's processes hold: its kubelet 6 (cAdvisor,
+/// the volume plugin prober, the serving certificate, configuration), its
+/// containerd 2.
+pub const INOTIFY_PER_NODE: usize = 8;
+
+/// The inotify instances the nodes' control plane holds: kube-apiserver 6,
+/// kube-controller-manager and kube-scheduler 1 each, metrics-server 2.
+pub const INOTIFY_PER_CLUSTER: usize = 10;
+
+fn read_usize(path: &str) -> Option<usize> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+/// The inotify instances the processes of user `uid` hold (the kernel
+/// counts them against that user's `fs.inotify.max_user_instances`).
+fn inotify_instances_of(uid: u32) -> usize {
+    use std::os::unix::fs::MetadataExt as _;
+    let Ok(procs) = std::fs::read_dir("/proc") else {
+        return 0;
+    };
+    procs
+        .flatten()
+        .filter(|p| {
+            p.file_name()
+                .to_str()
+                .is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .filter(|p| p.metadata().is_ok_and(|m| m.uid() == uid))
+        .filter_map(|p| std::fs::read_dir(p.path().join("fd")).ok())
+        .flat_map(|fds| fds.flatten())
+        .filter(|fd| {
+            std::fs::read_link(fd.path()).is_ok_and(|target| target.as_os_str() == "anon_inode:inotify")
+        })
+        .count()
 }
 
 /// Removes what kubelet nodes of SIGKILLed harnesses left (see the module
@@ -1624,4 +1692,25 @@ async fn grant_metrics_server(client: &kube::Client, user: &str) -> Result<(), N
         .await
         .map_err(create_err("RoleBinding kube-system/metrics-server-auth-reader"))?;
     Ok(())
+}
+
+#[cfg(test)]
+mod inotify_tests {
+    use super::*;
+
+    #[test]
+    fn nodes_that_would_exhaust_inotify_instances_name_the_sysctl() {
+        // Two nodes and their control plane need 2 × 8 + 10 = 26.
+        assert!(inotify_room(2, 128, 102).is_ok());
+        let err = inotify_room(2, 128, 103).unwrap_err().to_string();
+        assert!(err.contains("need about 26 inotify instances"), "{err}");
+        assert!(
+            err.contains("fs.inotify.max_user_instances is 128 and root's processes use 103"),
+            "{err}"
+        );
+        assert!(
+            err.contains("sysctl -w fs.inotify.max_user_instances=1024"),
+            "{err}"
+        );
+    }
 }
