@@ -746,7 +746,8 @@ async fn claim_path_as_its_service_account(
         let pods: Api<Pod> = Api::namespaced(b.client().await, FN_NS);
         try_eventually(&format!("the released pod {name} deleted"), limit, || async {
             let pod = pods.get_opt(&name).await.unwrap();
-            (!pod.is_some_and(|p| p.metadata.deletion_timestamp.is_none())).then_some(())
+            pod.is_none_or(|p| p.metadata.deletion_timestamp.is_some())
+                .then_some(())
         })
         .await?;
         // A controller that joins later enters the ring (the watch of the
