@@ -1099,7 +1099,7 @@ fn print_ready(args: &PlaygroundArgs, cluster: &PlaygroundCluster, up: &Up, took
     println!("  pod network:   {}", cluster.pod_network);
     match &cluster.image {
         None => println!(
-            "  logs:          {} (router.log; pods/<namespace>_<pod>/logs/<container>/<restart>.log)",
+            "  logs:          kubectl logs, or {} (router.log; pods/<namespace>_<pod>/logs/<container>/<restart>.log)",
             work_dir.display()
         ),
         Some(image) => {

@@ -2148,3 +2148,223 @@ async fn tables(b: &Backend) {
         }
     }
 }
+
+// === Container logs ===
+
+differential!(
+    container_logs_are_read_tailed_and_followed,
+    container_logs,
+    namespaces = [NS],
+    pods
+);
+
+/// The log of a pod the node agent runs, through the API server (kube-rs
+/// and kubectl): on the real control plane kube-apiserver asks the node's
+/// kubelet API (the agent's HTTPS listener), on the simulator the API
+/// server reads the log itself. The output so far, its last line, a byte
+/// limit; `-f` streams a line printed later and ends when the container
+/// does; what is not there or not kept (`--previous` of a first instance,
+/// `--timestamps`) is refused with the same text on both.
+async fn container_logs(b: &Backend) {
+    use futures::AsyncBufReadExt as _;
+    use futures::StreamExt as _;
+    use kube::api::LogParams;
+    use tokio::io::AsyncBufReadExt as _;
+
+    let client = b.client().await;
+    let pods: Api<Pod> = Api::namespaced(client.clone(), NS);
+    // The container prints its last line once this host directory (its
+    // hostPath volume) holds `go`.
+    let trigger = std::env::temp_dir().join(format!(
+        "skipper-logs-{}-{:x}",
+        std::process::id(),
+        rand::random::<u32>()
+    ));
+    std::fs::create_dir_all(&trigger).unwrap();
+    let script = "echo one; echo two; echo three; until [ -e /trigger/go ]; do sleep 0.1; done; echo four";
+    pods.create(
+        &PostParams::default(),
+        &from(json!({
+            "metadata": {"name": "talker"},
+            "spec": {
+                "restartPolicy": "Never",
+                "terminationGracePeriodSeconds": 1,
+                "volumes": [{"name": "trigger", "hostPath": {"path": trigger}}],
+                "containers": [{
+                    "name": "main",
+                    "image": "debian",
+                    "command": ["sh", "-c", script],
+                    "volumeMounts": [{"name": "trigger", "mountPath": "/trigger"}],
+                }],
+            },
+        })),
+    )
+    .await
+    .unwrap();
+    let logs = async |params: LogParams| pods.logs("talker", &params).await;
+    backend::eventually("the container's first three lines", WAIT, || async {
+        (logs(LogParams::default()).await.ok()? == "one\ntwo\nthree\n").then_some(())
+    })
+    .await;
+    let tail = |n| LogParams {
+        tail_lines: Some(n),
+        ..LogParams::default()
+    };
+    assert_eq!(logs(tail(1)).await.unwrap(), "three\n");
+    assert_eq!(
+        logs(LogParams {
+            limit_bytes: Some(6),
+            ..LogParams::default()
+        })
+        .await
+        .unwrap(),
+        "one\ntw"
+    );
+    let kubectl = backend::kubectl_available();
+    if kubectl {
+        let out = b.kubectl(&["-n", NS, "logs", "talker", "--tail=1"]).await;
+        assert!(out.ok, "{out:?}");
+        assert_eq!(out.stdout, "three\n");
+    } else {
+        eprintln!("kubectl is not installed: its steps are skipped");
+    }
+
+    // Followed from the last line, by kube-rs and by `kubectl logs -f`.
+    let followed = LogParams {
+        follow: true,
+        ..tail(1)
+    };
+    let mut lines = pods.log_stream("talker", &followed).await.unwrap().lines();
+    let mut kubectl_f = kubectl.then(|| {
+        let mut child = tokio::process::Command::new("kubectl")
+            .arg("--kubeconfig")
+            .arg(b.kubeconfig())
+            .args(["-n", NS, "logs", "-f", "--tail=1", "talker"])
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap();
+        let stdout = tokio::io::BufReader::new(child.stdout.take().unwrap()).lines();
+        (child, stdout)
+    });
+    let line = within("a line", lines.next()).await;
+    assert_eq!(line.unwrap().unwrap(), "three");
+    if let Some((_, out)) = kubectl_f.as_mut() {
+        let line = within("kubectl's line", out.next_line()).await;
+        assert_eq!(line.unwrap().as_deref(), Some("three"));
+    }
+    std::fs::write(trigger.join("go"), "").unwrap();
+    let line = within("the line printed later", lines.next()).await;
+    assert_eq!(line.unwrap().unwrap(), "four");
+    let end = within(
+        "the end of the followed log when the container ended",
+        lines.next(),
+    )
+    .await;
+    assert!(end.is_none(), "{end:?}");
+    if let Some((mut child, mut out)) = kubectl_f {
+        let line = within("kubectl's line printed later", out.next_line()).await;
+        assert_eq!(line.unwrap().as_deref(), Some("four"));
+        let status = within("kubectl logs -f to exit when the container ended", child.wait())
+            .await
+            .unwrap();
+        assert!(status.success(), "kubectl logs -f: {status}");
+    }
+
+    let phase = backend::eventually("the pod to succeed", WAIT, || async {
+        let phase = pods.get("talker").await.ok()?.status?.phase?;
+        (phase == "Succeeded").then_some(phase)
+    })
+    .await;
+    assert_eq!(phase, "Succeeded");
+    assert_eq!(
+        logs(LogParams::default()).await.unwrap(),
+        "one\ntwo\nthree\nfour\n"
+    );
+    assert_eq!(logs(tail(2)).await.unwrap(), "three\nfour\n");
+    let refused = |err: Value| (err["code"].clone(), err["reason"].clone(), err["message"].clone());
+    assert_eq!(
+        refused(status(
+            logs(LogParams {
+                previous: true,
+                ..LogParams::default()
+            })
+            .await
+        )),
+        (
+            json!(400),
+            json!("BadRequest"),
+            json!("previous terminated container \"main\" in pod \"talker\" not found")
+        )
+    );
+    assert_eq!(
+        refused(status(
+            logs(LogParams {
+                timestamps: true,
+                ..LogParams::default()
+            })
+            .await
+        )),
+        (
+            json!(400),
+            json!("BadRequest"),
+            json!(
+                "timestamps is not supported by this node agent: container output is kept without the time of each line"
+            )
+        )
+    );
+    assert_eq!(
+        refused(status(
+            logs(LogParams {
+                container: Some("nope".into()),
+                ..LogParams::default()
+            })
+            .await
+        )),
+        (
+            json!(400),
+            json!("BadRequest"),
+            json!("container nope is not valid for pod talker")
+        )
+    );
+    if kubectl {
+        let out = b.kubectl(&["-n", NS, "logs", "talker", "--timestamps"]).await;
+        assert!(!out.ok, "{out:?}");
+        assert!(
+            out.stderr
+                .contains("timestamps is not supported by this node agent"),
+            "{out:?}"
+        );
+    }
+
+    // The node proxy reaches the same kubelet API; other paths are not there.
+    if b.is_real() {
+        let node = pods.get("talker").await.unwrap().spec.unwrap().node_name.unwrap();
+        let get = |path: String| {
+            let client = client.clone();
+            async move {
+                client
+                    .request_text(http::Request::get(path).body(Vec::new()).unwrap())
+                    .await
+            }
+        };
+        let proxied = get(format!(
+            "/api/v1/nodes/{node}/proxy/containerLogs/{NS}/talker/main?tailLines=1"
+        ))
+        .await
+        .unwrap();
+        assert_eq!(proxied, "four\n");
+        let missing = get(format!("/api/v1/nodes/{node}/proxy/exec/{NS}/talker/main")).await;
+        assert_eq!(status(missing)["code"], 404);
+    }
+    std::fs::remove_dir_all(&trigger).unwrap();
+}
+
+/// `f`'s output, or a panic naming `what` after [`WAIT`].
+async fn within<T>(what: &str, f: impl Future<Output = T>) -> T {
+    tokio::time::timeout(WAIT, f)
+        .await
+        .unwrap_or_else(|_| panic!("{what} within {WAIT:?}"))
+}

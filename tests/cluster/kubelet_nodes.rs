@@ -18,7 +18,7 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::{Api, ListParams, PostParams};
+use kube::api::{Api, ListParams, LogParams, PostParams};
 use serde_json::{Value, json};
 use skipper_devcluster::kubelet::NodeSpec;
 use skipper_devcluster::kubelet_nodes;
@@ -349,6 +349,15 @@ async fn kubelet_nodes_run_the_image_restricted_restart_killed_containers_and_le
         "kubelet nodes: a SIGKILLed container restarted and Ready again in {:.2}s",
         killed_at.elapsed().as_secs_f64()
     );
+    // `kubectl logs` and `--previous`: kube-apiserver reads them from the kubelet.
+    for previous in [false, true] {
+        let params = LogParams {
+            previous,
+            ..LogParams::default()
+        };
+        let log = pods.logs(&name, &params).await.unwrap();
+        assert!(log.contains("fixture listening"), "previous={previous}: {log}");
+    }
 
     // metrics.k8s.io from metrics-server, from the kubelets.
     let metrics: Api<kube::api::DynamicObject> = Api::namespaced_with(

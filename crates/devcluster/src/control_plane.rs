@@ -121,8 +121,9 @@ pub struct Config {
     pub secure_port: Option<u16>,
     /// `--service-cluster-ip-range`; [`SERVICE_CLUSTER_IP_RANGE`] when `None`.
     pub service_cluster_ip_range: Option<String>,
-    /// Whether kube-apiserver calls kubelets (logs, exec, the node proxy;
-    /// [`super::kubelet_nodes`]): with a client certificate of its own
+    /// Whether kube-apiserver calls kubelets (logs, exec, the node proxy:
+    /// of [`super::kubelet_nodes`], or the node agent's kubelet API,
+    /// [`super::kubelet::api`]): with a client certificate of its own
     /// (`kube-apiserver-kubelet-client` in `system:masters`, as kubeadm
     /// issues it), verifying the kubelets' serving certificates with the
     /// cluster CA, at their `InternalIP`.

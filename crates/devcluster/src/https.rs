@@ -1,8 +1,11 @@
-//! The API server's HTTPS listener: TLS with the cluster's serving
-//! certificate, client certificates verified against the cluster CA when a
-//! client offers one (as kube-apiserver's `--client-ca-file`), and the
-//! verified certificate's user attached to every request of the connection
-//! ([`PeerCertificate`](crate::auth::PeerCertificate)). HTTP/1.1 only.
+//! The HTTPS listener of the simulated API server and of the node agent's
+//! kubelet API ([`crate::kubelet::api`]): TLS with a serving certificate of
+//! the cluster CA, client certificates verified against the cluster CA —
+//! when a client offers one (as kube-apiserver's `--client-ca-file`), or
+//! always ([`ClientAuth::Required`], as a kubelet's `--client-ca-file`) —
+//! and the verified certificate's user attached to every request of the
+//! connection ([`PeerCertificate`](crate::auth::PeerCertificate)). HTTP/1.1
+//! only.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +19,7 @@ use tower::Service as _;
 use tracing::Instrument as _;
 
 use super::auth::{PeerCertificate, UserInfo};
-use super::pki::{ClusterPki, subject_identity};
+use super::pki::{CertKey, ClusterPki, subject_identity};
 
 /// Open connections at most; further clients wait in the accept queue.
 const MAX_CONNECTIONS: usize = 4096;
@@ -41,26 +44,52 @@ pub enum TlsError {
     Serving(rustls::Error),
 }
 
-/// The server side of the cluster's TLS.
+/// Whether a client must present a certificate of the CA.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ClientAuth {
+    /// A client without one is served (and authenticates otherwise, e.g.
+    /// with a bearer token); one it offers is verified.
+    Optional,
+    /// A client without one fails the handshake.
+    Required,
+}
+
+/// The server side of the cluster's TLS for the API server: its serving
+/// certificate, client certificates optional.
 ///
 /// # Errors
 /// [`TlsError`] when the generated material is unusable.
 pub fn server_config(pki: &ClusterPki) -> Result<Arc<rustls::ServerConfig>, TlsError> {
+    server_config_for(pki.ca.cert_der(), &pki.serving, ClientAuth::Optional)
+}
+
+/// The server side of TLS with `serving` as the certificate, verifying
+/// client certificates against the CA certificate `ca_der`.
+///
+/// # Errors
+/// [`TlsError`] when the material is unusable.
+pub fn server_config_for(
+    ca_der: &[u8],
+    serving: &CertKey,
+    client_auth: ClientAuth,
+) -> Result<Arc<rustls::ServerConfig>, TlsError> {
     let provider = Arc::new(rustls::crypto::ring::default_provider());
     let mut roots = rustls::RootCertStore::empty();
     roots
-        .add(CertificateDer::from(pki.ca.cert_der().to_vec()))
+        .add(CertificateDer::from(ca_der.to_vec()))
         .map_err(TlsError::Ca)?;
     let verifier =
-        rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider.clone())
-            .allow_unauthenticated()
-            .build()?;
-    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(pki.serving.key_der.clone()));
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider.clone());
+    let verifier = match client_auth {
+        ClientAuth::Optional => verifier.allow_unauthenticated().build()?,
+        ClientAuth::Required => verifier.build()?,
+    };
+    let key = PrivateKeyDer::Pkcs8(PrivatePkcs8KeyDer::from(serving.key_der.clone()));
     let mut config = rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .map_err(TlsError::Serving)?
         .with_client_cert_verifier(verifier)
-        .with_single_cert(vec![CertificateDer::from(pki.serving.cert_der.clone())], key)
+        .with_single_cert(vec![CertificateDer::from(serving.cert_der.clone())], key)
         .map_err(TlsError::Serving)?;
     config.alpn_protocols = vec![b"http/1.1".to_vec()];
     Ok(Arc::new(config))

@@ -472,6 +472,8 @@ impl Cluster {
             node_status_interval: Duration::from_secs(60),
             volume_resync: config.volume_resync,
             network: config.pod_network.clone(),
+            // The simulated API server reads the agent's logs itself.
+            api: None,
         }));
         let root = CancellationToken::new();
         let shared = Arc::new(Shared {

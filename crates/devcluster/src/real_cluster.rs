@@ -15,7 +15,10 @@
 //! 3. starts the nodes, each authenticated as the node (`system:node:<name>`
 //!    in `system:nodes`: the Node authorizer and NodeRestriction limit it to
 //!    its own Node, Lease and pods): by default the node agent of
-//!    [`super::kubelet`] with one client per node; with [`Nodes::Kubelet`]
+//!    [`super::kubelet`] with one client per node, serving the kubelet API
+//!    ([`super::kubelet::api`]: container logs for `kubectl logs`) on port
+//!    10250 of the gateway, every node's `InternalIP`, which kube-apiserver
+//!    calls with its kubelet client certificate; with [`Nodes::Kubelet`]
 //!    upstream kubelets and containerd ([`super::kubelet_nodes`]), running
 //!    pods from images, with kube-apiserver serving on port 443 of the
 //!    gateway and the Service cluster IPs in the bridge's first /27, so the
@@ -59,6 +62,7 @@ use super::kubelet::{self, BackoffPolicy, Capacity, Kubelet, KubeletError, NodeS
 use super::kubelet_nodes::{self, KubeletNodes, MetricsServer, NodesError};
 use super::lockfile::{self, Lock};
 use super::metrics_api::{self, MetricsApiError};
+use super::pki::PkiError;
 
 /// Where the lock files of the work directories real clusters own live
 /// (each names its directory; see [`sweep_work_dirs`]).
@@ -150,6 +154,8 @@ pub enum RealClusterError {
     KubeletNodes(#[from] NodesError),
     #[error("metrics.k8s.io: {0}")]
     MetricsApi(#[from] MetricsApiError),
+    #[error("the node agent's serving certificate: {0}")]
+    AgentCertificate(PkiError),
     #[error("creating {path}: {source}")]
     WorkDir { path: PathBuf, source: std::io::Error },
     #[error("creating namespace {name}: {source}")]
@@ -273,18 +279,23 @@ impl RealCluster {
         };
         let mut cp = config.control_plane.clone();
         cp.bind_address = bridge.gateway();
+        // Either kind of node serves the kubelet API (logs, the node proxy).
+        cp.kubelet_client = true;
         if matches!(config.node_kind, Nodes::Kubelet(_)) {
             cp.secure_port = Some(kubelet_nodes::API_SERVER_PORT);
             cp.service_cluster_ip_range = Some(kubelet_nodes::service_range(bridge.subnet().0));
-            cp.kubelet_client = true;
         }
         if cp.work_dir.is_none() {
             cp.work_dir = Some(work_dir.join("control-plane"));
         }
         let plane = ControlPlane::start(cp).await.map_err(|e| cleanup(e.into()))?;
-        let agent_nodes = match config.node_kind {
-            Nodes::Agent => config.nodes.clone(),
-            Nodes::Kubelet(_) => Vec::new(),
+        let (agent_nodes, api) = match config.node_kind {
+            Nodes::Agent => {
+                let api = agent_api(&plane, bridge.gateway(), &config.nodes)
+                    .map_err(|e| cleanup(RealClusterError::AgentCertificate(e)))?;
+                (config.nodes.clone(), Some(api))
+            }
+            Nodes::Kubelet(_) => (Vec::new(), None),
         };
         let kubelet = Arc::new(Kubelet::new(kubelet::Settings {
             skipper_exe: config.skipper_exe.clone(),
@@ -298,6 +309,7 @@ impl RealCluster {
             node_status_interval: Duration::from_secs(60),
             volume_resync: config.volume_resync,
             network: PodNetwork::Bridge(bridge.clone()),
+            api,
         }));
         let mut cluster = Self {
             plane: Some(plane),
@@ -553,6 +565,24 @@ impl Drop for RealCluster {
             lock.remove();
         }
     }
+}
+
+/// The node agent's kubelet API: on the nodes' address (the gateway), with a
+/// serving certificate of the cluster CA for it and the node names, and
+/// kube-apiserver's client certificate (of the same CA) required.
+fn agent_api(
+    plane: &ControlPlane,
+    gateway: std::net::Ipv4Addr,
+    nodes: &[NodeSpec],
+) -> Result<kubelet::api::ApiSettings, PkiError> {
+    let mut names = vec![gateway.to_string()];
+    names.extend(nodes.iter().map(|n| n.name.clone()));
+    let serving = plane.pki().ca.issue_serving("skipper-node-agent", &names)?;
+    Ok(kubelet::api::ApiSettings {
+        port: kubelet::api::KUBELET_PORT,
+        client_ca_der: plane.pki().ca.cert_der().to_vec(),
+        serving,
+    })
 }
 
 /// Takes the lock of the owned work directory `dir` (a file under

@@ -19,6 +19,7 @@ use super::auth::{Authenticator, PeerCertificate, UserInfo};
 use super::controllers::{FOREGROUND_DELETION, ORPHAN, delete_pod};
 use super::error::ApiError;
 use super::kubelet::Kubelet;
+use super::kubelet::logs::{self, LogFile, LogOptions};
 use super::patch::{self, PatchKind};
 use super::pki::MASTERS_GROUP;
 use super::protobuf;
@@ -762,26 +763,22 @@ fn serve(shared: &Arc<Shared>, req: &Req<'_>, body: Bytes) -> Result<Response, A
                 name: name.clone(),
             })?;
             let container = log_container(&pod, q.get("container").map(String::as_str))?;
-            let previous = q.get("previous").is_some_and(|p| p == "true");
+            let options = LogOptions::from_query(q).map_err(|e| ApiError::BadRequest(e.to_string()))?;
             let path = shared
                 .kubelet
-                .log_file(&ns_str, &name, &container, previous)
+                .log_file(&ns_str, &name, &container, options.previous)
                 .map_err(|e| ApiError::BadRequest(e.to_string()))?;
-            let text = std::fs::read(&path).unwrap_or_default();
-            if q.get("follow").is_none_or(|f| f != "true") {
-                return Ok((StatusCode::OK, [(header::CONTENT_TYPE, "text/plain")], text).into_response());
-            }
+            let file = LogFile::open(path.clone()).map_err(|e| ApiError::Internal(e.to_string()))?;
+            // As on a kubelet: a followed log ends with its instance.
+            let kubelet = shared.kubelet.clone();
+            let writing = move || kubelet.writes_log(&ns_str, &name, &container, &path);
             Ok((
                 StatusCode::OK,
                 [(header::CONTENT_TYPE, "text/plain")],
-                Body::from_stream(follow_log(
-                    shared.clone(),
-                    ns_str,
-                    name,
-                    uid_of(&pod).to_owned(),
-                    path,
-                    text,
-                )),
+                Body::from_stream(
+                    logs::body(file, &options, writing, shared.root.clone())
+                        .map_err(|e| ApiError::Internal(e.to_string()))?,
+                ),
             )
                 .into_response())
         }
@@ -954,53 +951,6 @@ fn log_container(pod: &Value, asked: Option<&str>) -> Result<String, ApiError> {
             regular.join(" ")
         ))),
     }
-}
-
-/// `logs -f`: what the log holds, then whatever is appended (checked every
-/// 200ms) until the pod is gone, the cluster stops or the client leaves.
-fn follow_log(
-    shared: Arc<Shared>,
-    ns: String,
-    name: String,
-    uid: String,
-    path: std::path::PathBuf,
-    first: Vec<u8>,
-) -> impl futures::Stream<Item = Result<Bytes, std::convert::Infallible>> {
-    let offset = first.len();
-    let state = (Some(first), offset);
-    futures::stream::unfold(state, move |(first, mut offset)| {
-        let (shared, ns, name, uid, path) = (
-            shared.clone(),
-            ns.clone(),
-            name.clone(),
-            uid.clone(),
-            path.clone(),
-        );
-        async move {
-            if let Some(chunk) = first {
-                return Some((Ok(Bytes::from(chunk)), (None, offset)));
-            }
-            loop {
-                tokio::select! {
-                    () = tokio::time::sleep(Duration::from_millis(200)) => {}
-                    () = shared.root.cancelled() => return None,
-                }
-                let data = std::fs::read(&path).unwrap_or_default();
-                if data.len() > offset {
-                    let chunk = Bytes::copy_from_slice(&data[offset..]);
-                    offset = data.len();
-                    return Some((Ok(chunk), (None, offset)));
-                }
-                let alive = shared
-                    .store
-                    .get(by_kind("Pod"), &ns, &name)
-                    .is_some_and(|p| uid_of(&p) == uid);
-                if !alive {
-                    return None;
-                }
-            }
-        }
-    })
 }
 
 fn table_str(s: Option<&str>) -> String {

@@ -5,7 +5,7 @@
 
 use std::collections::{BTreeMap, HashMap, HashSet, VecDeque};
 use std::net::{Ipv4Addr, SocketAddr};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 
@@ -35,13 +35,16 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
-/// One container's processes, for fault hooks and metrics.
+/// One container's processes, for fault hooks and metrics, and the log of
+/// its current instance, for following logs.
 #[derive(Debug, Clone)]
 struct ContainerPids {
     name: String,
     init: bool,
     main: Option<u32>,
     shim: Option<u32>,
+    /// The log file of the instance that is starting or running.
+    log: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone)]
@@ -49,7 +52,28 @@ struct PodEntry {
     ns: String,
     name: String,
     labels: BTreeMap<String, String>,
+    /// Every container of the spec (init containers included), by name.
+    spec_containers: Vec<String>,
     containers: Vec<ContainerPids>,
+}
+
+impl PodEntry {
+    fn container(&mut self, name: &str, init: bool) -> &mut ContainerPids {
+        let at = match self.containers.iter().position(|c| c.name == name) {
+            Some(i) => i,
+            None => {
+                self.containers.push(ContainerPids {
+                    name: name.to_owned(),
+                    init,
+                    main: None,
+                    shim: None,
+                    log: None,
+                });
+                self.containers.len() - 1
+            }
+        };
+        &mut self.containers[at]
+    }
 }
 
 /// What runs where, shared by the workers and the fault hooks.
@@ -60,17 +84,48 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// A pod worker started.
-    pub fn add(&self, uid: &str, ns: &str, name: &str) {
+    /// A pod worker started, for a pod with `containers` (every container
+    /// of its spec, init containers included).
+    pub fn add(&self, uid: &str, ns: &str, name: &str, containers: Vec<String>) {
         lock(&self.pods).insert(
             uid.to_owned(),
             PodEntry {
                 ns: ns.to_owned(),
                 name: name.to_owned(),
                 labels: BTreeMap::new(),
+                spec_containers: containers,
                 containers: Vec::new(),
             },
         );
+    }
+
+    /// The containers of pod `ns/name` (every one of its spec), when it
+    /// runs here.
+    #[must_use]
+    pub fn pod_containers(&self, ns: &str, name: &str) -> Option<Vec<String>> {
+        lock(&self.pods)
+            .values()
+            .find(|e| e.ns == ns && e.name == name)
+            .map(|e| e.spec_containers.clone())
+    }
+
+    /// Records (or clears) the log file of a container's starting or
+    /// running instance.
+    pub fn set_log(&self, uid: &str, container: &str, init: bool, log: Option<PathBuf>) {
+        if let Some(entry) = lock(&self.pods).get_mut(uid) {
+            entry.container(container, init).log = log;
+        }
+    }
+
+    /// Whether an instance of container `container` of pod `ns/name` that
+    /// logs to `log` is starting or running.
+    #[must_use]
+    pub fn writes_log(&self, ns: &str, name: &str, container: &str, log: &Path) -> bool {
+        lock(&self.pods)
+            .values()
+            .filter(|e| e.ns == ns && e.name == name)
+            .flat_map(|e| &e.containers)
+            .any(|c| c.name == container && c.log.as_deref() == Some(log))
     }
 
     /// The pod's current labels (for pod metrics).
@@ -109,18 +164,9 @@ impl Registry {
     pub fn set_pid(&self, uid: &str, container: &str, init: bool, main: Option<u32>, shim: Option<u32>) {
         let mut pods = lock(&self.pods);
         let Some(entry) = pods.get_mut(uid) else { return };
-        match entry.containers.iter_mut().find(|c| c.name == container) {
-            Some(c) => {
-                c.main = main;
-                c.shim = shim;
-            }
-            None => entry.containers.push(ContainerPids {
-                name: container.to_owned(),
-                init,
-                main,
-                shim,
-            }),
-        }
+        let c = entry.container(container, init);
+        c.main = main;
+        c.shim = shim;
     }
 
     /// A pod worker ended.
@@ -348,7 +394,7 @@ pub fn node_object(settings: &Settings, name: &str, zone: &str) -> Node {
                 {"type": "InternalIP", "address": settings.network.host_ip().to_string()},
                 {"type": "Hostname", "address": name},
             ],
-            "daemonEndpoints": {"kubeletEndpoint": {"Port": 10250}},
+            "daemonEndpoints": {"kubeletEndpoint": {"Port": settings.api.as_ref().map_or(super::api::KUBELET_PORT, |a| a.port)}},
             "nodeInfo": {
                 "machineID": "", "systemUUID": "", "bootID": "",
                 "kernelVersion": std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim(),
@@ -692,7 +738,7 @@ mod tests {
     #[test]
     fn the_registry_finds_a_pods_main_process() {
         let r = Registry::default();
-        r.add("u1", "ns", "p");
+        r.add("u1", "ns", "p", vec!["init".into(), "main".into()]);
         r.set_pid("u1", "init", true, Some(10), Some(9));
         assert_eq!(
             r.main_pid("ns", "p"),
@@ -705,5 +751,36 @@ mod tests {
         assert_eq!(r.main_pids(), [20]);
         r.remove("u1");
         assert_eq!(r.main_pid("ns", "p"), None);
+    }
+
+    #[test]
+    fn the_registry_knows_which_log_a_running_instance_writes() {
+        let r = Registry::default();
+        assert_eq!(r.pod_containers("ns", "p"), None);
+        r.add("u1", "ns", "p", vec!["main".into()]);
+        assert_eq!(r.pod_containers("ns", "p"), Some(vec!["main".to_owned()]));
+        let (first, second) = (
+            Path::new("/pods/ns_p/logs/main/0.log"),
+            Path::new("/pods/ns_p/logs/main/1.log"),
+        );
+        assert!(!r.writes_log("ns", "p", "main", first), "nothing started yet");
+        r.set_log("u1", "main", false, Some(first.to_path_buf()));
+        assert!(r.writes_log("ns", "p", "main", first), "starting");
+        r.set_pid("u1", "main", false, Some(20), Some(19));
+        assert!(r.writes_log("ns", "p", "main", first), "running");
+        assert!(!r.writes_log("ns", "p", "other", first));
+        assert!(!r.writes_log("ns", "q", "main", first));
+        r.set_log("u1", "main", false, Some(second.to_path_buf()));
+        assert!(
+            !r.writes_log("ns", "p", "main", first),
+            "restarted: the first instance ended"
+        );
+        assert!(r.writes_log("ns", "p", "main", second));
+        r.set_log("u1", "main", false, None);
+        assert!(!r.writes_log("ns", "p", "main", second), "exited");
+        r.set_log("u1", "main", false, Some(second.to_path_buf()));
+        r.remove("u1");
+        assert!(!r.writes_log("ns", "p", "main", second), "the pod's worker ended");
+        assert_eq!(r.pod_containers("ns", "p"), None);
     }
 }

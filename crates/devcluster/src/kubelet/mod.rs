@@ -63,7 +63,7 @@
 //! | HTTP probes and hooks | `HTTP` and `HTTPS`; same-host redirects followed | `HTTP` only (`HTTPS` probes never succeed, logged); a 3xx answer is success without following it |
 //! | Exec probe output, Events | Recorded as Events (`Unhealthy`, `Killing`, `BackOff`, ...) | Logged by the agent; no Events are written |
 //! | `terminationMessagePath` | Read into `terminated.message` | Not read |
-//! | Container logs | `kubectl logs` through the kubelet's HTTPS server, CRI log format | Plain files under the pod directory (`logs/<container>/<restart>.log`), served by the simulator |
+//! | Container logs | `kubectl logs` through the kubelet's HTTPS server, CRI log format with the time of each line | Plain files under the pod directory (`logs/<container>/<restart>.log`), stdout and stderr interleaved, no time per line; `kubectl logs` (with `-f`, `--tail`, `--limit-bytes`, `--previous`) served by the simulator, and on a real control plane by the agent's kubelet API ([`api`]); `--timestamps`, `--since` and `--since-time` are refused |
 //! | Exec, attach, port-forward | Through the kubelet | Not served |
 //! | Static pods, eviction, node pressure, graceful node shutdown, in-place resize, ephemeral containers | Supported | Not supported |
 //!
@@ -72,7 +72,9 @@
 //! is missing.
 
 pub mod agent;
+pub mod api;
 pub mod env;
+pub mod logs;
 pub mod network;
 pub mod probe;
 pub mod restart;
@@ -143,6 +145,9 @@ pub struct Settings {
     /// Where pod IPs come from: loopback addresses in the host's network
     /// namespace, or a network namespace per pod on a bridge.
     pub network: network::PodNetwork,
+    /// The kubelet API (container logs, for kube-apiserver) on the nodes'
+    /// address; not served when `None` (the simulator serves logs itself).
+    pub api: Option<api::ApiSettings>,
 }
 
 impl Settings {
@@ -150,6 +155,44 @@ impl Settings {
     #[must_use]
     pub fn pod_dir(&self, ns: &str, name: &str) -> PathBuf {
         self.pod_root.join(format!("{ns}_{name}"))
+    }
+
+    /// The log file of a container of pod `ns/name`: the current
+    /// instance's, or with `previous` the one before it.
+    ///
+    /// # Errors
+    /// [`LogError`] when there is no such instance.
+    pub fn log_file(
+        &self,
+        ns: &str,
+        name: &str,
+        container: &str,
+        previous: bool,
+    ) -> Result<PathBuf, LogError> {
+        let dir = self.pod_dir(ns, name).join("logs").join(container);
+        let mut restarts: Vec<u32> = std::fs::read_dir(&dir)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".log")?.parse().ok())
+            .collect();
+        restarts.sort_unstable();
+        let pick = if previous {
+            restarts.iter().rev().nth(1)
+        } else {
+            restarts.last()
+        };
+        match pick {
+            Some(n) => Ok(dir.join(format!("{n}.log"))),
+            None if previous => Err(LogError::NoPrevious {
+                container: container.to_owned(),
+                pod: name.to_owned(),
+            }),
+            None => Err(LogError::NotStarted {
+                container: container.to_owned(),
+                pod: name.to_owned(),
+            }),
+        }
     }
 }
 
@@ -199,6 +242,8 @@ pub enum KubeletError {
     AlreadyStarted,
     #[error("building the API client of node {node}: {reason}")]
     Client { node: String, reason: String },
+    #[error("the kubelet API: {0}")]
+    Api(#[from] api::ApiError),
 }
 
 /// Why a container log cannot be served.
@@ -208,6 +253,17 @@ pub enum LogError {
     NoPrevious { container: String, pod: String },
     #[error("container {container:?} in pod {pod:?} is waiting to start")]
     NotStarted { container: String, pod: String },
+}
+
+/// Why the agent has no log for a container of a pod.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ContainerLogError {
+    #[error("pod {pod:?} does not exist on this node")]
+    PodNotFound { pod: String },
+    #[error("container {container:?} not found in pod {pod:?}")]
+    ContainerNotFound { container: String, pod: String },
+    #[error(transparent)]
+    Log(#[from] LogError),
 }
 
 /// The node agent: handle for the simulator (metrics, logs, fault hooks).
@@ -265,6 +321,19 @@ impl Kubelet {
                 reason,
             })?;
             clients.insert(n.name.clone(), client);
+        }
+        // Before the nodes are registered: a node advertises the API only
+        // once something answers there.
+        if let Some(settings) = &self.settings.api {
+            let addr = SocketAddr::from((self.settings.network.host_ip(), settings.port));
+            let listener = api::bind(addr).await?;
+            let tls = api::tls_config(settings)?;
+            let app = api::router(
+                Arc::new(AgentLogs(self.registry.clone(), self.settings.clone())),
+                stop,
+            );
+            tracker.spawn(super::https::serve(listener, tls, app, stop.clone()));
+            tracing::info!(%addr, "kubelet API listening");
         }
         let ctx = agent::context(
             clients,
@@ -348,29 +417,42 @@ impl Kubelet {
         container: &str,
         previous: bool,
     ) -> Result<PathBuf, LogError> {
-        let dir = self.pod_dir(ns, name).join("logs").join(container);
-        let mut restarts: Vec<u32> = std::fs::read_dir(&dir)
-            .into_iter()
-            .flatten()
-            .flatten()
-            .filter_map(|e| e.file_name().to_str()?.strip_suffix(".log")?.parse().ok())
-            .collect();
-        restarts.sort_unstable();
-        let pick = if previous {
-            restarts.iter().rev().nth(1)
-        } else {
-            restarts.last()
-        };
-        match pick {
-            Some(n) => Ok(dir.join(format!("{n}.log"))),
-            None if previous => Err(LogError::NoPrevious {
+        self.settings.log_file(ns, name, container, previous)
+    }
+
+    /// Whether the instance of container `container` of pod `ns/name` that
+    /// logs to `log` is starting or running (a followed log goes on).
+    #[must_use]
+    pub fn writes_log(&self, ns: &str, name: &str, container: &str, log: &std::path::Path) -> bool {
+        self.registry.writes_log(ns, name, container, log)
+    }
+}
+
+/// The agent's logs as its kubelet API serves them: of the pods it runs.
+struct AgentLogs(Arc<agent::Registry>, Arc<Settings>);
+
+impl api::LogSource for AgentLogs {
+    fn log_file(
+        &self,
+        ns: &str,
+        pod: &str,
+        container: &str,
+        previous: bool,
+    ) -> Result<PathBuf, ContainerLogError> {
+        let containers = self
+            .0
+            .pod_containers(ns, pod)
+            .ok_or_else(|| ContainerLogError::PodNotFound { pod: pod.to_owned() })?;
+        if !containers.iter().any(|c| c == container) {
+            return Err(ContainerLogError::ContainerNotFound {
                 container: container.to_owned(),
-                pod: name.to_owned(),
-            }),
-            None => Err(LogError::NotStarted {
-                container: container.to_owned(),
-                pod: name.to_owned(),
-            }),
+                pod: pod.to_owned(),
+            });
         }
+        Ok(self.1.log_file(ns, pod, container, previous)?)
+    }
+
+    fn writes_log(&self, ns: &str, pod: &str, container: &str, log: &std::path::Path) -> bool {
+        self.0.writes_log(ns, pod, container, log)
     }
 }

@@ -303,7 +303,13 @@ impl Worker {
 
     /// Runs the pod until it is deleted (or `kill` fires: everything stops at once).
     pub async fn run(mut self, mut updates: watch::Receiver<Update>, kill: CancellationToken) {
-        self.ctx.registry.add(&self.uid, &self.ns, &self.name);
+        let containers = self
+            .init
+            .iter()
+            .chain(&self.regular)
+            .map(|s| s.spec.name.clone())
+            .collect();
+        self.ctx.registry.add(&self.uid, &self.ns, &self.name, containers);
         self.ctx.registry.set_labels(
             &self.uid,
             self.pod.metadata.labels.as_ref().unwrap_or(&BTreeMap::new()),
@@ -617,6 +623,10 @@ impl Worker {
             let _ = std::fs::create_dir_all(parent);
         }
         let _ = std::fs::create_dir_all(&stage);
+        // From here until its exit is handled, a followed log of this instance goes on.
+        self.ctx
+            .registry
+            .set_log(&self.uid, &spec.name, id.init, Some(log.clone()));
         let (argv, exe) = self.command(&spec, &env);
         let run = RunSpec {
             parent: std::process::id(),
@@ -644,6 +654,7 @@ impl Worker {
                     other => other.to_string(),
                 };
                 tracing::info!(pod = %self.name, container = %spec.name, error = %message, "container did not start");
+                self.ctx.registry.set_log(&self.uid, &spec.name, id.init, None);
                 let finished_at = Timestamp::now();
                 let slot = self.slot(id);
                 slot.ever_started = true;
@@ -947,6 +958,7 @@ impl Worker {
                 };
                 let name = s.spec.name.clone();
                 self.ctx.registry.set_pid(&self.uid, &name, slot.init, None, None);
+                self.ctx.registry.set_log(&self.uid, &name, slot.init, None);
                 tracing::info!(pod = %self.name, namespace = %self.ns, container = %name, code = exit.code, "container exited");
                 self.exited(slot, term);
             }
