@@ -220,7 +220,7 @@ bench-slow:
 bench-sim:
 	$(CARGO) test --release --test cluster -- --ignored --nocapture --test-threads 1 bench::
 
-## bench-controller: controller figures (cold/warm GetInstance latency; 100,000 idle functions: bytes per supervisor, RSS, converge CPU per tick)
+## bench-controller: controller figures (cold/warm GetInstance latency; 10,000 and 100,000 idle and active functions: heap bytes per function, RSS, converge CPU per tick; at most 3 KiB per active function)
 bench-controller:
 	$(CARGO) test --release --test controller -- --ignored --nocapture --test-threads 1 bench::
 

@@ -236,6 +236,15 @@ impl Backoff {
         Some(period)
     }
 
+    /// Whether an assignment for `namespace/deployment` would be refused at
+    /// `now` unless a fresh ReplicaSet ends the back-off
+    /// ([`Backoff::attempt`]). The map holds only failing deployments.
+    fn is_backing_off(&self, namespace: &str, deployment: &str, now: Instant) -> bool {
+        self.lock().iter().any(|((ns, d), s)| {
+            ns == namespace && d == deployment && s.until.is_some_and(|until| now < until || s.probing)
+        })
+    }
+
     /// Ends the streak; whether one was backing off.
     fn succeeded(&self, key: &Key) -> bool {
         self.lock().remove(key).is_some_and(|s| s.until.is_some())
@@ -296,6 +305,17 @@ impl std::fmt::Debug for Assigner {
 struct Waiting<'a> {
     metrics: &'a Metrics,
     deployment: &'a str,
+}
+
+impl<'a> Waiting<'a> {
+    /// Raises the gauge of `deployment`.
+    fn start(metrics: &'a Metrics, deployment: &'a str) -> Self {
+        metrics
+            .waiting_for_unassigned_pods
+            .get_or_create(&Metrics::function(deployment))
+            .inc();
+        Self { metrics, deployment }
+    }
 }
 
 impl Drop for Waiting<'_> {
@@ -366,14 +386,16 @@ impl Assigner {
         let started = Instant::now();
         let mut already_assigned = 0;
         let (pod, name, claimed, ready_at) = loop {
-            let pod = self.claim(ns, function, deadline).await?;
+            // Boxed: a claimed pod is large, and this frame is part of
+            // every caller's future, also while it waits for a pool pod.
+            let pod = Box::new(self.claim(ns, function, deadline).await?);
             let name = pod.metadata.name.clone().unwrap_or_default();
             let claimed = Instant::now();
-            let e = match self.post(&pod, function).await {
+            let e = match Box::pin(self.post(&pod, function)).await {
                 Ok(t) => break (pod, name, claimed, t),
                 Err(e) => e,
             };
-            if let Err(e) = ns.writer.delete(&name).await {
+            if let Err(e) = Box::pin(ns.writer.delete(&name)).await {
                 tracing::warn!(pod = %name, error = %e, "failed to delete pod after a failed assignment");
             }
             let (status, reason) = e.labels();
@@ -493,6 +515,41 @@ impl Assigner {
         );
     }
 
+    /// Waits until a pod of `function`'s pool could be claimed, or until
+    /// `deadline`, counted in `waiting_for_unassigned_pods` while it waits.
+    /// While the deployment backs off it returns at once: the assignment
+    /// that follows fails without waiting.
+    pub async fn wait_for_pool_pod(&self, ns: &Namespace, function: &Function, deadline: Instant) {
+        if self
+            .backoff
+            .is_backing_off(&function.namespace, &function.deployment, Instant::now())
+        {
+            return;
+        }
+        let mut waiting = None;
+        let mut changes = ns.pods.subscribe();
+        loop {
+            changes.mark_unchanged();
+            let claimable = ns
+                .pods
+                .pool(&function.deployment)
+                .iter()
+                .any(|p| is_ready(p) && is_pool_owned(p));
+            if claimable {
+                return;
+            }
+            if waiting.is_none() {
+                waiting = Some(Waiting::start(&self.metrics, &function.deployment));
+            }
+            if !matches!(
+                tokio::time::timeout_at(deadline, changes.changed()).await,
+                Ok(Ok(()))
+            ) {
+                return;
+            }
+        }
+    }
+
     /// Claims a pool pod, trying each candidate once and waiting for the
     /// store to change when none is left.
     async fn claim(
@@ -517,10 +574,14 @@ impl Assigner {
             let pick = candidates.choose(&mut rand::rng()).cloned();
             if let Some(name) = pick {
                 let owner = ns.pods.get(&name).and_then(|p| pool_deployment(ns, &p));
-                match ns
-                    .writer
-                    .claim(&name, function, SystemTime::now(), owner.as_ref())
-                    .await
+                // Boxed, like every API request here: the request's future
+                // is allocated while it runs, not kept in the frame of a
+                // claim that waits for a pool pod.
+                match Box::pin(
+                    ns.writer
+                        .claim(&name, function, SystemTime::now(), owner.as_ref()),
+                )
+                .await
                 {
                     Ok(pod) => return Ok(pod),
                     Err(WriteError::Conflict(_)) => {
@@ -532,14 +593,7 @@ impl Assigner {
                 }
             }
             if waiting.is_none() {
-                self.metrics
-                    .waiting_for_unassigned_pods
-                    .get_or_create(&Metrics::function(&function.deployment))
-                    .inc();
-                waiting = Some(Waiting {
-                    metrics: &self.metrics,
-                    deployment: &function.deployment,
-                });
+                waiting = Some(Waiting::start(&self.metrics, &function.deployment));
             }
             if tokio::time::timeout_at(deadline, changes.changed())
                 .await

@@ -77,7 +77,7 @@ impl Cluster {
         if mutate {
             for (name, e) in invalid {
                 tracing::warn!(pod = %name, error = %e, "failed to get instance from pod, deleting invalid pod");
-                if let Err(e) = ns.writer.delete(&name).await {
+                if let Err(e) = Box::pin(ns.writer.delete(&name)).await {
                     tracing::warn!(pod = %name, error = %e, "failed to delete invalid pod");
                 }
             }
@@ -122,9 +122,17 @@ impl Context for Cluster {
         Ok(self.assigner.assign(ns, f, deadline).await?)
     }
 
+    async fn wait_for_pool_pod(&self, f: &Function, deadline: Instant) {
+        // The assignment that follows reports a namespace that is not ready.
+        let Ok(ns) = self.namespace(&f.namespace) else {
+            return;
+        };
+        self.assigner.wait_for_pool_pod(ns, f, deadline).await;
+    }
+
     async fn delete(&self, f: &Function, name: &str) -> Result<bool> {
         let ns = self.namespace(&f.namespace)?;
-        Ok(ns.writer.delete(name).await?)
+        Ok(Box::pin(ns.writer.delete(name)).await?)
     }
 
     fn stale_permit(&self) -> Option<OwnedSemaphorePermit> {

@@ -1,8 +1,10 @@
-//! Memory of idle supervisors, counted by a global allocator: what one idle
+//! Memory of supervisors, counted by a global allocator: what one idle
 //! supervisor holds (its map entry, shared part, task and one router's
-//! heartbeat) and that all of it is freed when the supervisors stop. The
-//! actors run over an in-memory context on paused time, with the same
-//! tracing subscriber as the controller (JSON at `info`).
+//! heartbeat) and that all of it is freed when the supervisors stop, and
+//! what one holds while its function is active and its ticks wait for a
+//! pool pod that does not come. The actors run over an in-memory context on
+//! paused time, with the same tracing subscriber as the controller (JSON at
+//! `info`).
 //!
 //! The counts are the process's: under a runner that runs the tests of a
 //! binary side by side in one process (plain `cargo test`), the test runs
@@ -27,18 +29,24 @@ use tokio_util::task::TaskTracker;
 
 use crate::live_bytes;
 
-/// The bound this test keeps: heap bytes per idle supervisor.
+/// The bounds these tests keep: heap bytes per idle supervisor, and per
+/// supervisor of an active function (what the controller's context adds
+/// fits in the 3 KiB per active function `make bench-controller` keeps).
 const MAX_BYTES_PER_SUPERVISOR: f64 = 2048.0;
+const MAX_BYTES_PER_ACTIVE_SUPERVISOR: f64 = 2560.0;
 
-/// A cluster where every function has one ready instance and no traffic:
-/// each tick plans, finds nothing to do and acts on nothing.
-struct Idle {
+/// A cluster where every function has one ready instance and no traffic
+/// (each tick plans, finds nothing to do and acts on nothing), or, when
+/// `active`, no instance and a pool with no pod (each tick decides an
+/// instance and waits for a pool pod until its deadline).
+struct Fake {
     settings: Settings,
     epoch: SystemTime,
     origin: Instant,
+    active: bool,
 }
 
-impl Context for Idle {
+impl Context for Fake {
     fn settings(&self) -> &Settings {
         &self.settings
     }
@@ -52,6 +60,9 @@ impl Context for Idle {
         true
     }
     async fn instances(&self, f: &Function) -> Result<Vec<Instance>> {
+        if self.active {
+            return Ok(Vec::new());
+        }
         Ok(vec![Instance {
             namespace: f.namespace.clone(),
             name: f.tenant.clone(),
@@ -69,7 +80,12 @@ impl Context for Idle {
     fn replica_set_retired(&self, _: &Function, _: &str) -> bool {
         false
     }
-    async fn assign(&self, f: &Function, _: Instant) -> Result<Instance> {
+    async fn wait_for_pool_pod(&self, _: &Function, deadline: Instant) {
+        tokio::time::sleep_until(deadline).await;
+    }
+    async fn assign(&self, f: &Function, deadline: Instant) -> Result<Instance> {
+        // No pool pod comes.
+        tokio::time::sleep_until(deadline).await;
         Err(skipper::controller::assign::Error::NoPoolPod {
             namespace: f.namespace.clone(),
             deployment: f.deployment.clone(),
@@ -104,46 +120,77 @@ fn function(i: usize) -> Function {
 /// Set in the process the test runs alone in.
 const ALONE: &str = "SKIPPER_TEST_SUPERVISOR_MEMORY_ALONE";
 
-#[test]
-fn an_idle_supervisor_holds_at_most_two_kib_and_gives_it_back_when_it_stops() {
-    const NAME: &str =
-        "supervisor_memory::an_idle_supervisor_holds_at_most_two_kib_and_gives_it_back_when_it_stops";
+/// Runs `test` (the test `name` of this module) on paused time in a
+/// process of its own.
+fn alone<F: std::future::Future<Output = ()>>(name: &str, test: impl FnOnce() -> F) {
+    let name = format!("supervisor_memory::{name}");
     if std::env::var_os(ALONE).is_some() {
         tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .start_paused(true)
             .build()
             .unwrap()
-            .block_on(idle_supervisors());
+            .block_on(test());
         return;
     }
     let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--exact", NAME, "--nocapture", "--test-threads", "1"])
+        .args(["--exact", &name, "--nocapture", "--test-threads", "1"])
         .env(ALONE, "1")
         .output()
         .unwrap();
-    let stdout = String::from_utf8(skipper_test_support::process::succeeded(NAME, out)).unwrap();
+    let stdout = String::from_utf8(skipper_test_support::process::succeeded(&name, out)).unwrap();
     print!("{stdout}");
     assert!(stdout.contains("1 passed"), "the test ran alone: {stdout}");
 }
 
-async fn idle_supervisors() {
-    const N: usize = 10_000;
+/// Logs as the controller does (JSON at `info`, into a sink) while the
+/// guard lives.
+fn log_as_the_controller() -> tracing::subscriber::DefaultGuard {
     let subscriber = tracing_subscriber::fmt()
         .json()
         .with_max_level(tracing::Level::INFO)
         .with_writer(std::io::sink)
         .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    tracing::subscriber::set_default(subscriber)
+}
 
-    let ctx = Arc::new(Idle {
+fn fake(active: bool) -> Arc<Fake> {
+    let mut scale = ScaleConfig::default();
+    if active {
+        // The routers' reports stay fresh for the whole test.
+        scale.heartbeat_timeout = Duration::from_secs(3600);
+    }
+    Arc::new(Fake {
         settings: Settings {
             scale_interval: Duration::from_secs(15),
-            scale: ScaleConfig::default(),
+            scale,
         },
         epoch: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
         origin: Instant::now(),
-    });
+        active,
+    })
+}
+
+#[test]
+fn an_idle_supervisor_holds_at_most_two_kib_and_gives_it_back_when_it_stops() {
+    alone(
+        "an_idle_supervisor_holds_at_most_two_kib_and_gives_it_back_when_it_stops",
+        idle_supervisors,
+    );
+}
+
+#[test]
+fn an_active_supervisor_waiting_for_a_pool_pod_holds_at_most_two_and_a_half_kib() {
+    alone(
+        "an_active_supervisor_waiting_for_a_pool_pod_holds_at_most_two_and_a_half_kib",
+        active_supervisors,
+    );
+}
+
+async fn idle_supervisors() {
+    const N: usize = 10_000;
+    let _log = log_as_the_controller();
+    let ctx = fake(false);
     let token = CancellationToken::new();
     let tracker = TaskTracker::new();
     let registry = Registry::new(ctx.clone(), token.clone(), tracker.clone());
@@ -204,4 +251,76 @@ async fn idle_supervisors() {
         "stopped supervisors keep {left} bytes ({} per supervisor)",
         left / N as i64
     );
+}
+
+/// Functions scaled on in-flight requests (their per-instance metric is
+/// NaN without instances) that routers keep active, whose pool has no pod:
+/// each tick decides an instance, waits for a pool pod until the assign
+/// timeout, then fails to assign one.
+async fn active_supervisors() {
+    const N: usize = 10_000;
+    let _log = log_as_the_controller();
+    let ctx = fake(true);
+    let token = CancellationToken::new();
+    let tracker = TaskTracker::new();
+    let registry = Registry::new(ctx.clone(), token.clone(), tracker.clone());
+    let routers = Routers::new(16, 1_000_000);
+    let router = routers.get("10.1.0.1").unwrap();
+    let active_function = |i| {
+        let mut f = function(i);
+        f.scale.as_mut().unwrap().target_in_flight_requests = Some(1);
+        f
+    };
+    let functions: Vec<Function> = (0..N).map(active_function).collect();
+    let beat = |h: &skipper::controller::supervisor::Handle| {
+        let now = ctx.now();
+        let report = Report {
+            timestamp: now,
+            in_flight: 0,
+        };
+        h.shared
+            .with_heartbeats(|s| s.record(&router, report, now, Duration::from_secs(3600)))
+            .unwrap();
+    };
+    // Warm up one-off allocations (the map's first buckets, the runtime,
+    // the first span and events) with one function through a tick.
+    let warm = registry.get_or_spawn(&active_function(N), false).await;
+    beat(&warm);
+    drop(warm);
+    tokio::time::sleep(Duration::from_secs(60)).await;
+
+    let before = live_bytes();
+    for f in &functions {
+        beat(&registry.get_or_spawn(f, false).await);
+    }
+    // Ticks at about 15 s, 45 s and 75 s each wait 30 s for a pool pod;
+    // at 100 s every supervisor waits in its third.
+    tokio::time::sleep(Duration::from_secs(100)).await;
+    assert_eq!(registry.len(), N + 1);
+    let held = live_bytes() - before;
+    let per_supervisor = held as f64 / N as f64;
+    let recommendations = registry
+        .handles()
+        .iter()
+        .map(|h| h.shared.recommendations().len())
+        .max()
+        .unwrap();
+    println!(
+        "{per_supervisor:.0} heap bytes per active supervisor ({N} supervisors waiting for a pool pod, {held} bytes)"
+    );
+    assert_eq!(
+        recommendations, 1,
+        "ticks that recommend the same extend one recommendation"
+    );
+    assert!(
+        per_supervisor <= MAX_BYTES_PER_ACTIVE_SUPERVISOR,
+        "{per_supervisor:.0} bytes per active supervisor, over {MAX_BYTES_PER_ACTIVE_SUPERVISOR}"
+    );
+
+    registry.stop_all();
+    tracker.close();
+    tokio::time::timeout(Duration::from_secs(5), tracker.wait())
+        .await
+        .unwrap();
+    assert!(registry.is_empty());
 }

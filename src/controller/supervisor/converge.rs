@@ -77,6 +77,22 @@ impl Decision {
             metrics: Vec::new(),
         }
     }
+
+    /// Whether `other` is the same decision, a metric that is NaN equal to
+    /// NaN: the in-flight metric of a function without instances is 0/0,
+    /// and two ticks that recommend the same are one recommendation.
+    #[must_use]
+    pub fn same_as(&self, other: &Decision) -> bool {
+        self.desired == other.desired
+            && self.unclamped == other.unclamped
+            && self.reason == other.reason
+            && self.metrics.len() == other.metrics.len()
+            && self
+                .metrics
+                .iter()
+                .zip(&other.metrics)
+                .all(|((a, x), (b, y))| a == b && (x == y || (x.is_nan() && y.is_nan())))
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -179,7 +195,13 @@ pub fn desire(
     let scale = f.scale_or_default();
     let mut best = 1u32;
     let mut reason = ScaleReason::Unspecified;
-    let mut metrics = Vec::new();
+    // One entry per target: a supervisor keeps decisions across ticks.
+    let targets = [
+        scale.target_in_flight_requests(),
+        scale.target_cpu_usage_milli(),
+        scale.target_memory_usage_mib(),
+    ];
+    let mut metrics = Vec::with_capacity(targets.iter().filter(|t| **t > 0).count());
     let mut consider = |d: u32, r: ScaleReason| {
         if d > best {
             best = d;

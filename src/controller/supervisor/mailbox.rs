@@ -88,9 +88,20 @@ impl Mailbox {
         cmd
     }
 
-    /// Resolves when a command may have arrived since the last call.
+    /// Resolves when a command may have arrived (or [`Mailbox::wake`] was
+    /// called) since the last call.
     pub(super) async fn woken(&self) {
         self.wake.notified().await;
+    }
+
+    /// Wakes the actor without a command (its spec changed).
+    pub(super) fn wake(&self) {
+        self.wake.notify_one();
+    }
+
+    /// Whether a command is waiting.
+    pub(super) fn has_commands(&self) -> bool {
+        !self.lock().commands.is_empty()
     }
 
     /// Refuses further commands and returns those still waiting.

@@ -17,8 +17,11 @@
 //!
 //! Memory: an idle supervisor is its map entry, its shared part and a small
 //! task (the tick and the `Scale` execution are boxed while they run, the
-//! mailbox holds no allocation while empty), about 1 KiB; all of it is
-//! freed when the supervisor stops (`make bench-controller` measures it).
+//! mailbox holds no allocation while empty); all of it is freed when the
+//! supervisor stops. A function whose pool has no pod spends its ticks
+//! waiting for one: the tick waits before it acts, so what it holds while
+//! waiting is the tick's own small frame, without a span or the frames of
+//! the assignment (`make bench-controller` measures both cases).
 
 pub mod converge;
 mod mailbox;
@@ -89,6 +92,15 @@ pub trait Context: Send + Sync + 'static {
     /// Claims a pool pod for `f` and assigns it, waiting for one until
     /// `deadline`.
     fn assign(&self, f: &Function, deadline: Instant) -> impl Future<Output = Result<Instance>> + Send;
+
+    /// Waits until `f`'s pool has a pod [`Context::assign`] could claim, at
+    /// most until `deadline` (and not at all when the assignment would fail
+    /// at once). A tick that only scales up waits here, before it acts.
+    /// Without a pool to wait for there is nothing to wait for.
+    fn wait_for_pool_pod(&self, f: &Function, deadline: Instant) -> impl Future<Output = ()> + Send {
+        let _ = (f, deadline);
+        std::future::ready(())
+    }
 
     /// Deletes pod `name` of `f`'s namespace; `false` when it was gone.
     fn delete(&self, f: &Function, name: &str) -> impl Future<Output = Result<bool>> + Send;
@@ -233,19 +245,22 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if !spec.same_config(f) {
             *spec = Arc::new(f.clone());
+            drop(spec);
+            // A tick waiting for a pool pod plans again with the new spec.
+            self.mailbox.wake();
         }
     }
 
     /// Records a converge tick's recommendation: a repeat of the latest
-    /// one extends it, anything else is appended (the oldest beyond
-    /// [`RECOMMENDATIONS`] is dropped).
+    /// one ([`Decision::same_as`], the same `acted`) extends it, anything
+    /// else is appended (the oldest beyond [`RECOMMENDATIONS`] is dropped).
     pub fn record_recommendation(&self, r: Recommendation) {
         let mut recs = self
             .recommendations
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         if let Some(last) = recs.back_mut()
-            && last.decision == r.decision
+            && last.decision.same_as(&r.decision)
             && last.acted == r.acted
         {
             last.at = r.at;
@@ -499,5 +514,33 @@ mod recommendation_tests {
         let recs = s.recommendations();
         assert_eq!(recs.len(), RECOMMENDATIONS);
         assert_eq!(recs.last().unwrap().decision.desired, 99);
+    }
+
+    #[test]
+    fn a_repeat_with_a_nan_metric_extends_the_latest() {
+        // A function scaled on in-flight requests without instances: the
+        // per-instance metric is 0/0 at every tick.
+        let s = shared();
+        let t = |n: u64| SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(n);
+        let nan = Decision {
+            metrics: vec![("in_flight_requests", f64::NAN)],
+            ..Decision::new(1, ScaleReason::Unspecified)
+        };
+        for n in 0..30 {
+            s.record_recommendation(Recommendation::new(t(n), nan.clone(), true));
+        }
+        let recs = s.recommendations();
+        assert_eq!(recs.len(), 1, "{recs:?}");
+        assert_eq!((recs[0].ticks, recs[0].since, recs[0].at), (30, t(0), t(29)));
+        let other = Decision {
+            metrics: vec![("in_flight_requests", 2.0)],
+            ..Decision::new(1, ScaleReason::Unspecified)
+        };
+        s.record_recommendation(Recommendation::new(t(30), other, true));
+        assert_eq!(
+            s.recommendations().len(),
+            2,
+            "another value is another recommendation"
+        );
     }
 }

@@ -1,5 +1,6 @@
 //! The supervisor actor: converge ticks and `Scale` commands, one at a time.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
@@ -26,27 +27,36 @@ struct Actor {
 pub(super) async fn run<C: Context>(registry: Registry<C>, handle: Handle) {
     contain(handle.id, actor_loop(&registry, &handle)).await;
     let waiting = handle.shared.mailbox.close();
-    registry.remove(&handle).await;
+    // Boxed: the map's removal future is larger than the actor's loop, and
+    // the task is as large as its largest state for the supervisor's life.
+    Box::pin(registry.remove(&handle)).await;
     for Command::Scale { reply, .. } in waiting {
         let _ = reply.send(Err(Error::SupervisorStopped));
     }
 }
 
 /// Runs `fut`, catching a panic: it is logged and ends only this future.
-/// Returns whether `fut` completed without panicking.
-pub(super) async fn contain(id: FunctionId, fut: impl std::future::Future<Output = ()>) -> bool {
-    match std::panic::AssertUnwindSafe(fut).catch_unwind().await {
-        Ok(()) => true,
-        Err(panic) => {
-            let msg = panic
-                .downcast_ref::<&str>()
-                .map(|s| (*s).to_owned())
-                .or_else(|| panic.downcast_ref::<String>().cloned())
-                .unwrap_or_default();
-            tracing::error!(function = %id, panic = %msg, "panic in supervisor loop; supervisor stopped");
-            false
-        }
-    }
+/// Resolves to whether `fut` completed without panicking. A combinator, not
+/// an `async fn`: one would hold `fut` twice (as its argument and inside
+/// the future it awaits), and a supervisor's task holds this for its life.
+pub(super) fn contain(
+    id: FunctionId,
+    fut: impl std::future::Future<Output = ()>,
+) -> impl std::future::Future<Output = bool> {
+    std::panic::AssertUnwindSafe(fut)
+        .catch_unwind()
+        .map(move |outcome| match outcome {
+            Ok(()) => true,
+            Err(panic) => {
+                let msg = panic
+                    .downcast_ref::<&str>()
+                    .map(|s| (*s).to_owned())
+                    .or_else(|| panic.downcast_ref::<String>().cloned())
+                    .unwrap_or_default();
+                tracing::error!(function = %id, panic = %msg, "panic in supervisor loop; supervisor stopped");
+                false
+            }
+        })
 }
 
 /// The loop keeps only what an idle supervisor needs across awaits; the
@@ -89,8 +99,10 @@ async fn actor_loop<C: Context>(registry: &Registry<C>, handle: &Handle) {
                     r = Box::pin(tick(ctx.as_ref(), handle, &mut actor)) => r,
                 };
                 match result {
-                    Ok(true) => return,
-                    Ok(false) => {}
+                    Ok(Ticked::Stop) => return,
+                    Ok(Ticked::Continue) => {}
+                    // Again once the waiting commands are served.
+                    Ok(Ticked::Interrupted) => next_tick = Instant::now(),
                     Err(e) => tracing::warn!(function = %handle.id, error = %e, "failed to converge"),
                 }
             }
@@ -122,12 +134,83 @@ fn observe(instances: &[Instance]) -> Vec<converge::Observed> {
         .collect()
 }
 
-/// One converge tick. Returns whether the supervisor should stop. A tick
-/// with nothing to do (the common case) allocates nothing that outlives it
-/// and opens no span; one that acts runs in a span.
-async fn tick<C: Context>(ctx: &C, handle: &Handle, actor: &mut Actor) -> Result<bool> {
+/// How a converge tick ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Ticked {
+    /// The supervisor runs on.
+    Continue,
+    /// The supervisor stops.
+    Stop,
+    /// A scale-up's wait for a pool pod ended before it acted: a command
+    /// arrived or the spec changed. The tick runs again after the commands.
+    Interrupted,
+}
+
+/// One converge tick. A tick with nothing to do (the common case)
+/// allocates nothing that outlives it and opens no span; one that acts runs
+/// in a span, boxed, after a scale-up's wait for a pool pod (see
+/// [`Context::wait_for_pool_pod`]).
+async fn tick<C: Context>(ctx: &C, handle: &Handle, actor: &mut Actor) -> Result<Ticked> {
     let f = handle.shared.spec();
     let instances = ctx.instances(&f).await?;
+    let (plan, scale_up_only) = match decide(ctx, handle, actor, &f, &instances) {
+        Next::Done { stop: true } => return Ok(Ticked::Stop),
+        Next::Done { stop: false } => return Ok(Ticked::Continue),
+        Next::Act { plan, scale_up_only } => (plan, scale_up_only),
+    };
+    // A scale-up waits for a pool pod before it acts, in this small frame
+    // and outside any span: a function whose pool has no pod spends its
+    // ticks waiting, and holds little while it does. Nothing is done yet,
+    // so a command or a new spec ends the wait, and a controller that no
+    // longer owns the function once it ends does not act. The assignment's
+    // deadline counts from the start of the wait.
+    let deadline = if scale_up_only {
+        let deadline = Instant::now() + ctx.settings().scale.assign_timeout;
+        tokio::select! {
+            biased;
+            () = news(handle, &f) => return Ok(Ticked::Interrupted),
+            () = ctx.wait_for_pool_pod(&f, deadline) => {}
+        }
+        if !ctx.is_owner(handle.id) {
+            return Ok(Ticked::Continue);
+        }
+        Some(deadline)
+    } else {
+        None
+    };
+    // Each tick that acts is a trace of its own.
+    let span = tracing::info_span!(parent: None, "controller.supervisor.converge", function = %handle.id);
+    let stop = Box::pin(act(ctx, &f, plan, instances, deadline).instrument(span)).await?;
+    Ok(if stop { Ticked::Stop } else { Ticked::Continue })
+}
+
+/// Resolves once a command waits in the mailbox or the spec is no longer
+/// `f` (either wakes the actor).
+async fn news(handle: &Handle, f: &Arc<Function>) {
+    let shared = &handle.shared;
+    while !shared.mailbox.has_commands() && Arc::ptr_eq(&shared.spec(), f) {
+        shared.mailbox.woken().await;
+    }
+}
+
+/// What a tick does once it has planned.
+enum Next {
+    /// Nothing more; whether the supervisor stops.
+    Done { stop: bool },
+    /// Carry out `plan`; `scale_up_only` when its only work is a scale-up.
+    Act { plan: TickPlan, scale_up_only: bool },
+}
+
+/// Plans a tick over `instances` and records its recommendation. Not
+/// async: what planning needs stays out of the tick's future, which a
+/// waiting supervisor holds.
+fn decide<C: Context>(
+    ctx: &C,
+    handle: &Handle,
+    actor: &mut Actor,
+    f: &Function,
+    instances: &[Instance],
+) -> Next {
     if instances.is_empty() {
         if actor.had_instances {
             handle.shared.with_heartbeats(Store::clear);
@@ -142,9 +225,9 @@ async fn tick<C: Context>(ctx: &C, handle: &Handle, actor: &mut Actor) -> Result
         s.expire(now, timeout);
         s.combined(instances.iter().map(|i| i.assigned_at))
     });
-    let observed = observe(&instances);
+    let observed = observe(instances);
     let input = TickInput {
-        function: &f,
+        function: f,
         instances: &observed,
         heartbeat: combined,
         now,
@@ -162,9 +245,10 @@ async fn tick<C: Context>(ctx: &C, handle: &Handle, actor: &mut Actor) -> Result
             .shared
             .record_recommendation(super::Recommendation::new(input.now, decision, acted));
     }
-    let busy = match &plan {
-        TickPlan::Idle { .. } => false,
-        TickPlan::OneshotCleanup { .. } => true,
+    // Whether the tick acts, and whether its only work is a scale-up.
+    let (busy, scale_up_only) = match &plan {
+        TickPlan::Idle { .. } => (false, false),
+        TickPlan::OneshotCleanup { .. } => (true, false),
         TickPlan::Act {
             decision,
             event,
@@ -172,24 +256,22 @@ async fn tick<C: Context>(ctx: &C, handle: &Handle, actor: &mut Actor) -> Result
             replace_stale,
             ..
         } => {
-            event.is_some()
-                || !stuck.is_empty()
+            let quiet = event.is_none() && stuck.is_empty();
+            let execution = converge::execute(f, decision, &observed);
+            let scale_up = matches!(execution, converge::Execution::ScaleUp { .. });
+            let busy = !quiet
                 || !matches!(
-                    converge::execute(&f, decision, &observed),
+                    execution,
                     converge::Execution::Noop | converge::Execution::Guarded
                 )
-                || (*replace_stale && instances.iter().any(|i| is_stale(ctx, &f, i)))
+                || (*replace_stale && instances.iter().any(|i| is_stale(ctx, f, i)));
+            (busy, quiet && scale_up)
         }
     };
     match plan {
-        TickPlan::Idle { stop, .. } => Ok(stop),
-        TickPlan::Act { stop, .. } if !busy => Ok(stop),
-        plan => {
-            // Each tick that acts is a trace of its own.
-            let span =
-                tracing::info_span!(parent: None, "controller.supervisor.converge", function = %handle.id);
-            act(ctx, &f, plan, instances).instrument(span).await
-        }
+        TickPlan::Idle { stop, .. } => Next::Done { stop },
+        TickPlan::Act { stop, .. } if !busy => Next::Done { stop },
+        plan => Next::Act { plan, scale_up_only },
     }
 }
 
@@ -205,12 +287,15 @@ fn is_stale<C: Context>(ctx: &C, f: &Function, i: &Instance) -> bool {
     .is_some()
 }
 
-/// Carries out a tick's plan other than [`TickPlan::Idle`].
+/// Carries out a tick's plan other than [`TickPlan::Idle`]; an assignment
+/// waits for a pool pod until `deadline` (by default the assign timeout
+/// from the execution on).
 async fn act<C: Context>(
     ctx: &C,
     f: &Function,
     plan: TickPlan,
     mut instances: Vec<Instance>,
+    deadline: Option<Instant>,
 ) -> Result<bool> {
     match plan {
         TickPlan::Idle { stop, .. } => Ok(stop),
@@ -247,7 +332,7 @@ async fn act<C: Context>(
                     Err(e) => tracing::warn!(pod = %name, error = %e, "failed to delete stuck instance"),
                 }
             }
-            let deadline = Instant::now() + ctx.settings().scale.assign_timeout;
+            let deadline = deadline.unwrap_or_else(|| Instant::now() + ctx.settings().scale.assign_timeout);
             let after = execute(ctx, f, &decision, instances, deadline).await?;
             if replace_stale {
                 replace_stale_instances(ctx, f, after).await;

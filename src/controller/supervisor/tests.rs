@@ -27,6 +27,14 @@ struct Fake {
     scaled: Mutex<Vec<(Scaled, u64)>>,
     permits: Arc<Semaphore>,
     panic_on_read: AtomicBool,
+    /// While set, the pool has no pod: `wait_for_pool_pod` waits for a
+    /// notification (or its deadline).
+    empty_pool: AtomicBool,
+    pool_pod: Notify,
+    /// The metadata and deadline of each `wait_for_pool_pod`, and the
+    /// deadlines `assign` was called with.
+    waited: Mutex<Vec<(Option<String>, Instant)>>,
+    assign_deadlines: Mutex<Vec<Instant>>,
 }
 
 impl Fake {
@@ -58,6 +66,10 @@ impl Fake {
             scaled: Mutex::default(),
             permits: Arc::new(Semaphore::new(10)),
             panic_on_read: AtomicBool::new(false),
+            empty_pool: AtomicBool::new(false),
+            pool_pod: Notify::new(),
+            waited: Mutex::default(),
+            assign_deadlines: Mutex::default(),
         })
     }
 
@@ -76,6 +88,11 @@ impl Fake {
             protocol: Default::default(),
             assign_timing: None,
         }
+    }
+
+    /// The deadlines `wait_for_pool_pod` was called with.
+    fn waited(&self) -> Vec<Instant> {
+        self.waited.lock().unwrap().iter().map(|(_, d)| *d).collect()
     }
 
     fn events(&self) -> Vec<EventType> {
@@ -109,7 +126,15 @@ impl Context for Fake {
         false
     }
 
+    async fn wait_for_pool_pod(&self, f: &Function, deadline: Instant) {
+        self.waited.lock().unwrap().push((f.metadata.clone(), deadline));
+        if self.empty_pool.load(Ordering::SeqCst) {
+            let _ = tokio::time::timeout_at(deadline, self.pool_pod.notified()).await;
+        }
+    }
+
     async fn assign(&self, f: &Function, deadline: Instant) -> Result<Instance> {
+        self.assign_deadlines.lock().unwrap().push(deadline);
         if self.hold_assign.load(Ordering::SeqCst)
             && tokio::time::timeout_at(deadline, self.release_assign.notified())
                 .await
@@ -458,5 +483,152 @@ async fn an_idle_pod_goes_a_heartbeat_timeout_after_its_last_activity_once_the_p
             "window {stabilization}s, active at {active}s: the pod went {gone:?} after the start, not within {from}–{to}s"
         );
         assert!(ctx.events().contains(&EventType::HeartbeatTimeout));
+    }
+}
+
+/// A tick whose only work is a scale-up waits for a pool pod before it acts
+/// (no event, no count, no assignment meanwhile), and its assignment keeps
+/// the deadline the wait started with.
+#[tokio::test(start_paused = true)]
+async fn a_scale_up_waits_for_a_pool_pod_before_it_acts() {
+    let ctx = Fake::new();
+    ctx.empty_pool.store(true, Ordering::SeqCst);
+    let reg = registry(&ctx);
+    let h = reg.get_or_spawn(&function("waiting"), false).await;
+    beat(&ctx, &h, 1);
+    // The first tick (after about 1 s) decides one instance and waits.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    settle().await;
+    assert_eq!(ctx.waited.lock().unwrap().len(), 1, "one tick waits");
+    assert!(ctx.events().is_empty(), "nothing happens while it waits");
+    assert!(ctx.scaled.lock().unwrap().is_empty());
+    assert_eq!(ctx.assigned.load(Ordering::SeqCst), 0);
+    // A pool pod: the tick acts at once, with the wait's deadline.
+    ctx.empty_pool.store(false, Ordering::SeqCst);
+    ctx.pool_pod.notify_one();
+    settle().await;
+    assert_eq!(ctx.events(), [EventType::ScaleUp, EventType::PodAssigned]);
+    assert_eq!(*ctx.scaled.lock().unwrap(), [(Scaled::Up, 1)]);
+    assert_eq!(ctx.assigned.load(Ordering::SeqCst), 1);
+    assert_eq!(*ctx.assign_deadlines.lock().unwrap(), [ctx.waited()[0]]);
+
+    // No pool pod comes: at the deadline the tick acts and its assignment
+    // fails at once (the deadline has passed), one assign timeout after the
+    // wait started, not two.
+    let ctx = Fake::new();
+    ctx.empty_pool.store(true, Ordering::SeqCst);
+    ctx.hold_assign.store(true, Ordering::SeqCst);
+    let reg = registry(&ctx);
+    let h = reg.get_or_spawn(&function("starved"), false).await;
+    beat(&ctx, &h, 1);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    settle().await;
+    let waited = ctx.waited()[0];
+    tokio::time::sleep_until(waited).await;
+    settle().await;
+    assert_eq!(ctx.events(), [EventType::ScaleUp], "scaled up, nothing assigned");
+    assert_eq!(*ctx.assign_deadlines.lock().unwrap(), [waited]);
+    assert_eq!(ctx.assigned.load(Ordering::SeqCst), 0);
+    assert!(!h.is_stopped(), "a failed tick leaves the supervisor running");
+}
+
+/// What happens while a tick waits for a pool pod.
+#[derive(Debug, Clone, Copy)]
+enum WhileWaiting {
+    /// A `Scale` command arrives.
+    Command,
+    /// A caller's header brings new metadata.
+    NewSpec,
+    /// The ring moves the function to another controller, then a pool pod
+    /// appears.
+    RingMoves,
+    /// The controller shuts down.
+    Stop,
+}
+
+/// A waiting scale-up has done nothing yet: a command is served at once,
+/// a new spec is planned again at once, a controller that lost the
+/// function does not act once the wait ends, and stopping ends the wait.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_scale_up_gives_way_to_commands_new_specs_the_ring_and_stopping() {
+    use WhileWaiting::*;
+    // (what happens, metadata of each wait, events, pods assigned)
+    let table = [
+        (
+            Command,
+            vec![None],
+            vec![EventType::ScaleUp, EventType::PodAssigned],
+            1,
+        ),
+        (NewSpec, vec![None, Some("v2")], vec![], 0),
+        (RingMoves, vec![None], vec![], 0),
+        (Stop, vec![None], vec![], 0),
+    ];
+    for (what, waits, events, assigned) in table {
+        let ctx = Fake::new();
+        ctx.empty_pool.store(true, Ordering::SeqCst);
+        let token = CancellationToken::new();
+        let tracker = TaskTracker::new();
+        let reg = Registry::new(ctx.clone(), token, tracker.clone());
+        let f = function("waiting");
+        let h = reg.get_or_spawn(&f, true).await;
+        beat(&ctx, &h, 1);
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        settle().await;
+        assert_eq!(ctx.waited().len(), 1, "{what:?}: the tick waits");
+        let started = Instant::now();
+        match what {
+            Command => {
+                let ready = h
+                    .scale(
+                        Decision::new(1, ScaleReason::NoReadyInstances),
+                        Instant::now() + Duration::from_secs(30),
+                    )
+                    .await
+                    .unwrap();
+                assert_eq!(ready.len(), 1);
+                // The tick that runs again finds the instance.
+                settle().await;
+            }
+            NewSpec => {
+                let mut relabelled = f.clone();
+                relabelled.metadata = Some("v2".into());
+                reg.get_or_spawn(&relabelled, true).await;
+                settle().await;
+            }
+            RingMoves => {
+                ctx.owner.store(false, Ordering::SeqCst);
+                ctx.empty_pool.store(false, Ordering::SeqCst);
+                ctx.pool_pod.notify_one();
+                settle().await;
+            }
+            Stop => {
+                reg.stop_all();
+                tracker.close();
+                tokio::time::timeout(Duration::from_secs(1), tracker.wait())
+                    .await
+                    .expect("the waiting actor stops");
+                assert!(reg.is_empty(), "{what:?}");
+            }
+        }
+        assert_eq!(
+            started.elapsed(),
+            Duration::ZERO,
+            "{what:?}: at once, not at the wait's deadline"
+        );
+        let metadata: Vec<Option<String>> = ctx
+            .waited
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(m, _)| m.clone())
+            .collect();
+        assert_eq!(
+            metadata.iter().map(Option::as_deref).collect::<Vec<_>>(),
+            waits,
+            "{what:?}"
+        );
+        assert_eq!(ctx.events(), events, "{what:?}");
+        assert_eq!(ctx.assigned.load(Ordering::SeqCst), assigned, "{what:?}");
     }
 }
