@@ -255,7 +255,7 @@ pub async fn run(
     }
     start_discovery(&core);
     start_peer_pruning(&core);
-    start_health(&core, reporter);
+    start_health(&core, reporter).await;
     ready(Running {
         core: core.clone(),
         web_addr,
@@ -335,58 +335,86 @@ fn start_discovery(core: &Arc<Core>) {
 /// the ring's watch runs and some function namespace is served: a namespace
 /// the API server refuses (its Role is not there yet, or lacks a verb) does
 /// not take the controller out of the ring for the others. Every change is
-/// logged, naming what each namespace lacks.
-fn start_health(core: &Arc<Core>, reporter: tonic_health::server::HealthReporter) {
-    let state = core.cluster.state.clone();
-    let metrics = core.cluster.metrics.clone();
+/// logged, naming what each namespace lacks. The first statuses are set
+/// before this returns: whoever hears the controller is running finds them.
+async fn start_health(core: &Arc<Core>, reporter: tonic_health::server::HealthReporter) {
+    let health = Health {
+        state: core.cluster.state.clone(),
+        metrics: core.cluster.metrics.clone(),
+        pod_ip: core.config.pod_ip.clone(),
+        reporter,
+    };
     let token = core.shutdown.token().clone();
-    let pod_ip = core.config.pod_ip.clone();
+    let mut refused = health.state.refusals.subscribe();
+    refused.borrow_and_update();
+    let mut last = health.publish(None).await;
     core.shutdown.spawn("health", async move {
-        let mut refused = state.refusals.subscribe();
-        let mut last: Option<(bool, BTreeMap<String, String>, String)> = None;
         loop {
-            refused.borrow_and_update();
-            let unready: BTreeMap<String, String> = state
-                .namespaces
-                .keys()
-                .filter_map(|ns| state.not_ready(ns).map(|why| (ns.clone(), why)))
-                .collect();
-            let ring_refused = crate::watch_access::Refusals::describe(&state.ring_refusals());
-            let serving = ring_refused.is_empty()
-                && (state.namespaces.is_empty() || unready.len() < state.namespaces.len());
-            let now = (serving, unready, ring_refused);
-            if last.as_ref() != Some(&now) {
-                let (serving, unready, ring_refused) = &now;
-                for ns in state.namespaces.keys() {
-                    let ready = !unready.contains_key(ns);
-                    let status = if ready {
-                        ServingStatus::Serving
-                    } else {
-                        ServingStatus::NotServing
-                    };
-                    reporter.set_service_status(&namespace_service(ns), status).await;
-                    metrics
-                        .function_namespace_ready
-                        .get_or_create(&self::metrics::FunctionNamespaceLabels {
-                            function_namespace: ns.clone(),
-                        })
-                        .set(i64::from(ready));
-                }
-                let status = if *serving {
-                    ServingStatus::Serving
-                } else {
-                    ServingStatus::NotServing
-                };
-                reporter.set_service_status("", status).await;
-                log_health(&pod_ip, *serving, unready, ring_refused);
-                last = Some(now);
-            }
             tokio::select! {
                 () = token.cancelled() => return,
-                () = state.readiness_changed(&mut refused) => {}
+                () = health.state.readiness_changed(&mut refused) => {}
             }
+            refused.borrow_and_update();
+            last = health.publish(Some(last)).await;
         }
     });
+}
+
+/// What the health statuses are computed from and set on.
+struct Health {
+    state: self::kube::stores::State,
+    metrics: self::metrics::Metrics,
+    pod_ip: String,
+    reporter: tonic_health::server::HealthReporter,
+}
+
+/// The statuses last set: overall serving, the unready function namespaces
+/// (each with why), what the ring's watch is refused.
+type Statuses = (bool, BTreeMap<String, String>, String);
+
+impl Health {
+    /// Sets and logs the statuses when they differ from `last`; returns them.
+    async fn publish(&self, last: Option<Statuses>) -> Statuses {
+        let state = &self.state;
+        let unready: BTreeMap<String, String> = state
+            .namespaces
+            .keys()
+            .filter_map(|ns| state.not_ready(ns).map(|why| (ns.clone(), why)))
+            .collect();
+        let ring_refused = crate::watch_access::Refusals::describe(&state.ring_refusals());
+        let serving = ring_refused.is_empty()
+            && (state.namespaces.is_empty() || unready.len() < state.namespaces.len());
+        let now = (serving, unready, ring_refused);
+        if last.as_ref() == Some(&now) {
+            return now;
+        }
+        let (serving, unready, ring_refused) = &now;
+        for ns in state.namespaces.keys() {
+            let ready = !unready.contains_key(ns);
+            let status = if ready {
+                ServingStatus::Serving
+            } else {
+                ServingStatus::NotServing
+            };
+            self.reporter
+                .set_service_status(&namespace_service(ns), status)
+                .await;
+            self.metrics
+                .function_namespace_ready
+                .get_or_create(&self::metrics::FunctionNamespaceLabels {
+                    function_namespace: ns.clone(),
+                })
+                .set(i64::from(ready));
+        }
+        let status = if *serving {
+            ServingStatus::Serving
+        } else {
+            ServingStatus::NotServing
+        };
+        self.reporter.set_service_status("", status).await;
+        log_health(&self.pod_ip, *serving, unready, ring_refused);
+        now
+    }
 }
 
 /// The gRPC health service of function namespace `ns`: `SERVING` while the
