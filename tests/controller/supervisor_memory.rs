@@ -154,21 +154,68 @@ fn log_as_the_controller() -> tracing::subscriber::DefaultGuard {
     tracing::subscriber::set_default(subscriber)
 }
 
-fn fake(active: bool) -> Arc<Fake> {
-    let mut scale = ScaleConfig::default();
-    if active {
-        // The routers' reports stay fresh for the whole test.
-        scale.heartbeat_timeout = Duration::from_secs(3600);
+/// Supervisors over a [`Fake`] cluster, with one router reporting.
+struct Supervisors {
+    ctx: Arc<Fake>,
+    registry: Registry<Fake>,
+    tracker: TaskTracker,
+    router: Arc<skipper::controller::heartbeat::Router>,
+    /// How long a report counts.
+    heartbeat_timeout: Duration,
+}
+
+impl Supervisors {
+    fn new(active: bool) -> Self {
+        let mut scale = ScaleConfig::default();
+        if active {
+            // The routers' reports stay fresh for the whole test.
+            scale.heartbeat_timeout = Duration::from_secs(3600);
+        }
+        let heartbeat_timeout = scale.heartbeat_timeout;
+        let ctx = Arc::new(Fake {
+            settings: Settings {
+                scale_interval: Duration::from_secs(15),
+                scale,
+            },
+            epoch: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
+            origin: Instant::now(),
+            active,
+        });
+        let tracker = TaskTracker::new();
+        let registry = Registry::new(ctx.clone(), CancellationToken::new(), tracker.clone());
+        let router = Routers::new(16, 1_000_000).get("10.1.0.1").unwrap();
+        Self {
+            ctx,
+            registry,
+            tracker,
+            router,
+            heartbeat_timeout,
+        }
     }
-    Arc::new(Fake {
-        settings: Settings {
-            scale_interval: Duration::from_secs(15),
-            scale,
-        },
-        epoch: SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000),
-        origin: Instant::now(),
-        active,
-    })
+
+    /// Starts `f`'s supervisor with one report of the router, nothing in
+    /// flight.
+    async fn start_active(&self, f: &Function) {
+        let h = self.registry.get_or_spawn(f, false).await;
+        let now = self.ctx.now();
+        let report = Report {
+            timestamp: now,
+            in_flight: 0,
+        };
+        h.shared
+            .with_heartbeats(|s| s.record(&self.router, report, now, self.heartbeat_timeout))
+            .unwrap();
+    }
+
+    /// Stops every supervisor and waits for their tasks.
+    async fn stop(&self) {
+        self.registry.stop_all();
+        self.tracker.close();
+        tokio::time::timeout(Duration::from_secs(5), self.tracker.wait())
+            .await
+            .unwrap();
+        assert!(self.registry.is_empty());
+    }
 }
 
 #[test]
@@ -190,38 +237,20 @@ fn an_active_supervisor_waiting_for_a_pool_pod_holds_at_most_two_and_a_half_kib(
 async fn idle_supervisors() {
     const N: usize = 10_000;
     let _log = log_as_the_controller();
-    let ctx = fake(false);
-    let token = CancellationToken::new();
-    let tracker = TaskTracker::new();
-    let registry = Registry::new(ctx.clone(), token.clone(), tracker.clone());
-    let routers = Routers::new(16, 1_000_000);
-    let router = routers.get("10.1.0.1").unwrap();
+    let world = Supervisors::new(false);
     let functions: Vec<Function> = (0..N).map(function).collect();
     // Warm up one-off allocations (the map's first buckets, the runtime).
-    let warm = registry.get_or_spawn(&function(N), false).await;
+    let warm = world.registry.get_or_spawn(&function(N), false).await;
     drop(warm);
     tokio::time::sleep(Duration::from_millis(1)).await;
 
     let before = live_bytes();
     for f in &functions {
-        let h = registry.get_or_spawn(f, false).await;
-        let now = ctx.now();
-        h.shared.with_heartbeats(|s| {
-            s.record(
-                &router,
-                Report {
-                    timestamp: now,
-                    in_flight: 0,
-                },
-                now,
-                Duration::from_secs(90),
-            )
-            .unwrap();
-        });
+        world.start_active(f).await;
     }
     // Two converge ticks of every supervisor (protected: nothing happens).
     tokio::time::sleep(Duration::from_secs(31)).await;
-    assert_eq!(registry.len(), N + 1);
+    assert_eq!(world.registry.len(), N + 1);
     let held = live_bytes() - before;
     let per_supervisor = held as f64 / N as f64;
     println!("{per_supervisor:.0} heap bytes per idle supervisor ({N} supervisors, {held} bytes)");
@@ -229,16 +258,11 @@ async fn idle_supervisors() {
         per_supervisor <= MAX_BYTES_PER_SUPERVISOR,
         "{per_supervisor:.0} bytes per idle supervisor, over {MAX_BYTES_PER_SUPERVISOR}"
     );
-    assert_eq!(router.active(), N, "one report per function");
+    assert_eq!(world.router.active(), N, "one report per function");
 
-    registry.stop_all();
-    tracker.close();
-    tokio::time::timeout(Duration::from_secs(5), tracker.wait())
-        .await
-        .unwrap();
-    assert!(registry.is_empty());
+    world.stop().await;
     assert_eq!(
-        router.active(),
+        world.router.active(),
         0,
         "stopped supervisors release their router's slots"
     );
@@ -260,46 +284,30 @@ async fn idle_supervisors() {
 async fn active_supervisors() {
     const N: usize = 10_000;
     let _log = log_as_the_controller();
-    let ctx = fake(true);
-    let token = CancellationToken::new();
-    let tracker = TaskTracker::new();
-    let registry = Registry::new(ctx.clone(), token.clone(), tracker.clone());
-    let routers = Routers::new(16, 1_000_000);
-    let router = routers.get("10.1.0.1").unwrap();
+    let world = Supervisors::new(true);
     let active_function = |i| {
         let mut f = function(i);
         f.scale.as_mut().unwrap().target_in_flight_requests = Some(1);
         f
     };
     let functions: Vec<Function> = (0..N).map(active_function).collect();
-    let beat = |h: &skipper::controller::supervisor::Handle| {
-        let now = ctx.now();
-        let report = Report {
-            timestamp: now,
-            in_flight: 0,
-        };
-        h.shared
-            .with_heartbeats(|s| s.record(&router, report, now, Duration::from_secs(3600)))
-            .unwrap();
-    };
     // Warm up one-off allocations (the map's first buckets, the runtime,
     // the first span and events) with one function through a tick.
-    let warm = registry.get_or_spawn(&active_function(N), false).await;
-    beat(&warm);
-    drop(warm);
+    world.start_active(&active_function(N)).await;
     tokio::time::sleep(Duration::from_secs(60)).await;
 
     let before = live_bytes();
     for f in &functions {
-        beat(&registry.get_or_spawn(f, false).await);
+        world.start_active(f).await;
     }
     // Ticks at about 15 s, 45 s and 75 s each wait 30 s for a pool pod;
     // at 100 s every supervisor waits in its third.
     tokio::time::sleep(Duration::from_secs(100)).await;
-    assert_eq!(registry.len(), N + 1);
+    assert_eq!(world.registry.len(), N + 1);
     let held = live_bytes() - before;
     let per_supervisor = held as f64 / N as f64;
-    let recommendations = registry
+    let recommendations = world
+        .registry
         .handles()
         .iter()
         .map(|h| h.shared.recommendations().len())
@@ -317,10 +325,5 @@ async fn active_supervisors() {
         "{per_supervisor:.0} bytes per active supervisor, over {MAX_BYTES_PER_ACTIVE_SUPERVISOR}"
     );
 
-    registry.stop_all();
-    tracker.close();
-    tokio::time::timeout(Duration::from_secs(5), tracker.wait())
-        .await
-        .unwrap();
-    assert!(registry.is_empty());
+    world.stop().await;
 }
