@@ -27,6 +27,7 @@ use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt as _, StreamExt as _};
+use k8s_openapi::api::apps::v1::Deployment;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, ListParams};
 use serde_json::Value;
@@ -93,6 +94,86 @@ struct Figures {
 }
 
 /// Ready, not terminating router pods: what a Service's endpoints hold.
+/// One line per pod for a failure message: name, image, phase, readiness,
+/// whether it is being deleted, and why a container waits or last ended.
+fn describe_pods(pods: &[Pod]) -> Vec<String> {
+    pods.iter()
+        .map(|p| {
+            let status = p.status.as_ref();
+            let phase = status.and_then(|s| s.phase.clone()).unwrap_or_default();
+            let image = p
+                .spec
+                .as_ref()
+                .and_then(|s| s.containers.first())
+                .and_then(|c| c.image.clone())
+                .unwrap_or_default();
+            let mut line = format!(
+                "{} {image} ({phase}, ready {}",
+                p.metadata.name.clone().unwrap_or_default(),
+                steps::ready(p)
+            );
+            if p.metadata.deletion_timestamp.is_some() {
+                line.push_str(", deleting");
+            }
+            for c in status
+                .and_then(|s| s.container_statuses.as_ref())
+                .into_iter()
+                .flatten()
+            {
+                let state = c.state.as_ref();
+                if let Some(w) = state.and_then(|s| s.waiting.as_ref()) {
+                    line.push_str(&format!(
+                        ", {} waiting: {} {}",
+                        c.name,
+                        w.reason.clone().unwrap_or_default(),
+                        w.message.clone().unwrap_or_default()
+                    ));
+                }
+                if let Some(t) = c.last_state.as_ref().and_then(|s| s.terminated.as_ref()) {
+                    line.push_str(&format!(
+                        ", {} restarted {} times, last exit {} {}",
+                        c.name,
+                        c.restart_count,
+                        t.exit_code,
+                        t.reason.clone().unwrap_or_default()
+                    ));
+                }
+            }
+            line.push(')');
+            line
+        })
+        .collect()
+}
+
+/// One line per Deployment of `ns` for a failure message: its replica
+/// counts and the messages of its conditions.
+async fn describe_deployments(client: &kube::Client, ns: &str) -> Vec<String> {
+    let api: Api<Deployment> = Api::namespaced(client.clone(), ns);
+    let Ok(list) = api.list(&ListParams::default()).await else {
+        return Vec::new();
+    };
+    list.items
+        .iter()
+        .map(|d| {
+            let s = d.status.clone().unwrap_or_default();
+            let conditions: Vec<String> = s
+                .conditions
+                .unwrap_or_default()
+                .into_iter()
+                .map(|c| format!("{}={}: {}", c.type_, c.status, c.message.unwrap_or_default()))
+                .collect();
+            format!(
+                "{}: {} replicas, {} updated, {} ready, {} available; {conditions:?}",
+                d.metadata.name.clone().unwrap_or_default(),
+                s.replicas.unwrap_or(0),
+                s.updated_replicas.unwrap_or(0),
+                s.ready_replicas.unwrap_or(0),
+                s.available_replicas.unwrap_or(0),
+            )
+        })
+        .collect()
+}
+
 async fn router_endpoints(client: &kube::Client) -> Vec<String> {
     let api: Api<Pod> = Api::namespaced(client.clone(), "skipper");
     let Ok(list) = api.list(&ListParams::default().labels(ROUTERS)).await else {
@@ -124,6 +205,7 @@ async fn http_once(
     f: &Figures,
 ) -> bool {
     let Some(router) = pick(endpoints) else {
+        eprintln!("{tenant}: no Ready router");
         f.failed.fetch_add(1, Ordering::SeqCst);
         return false;
     };
@@ -163,6 +245,7 @@ async fn http_once(
 async fn ws_session(endpoints: &RwLock<Vec<String>>, tenant: &str, f: &Figures) {
     use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest as _};
     let Some(router) = pick(endpoints) else {
+        eprintln!("websocket {tenant}: no Ready router");
         f.failed.fetch_add(1, Ordering::SeqCst);
         return;
     };
@@ -359,7 +442,12 @@ async fn lifecycle(
     for s in 0..2 {
         let (endpoints, figures, stop) = (endpoints.clone(), figures.clone(), stop.clone());
         tasks.spawn(async move {
+            // Paced like the others: a session that fails at once (no
+            // Ready router) must not spin without yielding to the runtime.
+            let mut every = tokio::time::interval(Duration::from_millis(100));
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             while !stop.is_cancelled() {
+                every.tick().await;
                 ws_session(&endpoints, &format!("socket-{s}"), &figures).await;
             }
         });
@@ -384,9 +472,12 @@ async fn lifecycle(
     ];
     up.extend_from_slice(&VALUES);
     run_helm(helm, b, &up).await;
-    eventually(
+    // Four pods replaced one after another at most (each starts, turns
+    // Ready, and the one it replaces drains): twice the wait of one step,
+    // for a loaded machine. A time-out describes every pod and Deployment.
+    let rollout = skipper_test_support::try_eventually(
         "every controller and router on the new tag, the old ones gone",
-        WAIT,
+        WAIT * 2,
         || async {
             let old = with_image(&client, CONTROLLERS, &old_image).await
                 + with_image(&client, ROUTERS, &old_image).await;
@@ -398,6 +489,14 @@ async fn lifecycle(
         },
     )
     .await;
+    if let Err(e) = rollout {
+        let skipper = describe_pods(&steps::pods(&client, "skipper", "app.kubernetes.io/name=skipper").await);
+        panic!(
+            "{e}: Skipper pods {skipper:#?}; Deployments {:#?}; router endpoints {:?}",
+            describe_deployments(&client, "skipper").await,
+            router_endpoints(&client).await
+        );
+    }
     let rolled = upgrade.elapsed();
     // Load on the new pods for a while.
     let at = figures.warm.load(Ordering::SeqCst);
@@ -440,28 +539,8 @@ async fn lifecycle(
     // Polled until nothing is left; a timeout names what is.
     let deadline = Instant::now() + WAIT;
     loop {
-        let describe = |pods: Vec<Pod>| -> Vec<String> {
-            pods.iter()
-                .map(|p| {
-                    let phase = p
-                        .status
-                        .as_ref()
-                        .and_then(|s| s.phase.clone())
-                        .unwrap_or_default();
-                    let deleting = if p.metadata.deletion_timestamp.is_some() {
-                        ", deleting"
-                    } else {
-                        ""
-                    };
-                    format!(
-                        "{} ({phase}{deleting})",
-                        p.metadata.name.clone().unwrap_or_default()
-                    )
-                })
-                .collect()
-        };
-        let tenants = describe(steps::pods(&client, POOL_NS, "skipper/tenant").await);
-        let skipper = describe(steps::pods(&client, "skipper", "app.kubernetes.io/name=skipper").await);
+        let tenants = describe_pods(&steps::pods(&client, POOL_NS, "skipper/tenant").await);
+        let skipper = describe_pods(&steps::pods(&client, "skipper", "app.kubernetes.io/name=skipper").await);
         let left = helm_objects(b).await;
         let pool_left = steps::remaining(&client, &pool_objects).await;
         if tenants.is_empty() && skipper.is_empty() && left.is_empty() && pool_left.is_empty() {
