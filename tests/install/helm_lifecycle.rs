@@ -254,11 +254,15 @@ async fn ws_session(endpoints: &RwLock<Vec<String>>, tenant: &str, f: &Figures) 
         .unwrap();
     req.headers_mut()
         .insert("x-skipper-function", function(tenant).parse().unwrap());
+    // The step a session is in, for a time-out's message.
+    let step = std::sync::Mutex::new("the handshake");
+    let at = |s: &'static str| *step.lock().unwrap() = s;
     let session = async {
         let (mut ws, _) = tokio_tungstenite::connect_async(req)
             .await
             .map_err(|e| e.to_string())?;
-        for _ in 0..3 {
+        for ping in ["the first pong", "the second pong", "the third pong"] {
+            at(ping);
             ws.send(Message::text("ping")).await.map_err(|e| e.to_string())?;
             match ws.next().await {
                 Some(Ok(m)) if m.to_text().ok() == Some("pong") => {}
@@ -266,14 +270,20 @@ async fn ws_session(endpoints: &RwLock<Vec<String>>, tenant: &str, f: &Figures) 
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+        at("the close");
         ws.close(None).await.map_err(|e| e.to_string())
     };
+    let started = Instant::now();
     match tokio::time::timeout(Duration::from_secs(10), session).await {
         Ok(Ok(())) => {
             f.sessions.fetch_add(1, Ordering::SeqCst);
         }
         other => {
-            eprintln!("websocket {tenant} via {router}: {other:?}");
+            eprintln!(
+                "websocket {tenant} via {router}: {other:?} after {:?}, waiting for {}",
+                started.elapsed(),
+                step.lock().unwrap()
+            );
             f.failed.fetch_add(1, Ordering::SeqCst);
         }
     }
