@@ -147,7 +147,30 @@ pub struct Dev {
 
 impl Dev {
     /// Starts `skipper dev` and waits (at most 120s) for its ready line.
+    /// The router's port is picked free just before it starts; when another
+    /// process takes it first (`skipper dev` then stops at once naming the
+    /// flag), it starts again on another port, up to three times.
     pub async fn start(opts: Opts) -> Self {
+        const ATTEMPTS: usize = 3;
+        for attempt in 1..=ATTEMPTS {
+            match Self::launch(&opts).await {
+                Ok(dev) => return dev,
+                Err(stderr) if attempt < ATTEMPTS && stderr.contains("Address already in use") => {
+                    eprintln!(
+                        "skipper dev: a port was taken before it started, trying other ports: {stderr}"
+                    );
+                }
+                Err(stderr) => {
+                    panic!("skipper dev did not get ready within 120s (or exited); stderr:\n{stderr}")
+                }
+            }
+        }
+        unreachable!("the last attempt returns or panics")
+    }
+
+    /// One start of `skipper dev`; its stderr when it is not ready within
+    /// 120 s (or exits).
+    async fn launch(opts: &Opts) -> Result<Self, String> {
         let dir = std::env::temp_dir().join(format!(
             "skipper-e2e-{}-{:x}",
             std::process::id(),
@@ -162,7 +185,6 @@ impl Dev {
         }
         let kubeconfig = dir.join("kubeconfig");
         let listen = format!("127.0.0.1:{}", free_port());
-        let metrics = format!("127.0.0.1:{}", free_port());
         let started = std::time::Instant::now();
         let mut cmd = match opts.wrapper.split_first() {
             Some((program, args)) => {
@@ -174,7 +196,9 @@ impl Dev {
         };
         cmd.arg("dev")
             .args(control_plane_args())
-            .args(["--listen", &listen, "--metrics-listen", &metrics])
+            // The router's port is picked here (requests go there); the
+            // metrics port is any free one.
+            .args(["--listen", &listen, "--metrics-listen", "127.0.0.1:0"])
             .arg("--kubeconfig-out")
             .arg(&kubeconfig)
             .args(["--controllers", &opts.controllers.to_string()])
@@ -229,8 +253,7 @@ impl Dev {
             tokio::time::timeout(Duration::from_secs(120), ready_rx).await,
             Ok(Ok(()))
         ) {
-            let stderr = std::fs::read_to_string(dev.dir.join("dev.stderr")).unwrap_or_default();
-            panic!("skipper dev did not get ready within 120s (or exited); stderr:\n{stderr}");
+            return Err(std::fs::read_to_string(dev.dir.join("dev.stderr")).unwrap_or_default());
         }
         // Wait for the rest of the ready block (controllers line).
         let controllers = wait_until("the controllers line", Duration::from_secs(5), || {
@@ -253,7 +276,7 @@ impl Dev {
             .await
             .unwrap();
         std::fs::write(&dev.token_file, token).unwrap();
-        dev
+        Ok(dev)
     }
 
     /// A client of the controller at `ip`, presenting the router's token.
