@@ -11,7 +11,10 @@
 //! - `nginx`: through `nginx` with a keep-alive upstream, when `nginx` is
 //!   installed (skipped with a note otherwise);
 //! - `router`: through the real `skipper router` binary, its instance table
-//!   warm;
+//!   warm, Prometheus metrics on and trace export off (the references
+//!   trace nothing either);
+//! - `traced`: the same with trace export on, every request sampled, to a
+//!   collector that is not there (what tracing costs);
 //! - `baseline`: through another `skipper` binary, when
 //!   `SKIPPER_BENCH_BASELINE=/path/to/skipper` names one (for before/after
 //!   figures in the same run);
@@ -30,7 +33,9 @@
 //! for a cold start (`SKIPPER_BENCH_WAITING`, default 1000, held waiting on
 //! the fake controller).
 //!
-//! `SKIPPER_BENCH_SECS` sets the measuring time per scenario (default 5).
+//! `SKIPPER_BENCH_SECS` sets the measuring time per scenario (default 5);
+//! `SKIPPER_BENCH_CORES` the threads of every proxy (tokio workers, nginx
+//! worker processes; default 1, as a router pod with a one-CPU limit runs).
 //! `SKIPPER_BENCH_PROFILE=DIR` saves a CPU profile of each router under the
 //! first round's 32 connections (`/debug/pprof/profile`, pprof's format) as
 //! `DIR/<target>.pb`; `go tool pprof -top DIR/router.pb` reads it.
@@ -56,12 +61,17 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 
 const CONNS: [usize; 2] = [1, 32];
-/// Room for the waiting-memory measurement (a binary without these flags
-/// ignores them).
-const WAITING_ROOM: &[(&str, &str)] = &[
-    ("SKIPPER_MAX_WAITING_REQUESTS", "4096"),
-    ("SKIPPER_MAX_WAITING_REQUESTS_PER_FUNCTION", "4096"),
-];
+/// The environment of a router under test: room for the waiting-memory
+/// measurement (a binary without these flags ignores them), `cores`
+/// runtime threads, trace export on or off.
+fn router_env(cores: &str, traces: bool) -> Vec<(&str, &str)> {
+    vec![
+        ("SKIPPER_MAX_WAITING_REQUESTS", "4096"),
+        ("SKIPPER_MAX_WAITING_REQUESTS_PER_FUNCTION", "4096"),
+        ("SKIPPER_TELEMETRY_TRACE", if traces { "true" } else { "false" }),
+        ("TOKIO_WORKER_THREADS", cores),
+    ]
+}
 
 #[derive(Debug, Clone, Copy)]
 struct Outcome {
@@ -376,7 +386,10 @@ async fn waiting_memory(
 }
 
 /// nginx as a plain reverse proxy with a keep-alive upstream pool.
-async fn start_nginx(upstream: SocketAddr) -> Option<(tokio::process::Child, SocketAddr, PathBuf)> {
+async fn start_nginx(
+    upstream: SocketAddr,
+    cores: usize,
+) -> Option<(tokio::process::Child, SocketAddr, PathBuf)> {
     let exe = ["/usr/sbin/nginx", "/usr/bin/nginx"]
         .into_iter()
         .find(|p| std::path::Path::new(p).exists())?;
@@ -384,7 +397,7 @@ async fn start_nginx(upstream: SocketAddr) -> Option<(tokio::process::Child, Soc
     let dir = std::env::temp_dir().join(format!("skipper-bench-nginx-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let conf = format!(
-        "worker_processes 2;\n\
+        "worker_processes {cores};\n\
          error_log {d}/error.log warn;\n\
          pid {d}/nginx.pid;\n\
          events {{ worker_connections 1024; }}\n\
@@ -493,6 +506,13 @@ fn main() {
             .and_then(|s| s.parse().ok())
             .unwrap_or(5),
     );
+    // Threads (nginx: worker processes) each proxy runs: one core each by
+    // default, as a router pod with a one-CPU limit runs.
+    let cores: usize = env("SKIPPER_BENCH_CORES")
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(1)
+        .max(1);
+    let cores_s = cores.to_string();
     let rounds: usize = env("SKIPPER_BENCH_ROUNDS")
         .and_then(|s| s.parse().ok())
         .unwrap_or(1)
@@ -525,16 +545,20 @@ fn main() {
         let minimal_addr: SocketAddr = format!("127.0.0.1:{}", free_port()).parse().unwrap();
         let _minimal = tokio::process::Command::new(std::env::current_exe().unwrap())
             .args(["--minimal-proxy", &minimal_addr.to_string(), &upstream.addr.to_string()])
+            .env("TOKIO_WORKER_THREADS", &cores_s)
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())
             .kill_on_drop(true)
             .spawn()
             .expect("start the minimal proxy");
         wait_healthy(minimal_addr, "the minimal proxy").await;
-        let nginx = start_nginx(upstream.addr).await;
-        let router = start_router(env!("CARGO_BIN_EXE_skipper"), ctrl, WAITING_ROOM).await;
+        let nginx = start_nginx(upstream.addr, cores).await;
+        let router = start_router(env!("CARGO_BIN_EXE_skipper"), ctrl, &router_env(&cores_s, false)).await;
+        // Every request traced (sampling always on) and exported to a
+        // collector that is not there: what tracing costs.
+        let traced = start_router(env!("CARGO_BIN_EXE_skipper"), ctrl, &router_env(&cores_s, true)).await;
         let base = match &baseline {
-            Some(exe) => Some(start_router(exe, ctrl, WAITING_ROOM).await),
+            Some(exe) => Some(start_router(exe, ctrl, &router_env(&cores_s, false)).await),
             None => None,
         };
 
@@ -547,6 +571,7 @@ fn main() {
             targets.push(("nginx", *addr, None, child.id()));
         }
         targets.push(("router", router.addr, Some(header.as_str()), Some(router.pid)));
+        targets.push(("traced", traced.addr, Some(header.as_str()), Some(traced.pid)));
         if let Some(b) = &base {
             targets.push(("baseline", b.addr, Some(header.as_str()), Some(b.pid)));
         }
@@ -555,11 +580,14 @@ fn main() {
         for (_, addr, h, _) in &targets {
             builtin(*addr, *h, 4, Duration::from_millis(500)).await;
         }
-        let calls_before = controller_calls(&router).await.expect("the router exports skipper_router_controller_calls");
-        let fake_before = fake.calls("GetInstance");
+        controller_calls(&router).await.expect("the router exports skipper_router_controller_calls");
+        // Controller RPCs during the router's measured runs: by its own
+        // count and the fake controller's.
+        let mut router_calls = 0.0;
+        let mut fake_router = 0;
 
         println!(
-            "\nrouter load benchmark: GET /hello, {}s per scenario, {} round(s), load from {}, loopback; load average at start {}",
+            "\nrouter load benchmark: GET /hello, {}s per scenario, {} round(s), {cores} core(s) per proxy (runtime threads; nginx worker processes), load from {}, loopback; load average at start {}",
             secs.as_secs(),
             rounds,
             if loadgen == LoadGen::Wrk { "wrk" } else { "the in-process generator" },
@@ -571,15 +599,19 @@ fn main() {
         let mut results: BTreeMap<(usize, usize), Vec<Outcome>> = BTreeMap::new();
         // (ticks, requests) per (conns, target)
         let mut cpu: BTreeMap<(usize, usize), (u64, usize)> = BTreeMap::new();
-        let mut fake_during_base = 0;
         let profile_dir = env("SKIPPER_BENCH_PROFILE").map(PathBuf::from);
         for round in 0..rounds {
             for conns in CONNS {
                 for (i, (name, addr, h, pid)) in targets.iter().enumerate() {
+                    // Each run starts warm: a router forgets a function
+                    // idle for longer than the other targets' runs take.
+                    builtin(*addr, *h, 4, Duration::from_millis(200)).await;
                     let ticks = pid.map(tree_cpu_ticks);
                     let fake0 = fake.calls("GetInstance");
+                    let calls0 = if *name == "router" { controller_calls(&router).await } else { None };
                     let pprof = match *name {
                         "router" => Some(router.pprof),
+                        "traced" => Some(traced.pprof),
                         "baseline" => base.as_ref().map(|b| b.pprof),
                         _ => None,
                     };
@@ -598,15 +630,14 @@ fn main() {
                         c.0 += tree_cpu_ticks(*pid) - t;
                         c.1 += o.requests;
                     }
-                    if *name == "baseline" {
-                        fake_during_base += fake.calls("GetInstance") - fake0;
+                    if let Some(c0) = calls0 {
+                        router_calls += controller_calls(&router).await.unwrap() - c0;
+                        fake_router += fake.calls("GetInstance") - fake0;
                     }
                     results.entry((conns, i)).or_default().push(o);
                 }
             }
         }
-        let calls_after = controller_calls(&router).await.unwrap();
-        let fake_router = fake.calls("GetInstance") - fake_before - fake_during_base;
         println!("load average at end {}", load_average());
 
         println!(
@@ -633,7 +664,7 @@ fn main() {
         }
         println!();
         let added = |name: &str, c: usize| by[&(name, c)].p50_us - by[&("direct", c)].p50_us;
-        for proxy in ["router", "baseline"] {
+        for proxy in ["router", "traced", "baseline"] {
             if !by.contains_key(&(proxy, 1)) {
                 continue;
             }
@@ -663,7 +694,7 @@ fn main() {
         };
         for conns in CONNS {
             let mut line = format!("CPU µs per request at c={conns}:");
-            for name in ["minimal", "nginx", "router", "baseline"] {
+            for name in ["minimal", "nginx", "router", "traced", "baseline"] {
                 if let Some(us) = us_per_request(conns, name) {
                     line.push_str(&format!(" {name} {us:.1}"));
                 }
@@ -676,18 +707,19 @@ fn main() {
             }
             println!("{line}");
         }
-        let router_calls = calls_after - calls_before;
         println!(
-            "controller RPCs for requests during the router's warm runs: {router_calls} (router metric), {fake_router} GetInstance at the fake controller"
+            "controller RPCs for requests during the router's measured runs: {router_calls} (router metric), {fake_router} GetInstance at the fake controller"
         );
-        if base.is_some() {
-            println!("GetInstance calls during the baseline's runs: {fake_during_base}");
-        }
         assert!(
             router_calls == 0.0 && fake_router == 0,
             "the warm path made controller RPCs: {router_calls} by the router's count, {fake_router} GetInstance at the fake"
         );
 
+        println!(
+            "traced router RSS after its runs: {} KiB (untraced: {} KiB)",
+            proc_status_kib(traced.pid, "VmRSS:"),
+            proc_status_kib(router.pid, "VmRSS:")
+        );
         let rss_before = proc_status_kib(router.pid, "VmRSS:");
         let (down, up) = stream_gib(router.addr, &header).await;
         let hwm = proc_status_kib(router.pid, "VmHWM:");
@@ -711,6 +743,7 @@ fn main() {
         }
 
         router.stop().await;
+        traced.stop().await;
         if let Some(b) = base {
             b.stop().await;
         }

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 use http::{HeaderMap, Method};
 
 use crate::api;
-use crate::domain::{self, FunctionId, HEADER_FUNCTION};
+use crate::domain::{self, FunctionId};
 
 /// Bytes the header cache may hold (keys and parsed values).
 pub const CACHE_BYTES: usize = 4 * 1024 * 1024;
@@ -144,7 +144,9 @@ impl HeaderCache {
     /// [`HeaderError`] when the header is absent, too large, malformed or
     /// invalid.
     pub fn function(&self, headers: &HeaderMap) -> Result<Arc<Parsed>, HeaderError> {
-        let raw = headers.get(HEADER_FUNCTION).ok_or(HeaderError::Missing)?;
+        let raw = headers
+            .get(super::proxy::headers::FUNCTION)
+            .ok_or(HeaderError::Missing)?;
         if raw.len() > MAX_FUNCTION_HEADER_BYTES {
             return Err(HeaderError::TooLarge { len: raw.len() });
         }
@@ -261,6 +263,8 @@ pub fn check(method: &Method, path: &str) -> Option<Check> {
 #[cfg(test)]
 mod tests {
     use http::HeaderValue;
+
+    use crate::domain::HEADER_FUNCTION;
 
     use super::*;
 

@@ -283,13 +283,13 @@ pub async fn serve(
             let stream = listener::Prefixed::new(prefix, stream);
             let exchanges = Arc::new(proxy::client_io::Exchanges::default());
             let io = proxy::client_io::ClientIo::new(stream, write_timeout, exchanges.clone());
-            let memo = Arc::new(Memo::default());
+            let memo = Arc::new(Memo::new(proxy::Peer::new(remote, state.proxy.trusted_proxies())));
             let svc = hyper::service::service_fn(move |req| {
                 let state = state.clone();
                 let memo = memo.clone();
                 let busy = exchanges.begin();
                 async move {
-                    let resp = handle(&state, &memo, remote, req).await;
+                    let resp = handle(&state, &memo, req).await;
                     Ok::<_, Infallible>(
                         resp.map(|body| Body::new(proxy::client_io::Answered::new(body, busy))),
                     )
@@ -477,8 +477,8 @@ async fn watch_access(client: Client, stop: CancellationToken) {
 /// One request; once shutdown has begun its response closes the connection
 /// (`Connection: close`), so the client's next request opens a connection
 /// to another router.
-async fn handle(state: &State, memo: &Memo, remote: SocketAddr, req: Request<Incoming>) -> Response<Body> {
-    let mut resp = respond(state, memo, remote, req).await;
+async fn handle(state: &State, memo: &Memo, req: Request<Incoming>) -> Response<Body> {
+    let mut resp = respond(state, memo, req).await;
     if state.shutdown.is_cancelled() && resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         resp.headers_mut()
             .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
@@ -486,12 +486,12 @@ async fn handle(state: &State, memo: &Memo, remote: SocketAddr, req: Request<Inc
     resp
 }
 
-/// What a client connection remembers of its last request's function: a
-/// keep-alive client sending the same header again skips the header cache
-/// and the activity map. A std mutex: one request at a time uses it, never
-/// across an await.
-#[derive(Default)]
+/// What a client connection remembers: its peer as the forwarding headers
+/// name it, and its last request's function (a keep-alive client sending
+/// the same header again skips the header cache and the activity map). A
+/// std mutex: one request at a time uses it, never across an await.
 struct Memo {
+    peer: proxy::Peer,
     last: std::sync::Mutex<Option<Recalled>>,
 }
 
@@ -499,6 +499,13 @@ struct Memo {
 type Recalled = (http::HeaderValue, Arc<entry::Parsed>, Arc<activity::Entry>);
 
 impl Memo {
+    fn new(peer: proxy::Peer) -> Self {
+        Self {
+            peer,
+            last: std::sync::Mutex::new(None),
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Option<Recalled>> {
         self.last
             .lock()
@@ -508,7 +515,7 @@ impl Memo {
     /// The function and a request counted in flight, when `req` names the
     /// same function as the connection's last request.
     fn recall<B>(&self, req: &Request<B>) -> Option<(Arc<entry::Parsed>, activity::InFlightGuard)> {
-        let raw = req.headers().get(crate::domain::HEADER_FUNCTION)?;
+        let raw = req.headers().get(proxy::headers::FUNCTION)?;
         let (parsed, entry) = {
             let last = self.lock();
             let (v, p, e) = last.as_ref()?;
@@ -522,14 +529,14 @@ impl Memo {
     }
 
     fn remember<B>(&self, req: &Request<B>, parsed: &Arc<entry::Parsed>, guard: &activity::InFlightGuard) {
-        if let Some(raw) = req.headers().get(crate::domain::HEADER_FUNCTION) {
+        if let Some(raw) = req.headers().get(proxy::headers::FUNCTION) {
             *self.lock() = Some((raw.clone(), parsed.clone(), guard.entry().clone()));
         }
     }
 }
 
 /// One request: health check, header, activity, proxy, metrics.
-async fn respond(state: &State, memo: &Memo, remote: SocketAddr, req: Request<Incoming>) -> Response<Body> {
+async fn respond(state: &State, memo: &Memo, req: Request<Incoming>) -> Response<Body> {
     let start = Instant::now();
     let grpc = proxy::is_grpc(req.headers());
     if let Err(e) = proxy::forwarding::check_request_host(req.version(), req.uri(), req.headers()) {
@@ -563,7 +570,9 @@ async fn respond(state: &State, memo: &Memo, remote: SocketAddr, req: Request<In
     let span = request_span(&req);
     let function = guard.entry().clone();
     let progress = proxy::Progress::default();
-    let forwarding = state.proxy.forward(&parsed, req, remote, guard, progress.clone());
+    let forwarding = state
+        .proxy
+        .forward(&parsed, req, &memo.peer, guard, progress.clone());
     let result = match state.request_timeout {
         Some(t) => tokio::time::timeout(t, forwarding)
             .instrument(span.clone())

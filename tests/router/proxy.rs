@@ -789,7 +789,10 @@ async fn a_pooled_connection_to_a_dead_instance_is_excluded_and_retried() {
         .forward(
             &parsed,
             req,
-            "127.0.0.1:9".parse().unwrap(),
+            &skipper::router::proxy::Peer::new(
+                "127.0.0.1:9".parse().unwrap(),
+                &skipper::router::proxy::TrustedProxies::none(),
+            ),
             guard,
             skipper::router::proxy::Progress::default(),
         )

@@ -120,7 +120,7 @@ pub async fn start_router(exe: &str, controller: SocketAddr, env: &[(&str, &str)
             "--pprof-port",
             &pprof_port.to_string(),
             "--log-level",
-            "warn",
+            &std::env::var("SKIPPER_BENCH_ROUTER_LOG").unwrap_or_else(|_| "warn".into()),
             "--telemetry",
             "--telemetry-prometheus-host",
             "127.0.0.1",

@@ -25,7 +25,7 @@
 //!
 //! Pure functions over a `HeaderMap`, tested table-style and fuzzed.
 
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 use http::{Uri, Version};
@@ -132,6 +132,35 @@ impl TrustedProxies {
     }
 }
 
+/// The peer of a client connection as the forwarding headers name it,
+/// worked out once per connection.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub addr: SocketAddr,
+    /// The peer is a trusted proxy: its forwarding headers are kept.
+    pub trusted: bool,
+    /// Its address as an `X-Forwarded-For` node.
+    node: HeaderValue,
+}
+
+impl Peer {
+    /// The peer at `addr`, trusted when `trusted` lists it.
+    #[must_use]
+    pub fn new(addr: SocketAddr, trusted: &TrustedProxies) -> Self {
+        Self {
+            addr,
+            trusted: trusted.contains(addr.ip()),
+            node: node(addr.ip()),
+        }
+    }
+
+    /// Its address as an `X-Forwarded-For` node.
+    #[must_use]
+    pub fn node(&self) -> &HeaderValue {
+        &self.node
+    }
+}
+
 /// Why a request's `Host` is refused (400).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum HostError {
@@ -209,6 +238,12 @@ pub fn set_host_from_target(uri: &Uri, headers: &mut HeaderMap) {
 /// module docs); `trusted`: the peer is a trusted proxy. Call after the
 /// hop-by-hop headers are gone.
 pub fn rewrite(headers: &mut HeaderMap, peer: Option<IpAddr>, trusted: bool) {
+    rewrite_from(headers, peer.map(node).as_ref(), trusted);
+}
+
+/// [`rewrite`] for a peer whose `X-Forwarded-For` node ([`node`]) is
+/// worked out already.
+pub fn rewrite_from(headers: &mut HeaderMap, peer: Option<&HeaderValue>, trusted: bool) {
     let mut chain: Vec<HeaderValue> = Vec::new();
     let (host, proto) = if trusted {
         chain.extend(headers.get_all(&X_FORWARDED_FOR).iter().cloned());
@@ -219,20 +254,24 @@ pub fn rewrite(headers: &mut HeaderMap, peer: Option<IpAddr>, trusted: bool) {
     } else {
         (None, None)
     };
-    for name in [&X_FORWARDED_FOR, &X_FORWARDED_HOST, &X_FORWARDED_PROTO] {
-        headers.remove(name);
+    // Most clients send none of them: one pass over the names says so.
+    if headers.keys().any(|n| {
+        *n == X_FORWARDED_FOR || *n == X_FORWARDED_HOST || *n == X_FORWARDED_PROTO || *n == header::FORWARDED
+    }) {
+        for name in [&X_FORWARDED_FOR, &X_FORWARDED_HOST, &X_FORWARDED_PROTO] {
+            headers.remove(name);
+        }
+        headers.remove(header::FORWARDED);
     }
-    headers.remove(header::FORWARDED);
 
-    let peer = peer.map(|ip| ip_value(ip.to_canonical()));
-    let xff = match (join(&chain), &peer) {
+    let xff = match (join(&chain), peer) {
         (Some(mut v), Some(p)) => {
             v.extend_from_slice(b", ");
             v.extend_from_slice(p.as_bytes());
             HeaderValue::from_bytes(&v).ok()
         }
         (Some(v), None) => HeaderValue::from_bytes(&v).ok(),
-        (None, p) => p.clone(),
+        (None, p) => p.cloned(),
     };
     let host = host.or_else(|| headers.get(header::HOST).cloned());
     let proto = proto.unwrap_or_else(|| HeaderValue::from_static("http"));
@@ -257,6 +296,13 @@ fn join(values: &[HeaderValue]) -> Option<Vec<u8>> {
         out.extend_from_slice(v.as_bytes());
     }
     Some(out)
+}
+
+/// `ip` as an `X-Forwarded-For` node (an IPv4-mapped IPv6 address as
+/// IPv4).
+#[must_use]
+pub fn node(ip: IpAddr) -> HeaderValue {
+    ip_value(ip.to_canonical())
 }
 
 fn ip_value(ip: IpAddr) -> HeaderValue {

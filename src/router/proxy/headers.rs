@@ -11,7 +11,16 @@ use std::net::SocketAddr;
 use http::header::{self, HeaderMap, HeaderName, HeaderValue};
 
 use super::forwarding;
-use crate::domain::{HEADER_FUNCTION, HEADER_INSTANCE, HEADER_TENANT};
+use crate::domain::{HEADER_FUNCTION, HEADER_GET_INSTANCE_DURATION_MS, HEADER_INSTANCE, HEADER_TENANT};
+
+/// The function header (`X-Skipper-Function`), parsed once.
+pub const FUNCTION: HeaderName = HeaderName::from_static(HEADER_FUNCTION);
+/// The instance header the router writes (`X-Skipper-Instance`).
+pub const INSTANCE: HeaderName = HeaderName::from_static(HEADER_INSTANCE);
+/// The tenant header the router writes (`X-Skipper-Tenant`).
+pub const TENANT: HeaderName = HeaderName::from_static(HEADER_TENANT);
+/// How long the router's `GetInstance` calls took for a response.
+pub const GET_INSTANCE_DURATION_MS: HeaderName = HeaderName::from_static(HEADER_GET_INSTANCE_DURATION_MS);
 
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
@@ -72,6 +81,11 @@ pub fn strip_response(headers: &mut HeaderMap) {
 /// Removes the hop-by-hop headers and every header `Connection` lists but
 /// `Host` (which names the request's target, not a hop).
 fn strip_hop_by_hop(headers: &mut HeaderMap) {
+    // Most requests carry none: one pass over the names says so (a header
+    // `Connection` lists comes with `Connection`, itself hop-by-hop).
+    if !headers.keys().any(|n| HOP_BY_HOP.contains(n)) {
+        return;
+    }
     let listed: Vec<HeaderName> = headers
         .get_all(header::CONNECTION)
         .iter()
@@ -95,12 +109,26 @@ pub fn rewrite(
     trusted: bool,
     upgrade: Option<HeaderValue>,
 ) {
+    let node = client.map(|a| forwarding::node(a.ip()));
+    rewrite_from(headers, node.as_ref(), trusted, upgrade);
+}
+
+/// [`rewrite`] for a peer whose `X-Forwarded-For` node is worked out
+/// already ([`forwarding::Peer`], once per client connection).
+pub fn rewrite_from(
+    headers: &mut HeaderMap,
+    node: Option<&HeaderValue>,
+    trusted: bool,
+    upgrade: Option<HeaderValue>,
+) {
     strip_hop_by_hop(headers);
-    headers.remove(HEADER_FUNCTION);
+    headers.remove(FUNCTION);
     // The router names the instance itself, per attempt.
-    headers.remove(HEADER_INSTANCE);
-    headers.remove(HEADER_TENANT);
-    forwarding::rewrite(headers, client.map(|a| a.ip()), trusted);
+    if headers.keys().any(|n| *n == INSTANCE || *n == TENANT) {
+        headers.remove(INSTANCE);
+        headers.remove(TENANT);
+    }
+    forwarding::rewrite_from(headers, node, trusted);
     if let Some(proto) = upgrade {
         headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
         headers.insert(header::UPGRADE, proto);

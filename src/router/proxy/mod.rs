@@ -58,7 +58,7 @@ use tracing::Instrument as _;
 
 pub use body::{ClientBodyError, Pace, Progress, RequestBody};
 pub use error::{Error, MAX_BODY_LINE, RETRY_AFTER_SECS, is_grpc};
-pub use forwarding::{HostError, TrustedProxies};
+pub use forwarding::{HostError, Peer, TrustedProxies};
 pub use replay::ReplayBody;
 use upstream::{Pool, UpstreamBody};
 
@@ -69,7 +69,7 @@ use super::metrics::Metrics;
 use super::subscription::Subscriber;
 use crate::api;
 use crate::client::Client;
-use crate::domain::{AssignTiming, HEADER_GET_INSTANCE_DURATION_MS, HEADER_INSTANCE, HEADER_TENANT};
+use crate::domain::AssignTiming;
 use attempt::Outcome;
 use select::Selected;
 
@@ -231,7 +231,7 @@ impl Prepared {
     /// the client side of an upgrade; the body reports into `progress`.
     fn new<B>(
         req: Request<B>,
-        client_addr: SocketAddr,
+        peer: &Peer,
         settings: &Settings,
         progress: Progress,
     ) -> (Self, Option<hyper::upgrade::OnUpgrade>)
@@ -245,8 +245,12 @@ impl Prepared {
         let te_trailers = headers::accepts_trailers(&parts.headers);
         let grpc = is_grpc(&parts.headers);
         forwarding::set_host_from_target(&parts.uri, &mut parts.headers);
-        let trusted = settings.trusted_proxies.contains(client_addr.ip());
-        headers::rewrite(&mut parts.headers, Some(client_addr), trusted, upgrade.clone());
+        headers::rewrite_from(
+            &mut parts.headers,
+            Some(peer.node()),
+            peer.trusted,
+            upgrade.clone(),
+        );
         crate::telemetry::otel::inject_http(&mut parts.headers);
         // Origin form: the path and query as the client sent them (no copy).
         let uri = parts
@@ -290,8 +294,8 @@ impl Prepared {
         *req.uri_mut() = self.uri.clone();
         *req.version_mut() = self.version;
         let mut headers = self.headers.clone();
-        headers.insert(HEADER_INSTANCE, slot.header.clone());
-        headers.insert(HEADER_TENANT, tenant.clone());
+        headers.insert(headers::INSTANCE, slot.header.clone());
+        headers.insert(headers::TENANT, tenant.clone());
         if slot.protocol == crate::api::Protocol::H2c && self.upgrade.is_none() {
             // HTTP/2 names the target in `:scheme` and `:authority` (from
             // Host, which HTTP/2 does not repeat).
@@ -334,6 +338,12 @@ impl Proxy {
     #[must_use]
     pub fn admission(&self) -> &admission::Admission {
         &self.admission
+    }
+
+    /// The peers whose forwarding headers are kept.
+    #[must_use]
+    pub fn trusted_proxies(&self) -> &TrustedProxies {
+        &self.settings.trusted_proxies
     }
 
     /// The connection pool.
@@ -386,7 +396,7 @@ impl Proxy {
         &self,
         parsed: &Arc<Parsed>,
         req: Request<B>,
-        client_addr: SocketAddr,
+        peer: &Peer,
         in_flight: InFlightGuard,
         progress: Progress,
     ) -> Result<Response<Body>, Error>
@@ -394,7 +404,7 @@ impl Proxy {
         B: http_body::Body<Data = Bytes, Error = hyper::Error> + Send + 'static,
     {
         self.subscribe(parsed, &in_flight);
-        let (prepared, client_upgrade) = Prepared::new(req, client_addr, &self.settings, progress.clone());
+        let (prepared, client_upgrade) = Prepared::new(req, peer, &self.settings, progress.clone());
         let mut tries = Tries::default();
         let mut attempt = 0;
         while self.settings.retry.allows(attempt + 1) {
@@ -530,7 +540,7 @@ fn finish(resp: Response<UpstreamBody>, hold: Hold, ms: u64, grpc: Option<String
     headers::strip_response(&mut parts.headers);
     parts
         .headers
-        .insert(HEADER_GET_INSTANCE_DURATION_MS, duration_ms(ms));
+        .insert(headers::GET_INSTANCE_DURATION_MS, duration_ms(ms));
     let body = ProxyBody {
         inner,
         hold: Some(hold),

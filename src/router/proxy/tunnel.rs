@@ -8,7 +8,6 @@ use hyper_util::rt::TokioIo;
 
 use super::upstream::UpstreamBody;
 use super::{Error, Hold, Proxy};
-use crate::domain::HEADER_GET_INSTANCE_DURATION_MS;
 
 impl Proxy {
     /// Passes the instance's 101 through (after checking it switched to the
@@ -66,7 +65,7 @@ impl Proxy {
         let (mut parts, _) = resp.into_parts();
         parts
             .headers
-            .insert(HEADER_GET_INSTANCE_DURATION_MS, super::duration_ms(ms));
+            .insert(super::headers::GET_INSTANCE_DURATION_MS, super::duration_ms(ms));
         Ok(Response::from_parts(parts, Body::empty()))
     }
 }
