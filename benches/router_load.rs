@@ -748,7 +748,7 @@ fn main() {
             b.stop().await;
         }
         if let Some((mut child, _, dir)) = nginx {
-            let _ = child.kill().await;
+            skipper_test_support::router_process::terminate(&mut child).await;
             let _ = std::fs::remove_dir_all(dir);
         }
         stop.cancel();

@@ -193,3 +193,22 @@ impl RouterProcess {
         println!("router exit after SIGTERM: {status}");
     }
 }
+
+/// Stops a server that owns worker processes (nginx) as its operator
+/// would: SIGTERM to the master, which stops its workers, then waits up to
+/// 10 s; SIGKILL (which would leave the workers behind) only after that.
+pub async fn terminate(child: &mut tokio::process::Child) {
+    if let Some(pid) = child.id() {
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
+            nix::sys::signal::Signal::SIGTERM,
+        );
+        if tokio::time::timeout(Duration::from_secs(10), child.wait())
+            .await
+            .is_ok()
+        {
+            return;
+        }
+    }
+    let _ = child.kill().await;
+}
