@@ -5,7 +5,11 @@
 //! a free pod for every tenant, then measures, one tenant at a time, the
 //! first request of `SKIPPER_BENCH_TENANTS` (default 30) new tenants
 //! through the router: the client's time to the response, and the parts
-//! the response's `Server-Timing` names (`claim`, `assign`, `ready`).
+//! the response's `Server-Timing` names (`claim`, `assign`, `ready`). It
+//! does so twice: back to back (each claim makes the pool start a
+//! replacement pod, on the same two cores as everything else), then each
+//! after the pool is whole again (the cold path alone, as on a cluster
+//! whose pods start on other nodes).
 //! Then it calls `GetInstance` on the controller directly for a warm
 //! tenant, one call at a time (`SKIPPER_BENCH_CALLS`, default 2000), with a
 //! client that writes the way Go's and C-core's gRPC clients do: every
@@ -168,6 +172,10 @@ struct Cold {
     ready: Duration,
 }
 
+/// A binary's name, its cold starts back to back and settled, and its
+/// `GetInstance` latencies.
+type Results = (&'static str, Vec<Cold>, Vec<Cold>, Vec<Duration>);
+
 /// `claim;dur=1.2;desc=".."` parts by name, in milliseconds.
 fn server_timing(v: &str, name: &str) -> Option<Duration> {
     v.split(',').find_map(|part| {
@@ -178,10 +186,17 @@ fn server_timing(v: &str, name: &str) -> Option<Duration> {
     })
 }
 
-async fn cold_starts(dev: &Dev, label: &str, tenants: usize) -> Vec<Cold> {
+/// `tenants` first requests of new tenants, one at a time. With `settle`,
+/// each waits until that many pool pods are free again (the claimed pod's
+/// replacement is up), so it measures the cold path alone; without, they
+/// follow each other and share the machine with the replacements' start.
+async fn cold_starts(dev: &Dev, label: &str, tenants: usize, settle: Option<usize>) -> Vec<Cold> {
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let mut out = Vec::new();
     for i in 0..tenants {
+        if let Some(n) = settle {
+            dev.wait_free(n).await;
+        }
         let f = function(&format!("{label}-cold-{i}"));
         let t0 = Instant::now();
         let resp = http
@@ -277,29 +292,38 @@ fn main() {
         .unwrap();
     rt.block_on(async move {
         println!(
-            "\ncold-start benchmark: {tenants} new tenants one at a time through the router, free pool pods, simulator; then {calls} GetInstance calls at c=1 with a Go-style client (frame per write, BDP pings)"
+            "\ncold-start benchmark: {tenants} new tenants one at a time through the router, free pool pods, simulator (twice: back to back, then each after the pool is whole again); then {calls} GetInstance calls at c=1 with a Go-style client (frame per write, BDP pings)"
         );
-        let mut results: Vec<(&str, Vec<Cold>, Vec<Duration>)> =
-            binaries.iter().map(|(n, _)| (*n, Vec::new(), Vec::new())).collect();
+        let mut results: Vec<Results> = binaries
+            .iter()
+            .map(|(n, _)| (*n, Vec::new(), Vec::new(), Vec::new()))
+            .collect();
         for round in 0..rounds {
             for (i, (name, exe)) in binaries.iter().enumerate() {
                 let dev = Dev::start(exe, tenants + 2).await;
                 dev.wait_free(tenants + 1).await;
                 let label = format!("{name}{round}");
-                let cold = cold_starts(&dev, &label, tenants).await;
+                let cold = cold_starts(&dev, &label, tenants, None).await;
+                let settled = cold_starts(&dev, &format!("{label}-settled"), tenants, Some(tenants + 2)).await;
                 let warm = function(&format!("{label}-cold-0"));
                 let lat = get_instance_latency(&dev, &warm, calls).await;
                 results[i].1.extend(cold);
-                results[i].2.extend(lat);
+                results[i].2.extend(settled);
+                results[i].3.extend(lat);
                 dev.stop().await;
             }
         }
-        for (name, cold, grpc) in results {
-            println!("\n{name}: first request of a new tenant through the router (ms)");
-            println!("{}", line("total", cold.iter().map(|c| c.total).collect()));
-            println!("{}", line("claim", cold.iter().map(|c| c.claim).collect()));
-            println!("{}", line("assign", cold.iter().map(|c| c.assign).collect()));
-            println!("{}", line("ready", cold.iter().map(|c| c.ready).collect()));
+        for (name, cold, settled, grpc) in results {
+            for (how, cold) in [
+                ("back to back, beside the replacements' start", cold),
+                ("each after the pool is whole again", settled),
+            ] {
+                println!("\n{name}: first request of a new tenant through the router, {how} (ms)");
+                println!("{}", line("total", cold.iter().map(|c| c.total).collect()));
+                println!("{}", line("claim", cold.iter().map(|c| c.claim).collect()));
+                println!("{}", line("assign", cold.iter().map(|c| c.assign).collect()));
+                println!("{}", line("ready", cold.iter().map(|c| c.ready).collect()));
+            }
             let mut g = grpc.clone();
             g.sort();
             println!(

@@ -447,7 +447,11 @@ async fn assign(State(state): State<Arc<AppState>>, method: Method, headers: Hea
     StatusCode::OK.into_response()
 }
 
-/// Writes the token with mode 0600 (write to a sibling file, then rename).
+/// Writes the token with mode 0600 (write to a sibling file, then rename:
+/// a reader sees the whole token or none). No fsync: the file is for a
+/// restart of this pod's program, which reads it from the page cache; a
+/// crash of the node that loses it ends the pod too. An fsync cost the
+/// assign POST milliseconds on a busy disk.
 fn persist_token(path: &Path, token: &str) -> std::io::Result<()> {
     use std::io::Write as _;
     use std::os::unix::fs::OpenOptionsExt as _;
@@ -459,7 +463,6 @@ fn persist_token(path: &Path, token: &str) -> std::io::Result<()> {
         .mode(0o600)
         .open(&tmp)?;
     f.write_all(token.as_bytes())?;
-    f.sync_all()?;
     std::fs::rename(&tmp, path)
 }
 
