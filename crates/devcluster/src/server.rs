@@ -1668,24 +1668,35 @@ struct WatchState {
 
 impl WatchState {
     fn line(&self, kind: &str, obj: &Value) -> Bytes {
-        let obj = if kind == "ERROR" || kind == "BOOKMARK" {
-            obj.clone()
+        /// A watch event as written: the object serialized where it is,
+        /// not cloned into a new `Value` per watcher.
+        #[derive(serde::Serialize)]
+        struct Line<'a> {
+            #[serde(rename = "type")]
+            kind: &'a str,
+            object: &'a Value,
+        }
+        let converted;
+        let object = if kind == "ERROR" || kind == "BOOKMARK" {
+            obj
         } else if self.format == Format::Meta {
-            partial(obj)
+            converted = partial(obj);
+            &converted
         } else if self.format == Format::Table {
-            table::table(
+            converted = table::table(
                 self.res,
                 std::slice::from_ref(obj),
                 obj.pointer("/metadata/resourceVersion")
                     .and_then(Value::as_str)
                     .unwrap_or(""),
-            )
+            );
+            &converted
         } else {
-            obj.clone()
+            obj
         };
-        let mut s = json!({"type": kind, "object": obj}).to_string();
-        s.push('\n');
-        Bytes::from(s)
+        let mut line = serde_json::to_vec(&Line { kind, object }).unwrap_or_default();
+        line.push(b'\n');
+        Bytes::from(line)
     }
 
     fn matches(&self, obj: &Value) -> bool {

@@ -498,7 +498,8 @@ impl Store {
     {
         let mut inner = self.lock();
         let k = key(res, ns, name);
-        let Some(old) = inner.objects.get(&k).cloned() else {
+        // Borrowed until the commit, which takes it out of the map.
+        let Some(old) = inner.objects.get(&k) else {
             return Err(ApiError::NotFound {
                 res,
                 name: name.to_owned(),
@@ -510,8 +511,8 @@ impl Store {
             new["metadata"] = json!({});
         }
         default_spec(res, &mut new);
-        if is_terminating(&old) {
-            let before = finalizers_of(&old);
+        if is_terminating(old) {
+            let before = finalizers_of(old);
             let added: Vec<&str> = finalizers_of(&new)
                 .into_iter()
                 .filter(|f| !before.contains(f))
@@ -576,10 +577,10 @@ impl Store {
             generation + 1
         });
         new["metadata"]["resourceVersion"] = old_rv;
-        if new == old {
+        if &new == old {
             return Ok(new);
         }
-        let invalid = super::validation::validate_update(res, &old, &new);
+        let invalid = super::validation::validate_update(res, old, &new);
         if !invalid.is_empty() {
             return Err(ApiError::InvalidFields {
                 res,
@@ -594,7 +595,7 @@ impl Store {
             // The last finalizer is gone: the deletion completes.
             return Ok(self.commit_deleted(&mut inner, res, ns, &k, new));
         }
-        Ok(self.commit_modified(&mut inner, res, ns, k, old, new))
+        Ok(self.commit_modified(&mut inner, res, ns, k, new))
     }
 
     /// Marks an object as being deleted (`deletionTimestamp`, no grace
@@ -648,7 +649,7 @@ impl Store {
         if new == old {
             return Ok(new);
         }
-        Ok(self.commit_modified(&mut inner, res, ns, k, old, new))
+        Ok(self.commit_modified(&mut inner, res, ns, k, new))
     }
 
     /// Removes the object at `k` (last seen as `obj`) under the next
@@ -704,24 +705,24 @@ impl Store {
         let mut new = old.clone();
         new["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
         new["metadata"]["deletionGracePeriodSeconds"] = json!(grace_seconds);
-        Ok(self.commit_modified(&mut inner, res, ns, k, old, new))
+        Ok(self.commit_modified(&mut inner, res, ns, k, new))
     }
 
-    /// Stores `new` in place of `old` under the next resourceVersion and
-    /// records the `MODIFIED` event; returns the stored object.
+    /// Stores `new` in place of the object at `k` under the next
+    /// resourceVersion and records the `MODIFIED` event (with the object
+    /// it replaced); returns the stored object.
     fn commit_modified(
         &self,
         inner: &mut Inner,
         res: &'static ResourceDef,
         ns: &str,
         k: Key,
-        old: Value,
         mut new: Value,
     ) -> Value {
         inner.rv += 1;
         let rv = inner.rv;
         new["metadata"]["resourceVersion"] = json!(rv.to_string());
-        inner.objects.insert(k, new.clone());
+        let old = inner.objects.insert(k, new.clone());
         self.record(
             inner,
             Event {
@@ -730,7 +731,7 @@ impl Store {
                 namespace: ns.to_owned(),
                 kind: EventType::Modified,
                 object: new.clone(),
-                old: Some(old),
+                old,
             },
         );
         new
@@ -778,7 +779,7 @@ impl Store {
             if marked == obj {
                 return Ok(obj);
             }
-            return Ok(self.commit_modified(&mut inner, res, ns, k, obj, marked));
+            return Ok(self.commit_modified(&mut inner, res, ns, k, marked));
         }
         Ok(self.commit_deleted(&mut inner, res, ns, &k, obj))
     }
