@@ -181,10 +181,11 @@ FUZZ_SECONDS ?= 600
 fuzz:
 	fuzz/run $(FUZZ_SECONDS)
 
-## fuzz-smoke: FUZZ_SMOKE_SECONDS (default 15) of each fuzz target (what CI runs)
+## fuzz-smoke: FUZZ_SMOKE_SECONDS (default 15) of each fuzz target from a fixed seed (what CI
+## runs; `make fuzz` explores with a new seed each run)
 FUZZ_SMOKE_SECONDS ?= 15
 fuzz-smoke:
-	fuzz/run $(FUZZ_SMOKE_SECONDS)
+	FUZZ_SEED=1 fuzz/run $(FUZZ_SMOKE_SECONDS)
 
 ## lint: formatting and clippy with warnings as errors
 lint:

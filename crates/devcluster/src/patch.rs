@@ -56,6 +56,7 @@ pub fn apply(doc: &mut Value, kind: PatchKind, body: &[u8]) -> Result<(), ApiErr
             if kind == PatchKind::Merge {
                 json_patch::merge(doc, &patch);
             } else {
+                check_merge_keys(&patch, &mut String::new())?;
                 strategic_merge(doc, &patch);
             }
             Ok(())
@@ -105,6 +106,45 @@ fn strategic_merge(doc: &mut Value, patch: &Value) {
             }
         }
     }
+}
+
+/// Rejects a list item whose merge key is an object or a list: items are
+/// matched by comparing key values, and a key holding directives would be
+/// stored without them, so the patch would append a new item each time it
+/// applies (the API server, decoding into the typed object, refuses it too).
+fn check_merge_keys(v: &Value, path: &mut String) -> Result<(), ApiError> {
+    let len = path.len();
+    match v {
+        Value::Object(m) => {
+            for (k, x) in m {
+                if !path.is_empty() {
+                    path.push('.');
+                }
+                path.push_str(k);
+                check_merge_keys(x, path)?;
+                path.truncate(len);
+            }
+        }
+        Value::Array(items) => {
+            let keyed = items.iter().all(Value::is_object);
+            for (i, item) in items.iter().enumerate() {
+                path.push_str(&format!("[{i}]"));
+                if keyed {
+                    for key in MERGE_KEYS {
+                        if item.get(*key).is_some_and(|x| x.is_object() || x.is_array()) {
+                            return Err(ApiError::BadRequest(format!(
+                                "the strategic merge patch is invalid: {path}.{key} is the item's merge key and must be a string or a number"
+                            )));
+                        }
+                    }
+                }
+                check_merge_keys(item, path)?;
+                path.truncate(len);
+            }
+        }
+        _ => {}
+    }
+    Ok(())
 }
 
 fn merge_key(orig: &[Value], patch: &[Value]) -> Option<&'static str> {
@@ -174,6 +214,14 @@ pub fn apply_json_patch(doc: &mut Value, ops: &[PatchOperation]) -> Result<(), A
                 "the server rejected our request due to an error in our request: {e}"
             ))
         })?;
+    }
+    // The API server decodes the result into the typed object: a patch that
+    // replaces the root with a list or a scalar (`move` or `replace` at "")
+    // is refused rather than stored.
+    if doc.is_object() && !work.is_object() {
+        return Err(ApiError::Invalid(
+            "the server rejected our request due to an error in our request: the patched object is not a JSON object".into(),
+        ));
     }
     *doc = work;
     Ok(())
@@ -259,5 +307,43 @@ mod tests {
         let once = obj.clone();
         apply(&mut obj, PatchKind::Strategic, patch).unwrap();
         assert_eq!(obj, once);
+    }
+
+    #[test]
+    fn a_merge_key_holding_an_object_is_refused_and_changes_nothing() {
+        // Found by `fuzz_patch`: the key's `$patch` was stripped when the
+        // item was stored, so each application appended another item.
+        let mut obj = json!({"spec": {"containers": [{"name": "c"}]}});
+        let before = obj.clone();
+        let patch = br#"{"spec":{"containers":[{"name":{"containers":[{"name":"c","$patch":"delete"}]},"status":"False"}]}}"#;
+        let err = apply(&mut obj, PatchKind::Strategic, patch).unwrap_err();
+        assert_eq!(err.code_reason().0.as_u16(), 400);
+        let ApiError::BadRequest(msg) = err else {
+            unreachable!()
+        };
+        assert!(msg.contains("spec.containers[0].name"), "{msg}");
+        assert_eq!(obj, before);
+        // A merge patch has no merge keys: the same body replaces the list.
+        apply(&mut obj, PatchKind::Merge, patch).unwrap();
+        assert_eq!(obj["spec"]["containers"][0]["status"], "False");
+    }
+
+    #[test]
+    fn a_json_patch_that_replaces_the_root_with_a_list_is_refused() {
+        // Found by `fuzz_patch`: `move` to "" made the stored pod a list.
+        let mut obj = json!({"spec": {"containers": [{"name": "c", "env": [{"name": "A"}]}]}});
+        let before = obj.clone();
+        let patch = br#"[{"op":"move","from":"/spec/containers/0/env","path":""}]"#;
+        let err = apply(&mut obj, PatchKind::Json, patch).unwrap_err();
+        assert_eq!(err.code_reason().0.as_u16(), 422);
+        assert_eq!(obj, before);
+        // Replacing the root with another object is a whole-object update.
+        apply(
+            &mut obj,
+            PatchKind::Json,
+            br#"[{"op":"replace","path":"","value":{"a":1}}]"#,
+        )
+        .unwrap();
+        assert_eq!(obj, json!({"a": 1}));
     }
 }
