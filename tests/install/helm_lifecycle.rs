@@ -21,9 +21,10 @@
 // Test code: a failed unwrap is a failed test.
 #![allow(clippy::unwrap_used)]
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{Arc, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, Instant};
 
 use futures::{SinkExt as _, StreamExt as _};
@@ -91,6 +92,85 @@ struct Figures {
     sessions: AtomicUsize,
     failed: AtomicUsize,
     cross: AtomicUsize,
+    timeline: Timeline,
+}
+
+/// What happened during the load, for a failure's message: each Skipper
+/// and tenant pod's changes (IP, readiness, deletion) as the endpoint
+/// follower saw them, and each failed request or session, by seconds since
+/// the load began.
+#[derive(Debug)]
+struct Timeline {
+    start: Instant,
+    lines: Mutex<Vec<String>>,
+    pods: Mutex<BTreeMap<String, String>>,
+}
+
+impl Default for Timeline {
+    fn default() -> Self {
+        Self {
+            start: Instant::now(),
+            lines: Mutex::default(),
+            pods: Mutex::default(),
+        }
+    }
+}
+
+impl Timeline {
+    fn record(&self, at: Instant, line: String) {
+        let t = at.saturating_duration_since(self.start).as_secs_f64();
+        self.lines.lock().unwrap().push(format!("{t:7.2}s {line}"));
+    }
+
+    /// Records each pod of `pods` whose state changed since the last look,
+    /// and each pod of `namespace` that is gone.
+    fn observe(&self, namespace: &str, pods: &[Pod]) {
+        let now = Instant::now();
+        let mut seen = self.pods.lock().unwrap();
+        let mut present = BTreeSet::new();
+        for p in pods {
+            let name = format!("{namespace}/{}", p.metadata.name.clone().unwrap_or_default());
+            let ip = p
+                .status
+                .as_ref()
+                .and_then(|s| s.pod_ip.clone())
+                .unwrap_or_default();
+            let tenant = p
+                .metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("skipper/tenant"))
+                .map_or(String::new(), |t| format!(" tenant {t}"));
+            let state = format!(
+                "{ip}{tenant} {}{}",
+                if steps::ready(p) { "ready" } else { "not ready" },
+                if p.metadata.deletion_timestamp.is_some() {
+                    ", deleting"
+                } else {
+                    ""
+                }
+            );
+            present.insert(name.clone());
+            if seen.get(&name) != Some(&state) {
+                self.record(now, format!("{name}: {state}"));
+                seen.insert(name, state);
+            }
+        }
+        let prefix = format!("{namespace}/");
+        let gone: Vec<String> = seen
+            .keys()
+            .filter(|k| k.starts_with(&prefix) && !present.contains(*k))
+            .cloned()
+            .collect();
+        for name in gone {
+            seen.remove(&name);
+            self.record(now, format!("{name}: gone"));
+        }
+    }
+
+    fn text(&self) -> String {
+        self.lines.lock().unwrap().join("\n")
+    }
 }
 
 /// Ready, not terminating router pods: what a Service's endpoints hold.
@@ -204,8 +284,13 @@ async fn http_once(
     tenant: &str,
     f: &Figures,
 ) -> bool {
+    let started = Instant::now();
+    let fail = |what: String| {
+        eprintln!("{what}");
+        f.timeline.record(started, what);
+    };
     let Some(router) = pick(endpoints) else {
-        eprintln!("{tenant}: no Ready router");
+        fail(format!("{tenant}: no Ready router"));
         f.failed.fetch_add(1, Ordering::SeqCst);
         return false;
     };
@@ -218,23 +303,23 @@ async fn http_once(
         Ok(r) if r.status() == 200 => match r.json::<Value>().await {
             Ok(body) if body["tenant"] == tenant => true,
             Ok(body) => {
-                eprintln!("cross-tenant answer for {tenant}: {body}");
+                fail(format!("cross-tenant answer for {tenant}: {body}"));
                 f.cross.fetch_add(1, Ordering::SeqCst);
                 false
             }
             Err(e) => {
-                eprintln!("{tenant} via {router}: {e}");
+                fail(format!("{tenant} via {router}: {e}"));
                 f.failed.fetch_add(1, Ordering::SeqCst);
                 false
             }
         },
         Ok(r) => {
-            eprintln!("{tenant} via {router}: {}", r.status());
+            fail(format!("{tenant} via {router}: {}", r.status()));
             f.failed.fetch_add(1, Ordering::SeqCst);
             false
         }
         Err(e) => {
-            eprintln!("{tenant} via {router}: {e}");
+            fail(format!("{tenant} via {router}: {e}"));
             f.failed.fetch_add(1, Ordering::SeqCst);
             false
         }
@@ -246,6 +331,8 @@ async fn ws_session(endpoints: &RwLock<Vec<String>>, tenant: &str, f: &Figures) 
     use tokio_tungstenite::tungstenite::{Message, client::IntoClientRequest as _};
     let Some(router) = pick(endpoints) else {
         eprintln!("websocket {tenant}: no Ready router");
+        f.timeline
+            .record(Instant::now(), format!("websocket {tenant}: no Ready router"));
         f.failed.fetch_add(1, Ordering::SeqCst);
         return;
     };
@@ -279,11 +366,13 @@ async fn ws_session(endpoints: &RwLock<Vec<String>>, tenant: &str, f: &Figures) 
             f.sessions.fetch_add(1, Ordering::SeqCst);
         }
         other => {
-            eprintln!(
+            let what = format!(
                 "websocket {tenant} via {router}: {other:?} after {:?}, waiting for {}",
                 started.elapsed(),
                 step.lock().unwrap()
             );
+            eprintln!("{what}");
+            f.timeline.record(started, what);
             f.failed.fetch_add(1, Ordering::SeqCst);
         }
     }
@@ -410,13 +499,18 @@ async fn lifecycle(
     let stop = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
     {
-        let (endpoints, client, stop) = (endpoints.clone(), client.clone(), stop.clone());
+        let (endpoints, client, stop, figures) =
+            (endpoints.clone(), client.clone(), stop.clone(), figures.clone());
         tasks.spawn(async move {
             let mut every = tokio::time::interval(Duration::from_millis(100));
             while !stop.is_cancelled() {
                 every.tick().await;
                 let now = router_endpoints(&client).await;
                 *endpoints.write().unwrap() = now;
+                let skipper = steps::pods(&client, "skipper", "app.kubernetes.io/name=skipper").await;
+                figures.timeline.observe("skipper", &skipper);
+                let tenants = steps::pods(&client, POOL_NS, "skipper/tenant").await;
+                figures.timeline.observe(POOL_NS, &tenants);
             }
         });
     }
@@ -469,6 +563,7 @@ async fn lifecycle(
     .await;
 
     let upgrade = Instant::now();
+    figures.timeline.record(upgrade, "helm upgrade begins".into());
     let mut up = vec![
         "upgrade",
         "skipper",
@@ -508,6 +603,10 @@ async fn lifecycle(
         );
     }
     let rolled = upgrade.elapsed();
+    figures.timeline.record(
+        Instant::now(),
+        "every controller and router on the new tag".into(),
+    );
     // Load on the new pods for a while.
     let at = figures.warm.load(Ordering::SeqCst);
     eventually("warm tenants answered after the upgrade", WAIT, || {
@@ -577,7 +676,8 @@ async fn lifecycle(
     assert_eq!(
         (failed, cross),
         (0, 0),
-        "failed and cross-tenant answers during the upgrade"
+        "failed and cross-tenant answers during the upgrade; the load's timeline:\n{}",
+        figures.timeline.text()
     );
     assert!(cold >= 3 && sessions >= 4, "cold {cold}, sessions {sessions}");
 }
