@@ -147,28 +147,32 @@ fn check_merge_keys(v: &Value, path: &mut String) -> Result<(), ApiError> {
     Ok(())
 }
 
+/// The key a list of objects merges by: the first of [`MERGE_KEYS`] that
+/// every item of the patch carries (the API server takes it from the
+/// schema, where every stored item has it). `None` (the list is replaced)
+/// when the patch's items share no key or the stored list holds anything
+/// but objects.
 fn merge_key(orig: &[Value], patch: &[Value]) -> Option<&'static str> {
-    if patch.is_empty() {
+    if patch.is_empty() || !orig.iter().all(Value::is_object) {
         return None;
     }
-    MERGE_KEYS.iter().copied().find(|key| {
-        orig.iter()
-            .chain(patch)
-            .all(|e| e.get(*key).is_some_and(|v| !v.is_null()))
-    })
+    MERGE_KEYS
+        .iter()
+        .copied()
+        .find(|key| patch.iter().all(|e| e.get(*key).is_some_and(|v| !v.is_null())))
 }
 
 fn merge_list(orig: &mut Vec<Value>, patch: &[Value], key: &str) {
     for item in patch {
-        let pos = orig.iter().position(|o| o.get(key) == item.get(key));
-        let delete = item.get("$patch").and_then(Value::as_str) == Some("delete");
-        match (pos, delete) {
-            (Some(i), true) => {
-                orig.remove(i);
-            }
-            (None, true) => {}
-            (Some(i), false) => strategic_merge(&mut orig[i], item),
-            (None, false) => orig.push(strip_directives(item.clone())),
+        let id = item.get(key);
+        if item.get("$patch").and_then(Value::as_str) == Some("delete") {
+            // Every item with the key goes, so the patch applies again unchanged.
+            orig.retain(|o| o.get(key) != id);
+            continue;
+        }
+        match orig.iter().position(|o| o.get(key) == id) {
+            Some(i) => strategic_merge(&mut orig[i], item),
+            None => orig.push(strip_directives(item.clone())),
         }
     }
 }
@@ -345,5 +349,26 @@ mod tests {
         )
         .unwrap();
         assert_eq!(obj, json!({"a": 1}));
+    }
+
+    #[test]
+    fn a_list_merges_by_the_key_its_patch_items_carry_and_a_delete_removes_every_match() {
+        // Found by `fuzz_patch`: a delete item keyed by `type` replaced a
+        // list keyed by `name` and became an item itself.
+        let mut obj = json!({"spec": {"containers": [{"name": "c"}]}});
+        let patch = br#"{"spec":{"containers":[{"type":"c","$patch":"delete"}]}}"#;
+        apply(&mut obj, PatchKind::Strategic, patch).unwrap();
+        assert_eq!(obj, json!({"spec": {"containers": [{"name": "c"}]}}));
+        let mut obj =
+            json!({"spec": {"containers": [{"name": "c", "image": "a"}, {"name": "c"}, {"name": "d"}]}});
+        let patch = br#"{"spec":{"containers":[{"name":"c","$patch":"delete"},{"name":"e"}]}}"#;
+        apply(&mut obj, PatchKind::Strategic, patch).unwrap();
+        let once = obj.clone();
+        assert_eq!(
+            once,
+            json!({"spec": {"containers": [{"name": "d"}, {"name": "e"}]}})
+        );
+        apply(&mut obj, PatchKind::Strategic, patch).unwrap();
+        assert_eq!(obj, once);
     }
 }
