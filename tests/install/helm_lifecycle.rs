@@ -6,7 +6,7 @@
 //! pod left).
 //!
 //! Clients reach routers as a Service's clients do: a new connection goes to
-//! one of the Ready router pods (followed every 100 ms, as endpoints are);
+//! one of the Ready router pods (followed by a watch, as endpoints are);
 //! kept-alive connections stay with their router until it answers
 //! `Connection: close`.
 //!
@@ -96,8 +96,7 @@ struct Figures {
 }
 
 /// What happened during the load, for a failure's message: each Skipper
-/// and tenant pod's changes (IP, readiness, deletion) as the endpoint
-/// follower saw them, and each failed request or session, by seconds since
+/// and tenant pod's changes (IP, readiness, deletion) as watches saw them, and each failed request or session, by seconds since
 /// the load began.
 #[derive(Debug)]
 struct Timeline {
@@ -255,15 +254,47 @@ async fn describe_deployments(client: &kube::Client, ns: &str) -> Vec<String> {
 }
 
 async fn router_endpoints(client: &kube::Client) -> Vec<String> {
-    let api: Api<Pod> = Api::namespaced(client.clone(), "skipper");
-    let Ok(list) = api.list(&ListParams::default().labels(ROUTERS)).await else {
-        return Vec::new();
-    };
-    list.items
-        .iter()
+    ready_routers(&steps::pods(client, "skipper", ROUTERS).await)
+}
+
+/// The IPs of the Ready, not terminating routers among `pods`.
+fn ready_routers(pods: &[Pod]) -> Vec<String> {
+    pods.iter()
+        .filter(|p| {
+            p.metadata
+                .labels
+                .as_ref()
+                .and_then(|l| l.get("app.kubernetes.io/component"))
+                == Some(&"router".to_owned())
+        })
         .filter(|p| p.metadata.deletion_timestamp.is_none() && steps::ready(p))
         .filter_map(|p| p.status.as_ref()?.pod_ip.clone())
         .collect()
+}
+
+/// Watches the pods of `api` matching `selector` until `stop`, handing the
+/// whole set to `seen` after each change.
+async fn follow(api: Api<Pod>, selector: &str, stop: &CancellationToken, mut seen: impl FnMut(&[Pod])) {
+    use kube::runtime::{WatchStreamExt as _, reflector, watcher};
+    let (reader, writer) = reflector::store();
+    let events =
+        reflector(writer, watcher(api, watcher::Config::default().labels(selector))).default_backoff();
+    let mut events = std::pin::pin!(events);
+    loop {
+        tokio::select! {
+            () = stop.cancelled() => return,
+            event = events.next() => match event {
+                // The store fills at `InitDone`: until then it holds nothing.
+                Some(Ok(watcher::Event::Init | watcher::Event::InitApply(_))) => {}
+                Some(Ok(_)) => {
+                    let pods: Vec<Pod> = reader.state().iter().map(|p| Pod::clone(p)).collect();
+                    seen(&pods);
+                }
+                Some(Err(e)) => eprintln!("watching pods ({selector}): {e}"),
+                None => return,
+            },
+        }
+    }
 }
 
 fn pick(endpoints: &RwLock<Vec<String>>) -> Option<String> {
@@ -308,7 +339,7 @@ async fn http_once(
                 false
             }
             Err(e) => {
-                fail(format!("{tenant} via {router}: {e}"));
+                fail(format!("{tenant} via {router}: {}", chain(&e)));
                 f.failed.fetch_add(1, Ordering::SeqCst);
                 false
             }
@@ -319,11 +350,23 @@ async fn http_once(
             false
         }
         Err(e) => {
-            fail(format!("{tenant} via {router}: {e}"));
+            fail(format!("{tenant} via {router}: {}", chain(&e)));
             f.failed.fetch_add(1, Ordering::SeqCst);
             false
         }
     }
+}
+
+/// An error with its sources ("error sending request" says little alone).
+fn chain(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut source = e.source();
+    while let Some(s) = source {
+        text.push_str(": ");
+        text.push_str(&s.to_string());
+        source = s.source();
+    }
+    text
 }
 
 /// One WebSocket session through a router: three pings, three pongs.
@@ -499,19 +542,30 @@ async fn lifecycle(
     let stop = CancellationToken::new();
     let mut tasks = tokio::task::JoinSet::new();
     {
+        // Routers' endpoints follow a watch of the Skipper pods, as the
+        // EndpointSlice controller does: a router leaves them when it is
+        // deleted or unready, with no polling lag that a loaded machine
+        // could stretch past the router's shutdown delay. The same events
+        // feed the timeline.
         let (endpoints, client, stop, figures) =
             (endpoints.clone(), client.clone(), stop.clone(), figures.clone());
         tasks.spawn(async move {
-            let mut every = tokio::time::interval(Duration::from_millis(100));
-            while !stop.is_cancelled() {
-                every.tick().await;
-                let now = router_endpoints(&client).await;
-                *endpoints.write().unwrap() = now;
-                let skipper = steps::pods(&client, "skipper", "app.kubernetes.io/name=skipper").await;
-                figures.timeline.observe("skipper", &skipper);
-                let tenants = steps::pods(&client, POOL_NS, "skipper/tenant").await;
-                figures.timeline.observe(POOL_NS, &tenants);
-            }
+            let api: Api<Pod> = Api::namespaced(client, "skipper");
+            follow(api, "app.kubernetes.io/name=skipper", &stop, |pods| {
+                figures.timeline.observe("skipper", pods);
+                *endpoints.write().unwrap() = ready_routers(pods);
+            })
+            .await;
+        });
+    }
+    {
+        let (client, stop, figures) = (client.clone(), stop.clone(), figures.clone());
+        tasks.spawn(async move {
+            let api: Api<Pod> = Api::namespaced(client, POOL_NS);
+            follow(api, "skipper/tenant", &stop, |pods| {
+                figures.timeline.observe(POOL_NS, pods);
+            })
+            .await;
         });
     }
     for w in 0..5 {
