@@ -172,7 +172,13 @@ fn merge_list(orig: &mut Vec<Value>, patch: &[Value], key: &str) {
         }
         match orig.iter().position(|o| o.get(key) == id) {
             Some(i) => strategic_merge(&mut orig[i], item),
-            None => orig.push(strip_directives(item.clone())),
+            // A new item is the patch item merged into nothing, so its own
+            // keyed lists merge (duplicates included) as they will the next time.
+            None => {
+                let mut new = Value::Object(serde_json::Map::new());
+                strategic_merge(&mut new, item);
+                orig.push(new);
+            }
         }
     }
 }
@@ -368,6 +374,22 @@ mod tests {
             once,
             json!({"spec": {"containers": [{"name": "d"}, {"name": "e"}]}})
         );
+        apply(&mut obj, PatchKind::Strategic, patch).unwrap();
+        assert_eq!(obj, once);
+    }
+
+    #[test]
+    fn a_new_item_s_own_lists_merge_as_they_do_when_it_applies_again() {
+        // Found by `fuzz_patch`: a new item was stored as written, its list
+        // of two `e` items kept both, and the next application merged them.
+        let patch = br#"{"spec":{"containers":[{"name":"c","ports":[{"name":"e","image":"j"},{"name":"e","image":"k"}]}]}}"#;
+        let mut obj = json!({"spec": {"containers": []}});
+        apply(&mut obj, PatchKind::Strategic, patch).unwrap();
+        assert_eq!(
+            obj,
+            json!({"spec": {"containers": [{"name": "c", "ports": [{"name": "e", "image": "k"}]}]}})
+        );
+        let once = obj.clone();
         apply(&mut obj, PatchKind::Strategic, patch).unwrap();
         assert_eq!(obj, once);
     }
