@@ -610,7 +610,10 @@ async fn lifecycle(
         tasks.spawn(async move {
             let http = reqwest::Client::new();
             let tenant = format!("warm-{w}");
+            // After a slow answer the next request waits its 100 ms, not a
+            // burst of the ticks missed meanwhile.
             let mut every = tokio::time::interval(Duration::from_millis(100));
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             while !stop.is_cancelled() {
                 every.tick().await;
                 if http_once(&http, &endpoints, &tenant, &figures).await {
@@ -624,6 +627,7 @@ async fn lifecycle(
         tasks.spawn(async move {
             let http = reqwest::Client::new();
             let mut every = tokio::time::interval(Duration::from_secs(2));
+            every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             let mut n = 0;
             while !stop.is_cancelled() {
                 every.tick().await;
