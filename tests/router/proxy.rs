@@ -778,10 +778,12 @@ async fn a_pooled_connection_to_a_dead_instance_is_excluded_and_retried() {
         tracker,
         stop.clone(),
     );
-    let req = http::Request::get("/hello")
+    // A request with a body: it goes over hyper's pooled connections (a
+    // request without one is a direct exchange, tested below).
+    let req = http::Request::put("/hello")
         .header("host", "x")
         .body(http_body_util::BodyExt::map_err(
-            http_body_util::Empty::<bytes::Bytes>::new(),
+            http_body_util::Full::new(bytes::Bytes::from_static(b"x")),
             |e| match e {},
         ))
         .unwrap();
@@ -801,6 +803,63 @@ async fn a_pooled_connection_to_a_dead_instance_is_excluded_and_retried() {
     assert_eq!(resp.status(), 200);
     assert_eq!(fake.exclusions(), [vec![], vec!["pod-dead".to_owned()]]);
     stop.cancel();
+}
+
+/// An instance that answers the first request on each connection and
+/// closes the connection when the second request's head arrives (its
+/// keep-alive timeout firing as the request comes); counts connections.
+async fn closes_kept_connections() -> (
+    std::net::SocketAddr,
+    std::sync::Arc<std::sync::atomic::AtomicUsize>,
+) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let conns = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let seen = conns.clone();
+    tokio::spawn(async move {
+        while let Ok((mut s, _)) = listener.accept().await {
+            seen.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            tokio::spawn(async move {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 1024];
+                while !buf.windows(4).any(|w| w == b"\r\n\r\n") {
+                    match s.read(&mut chunk).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                    }
+                }
+                let _ = s
+                    .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok")
+                    .await;
+                // The next head closes the connection unanswered.
+                let _ = s.read(&mut chunk).await;
+            });
+        }
+    });
+    (addr, conns)
+}
+
+#[tokio::test]
+async fn a_kept_connection_closed_under_a_get_gets_one_fresh_connection_to_the_same_instance() {
+    let w = world(|_| {}).await;
+    let (addr, conns) = closes_kept_connections().await;
+    w.fake.add_instance_first("pod-keeps", &addr.to_string());
+    for i in 0..3 {
+        let resp = w.router.get("/hello").await;
+        assert_eq!(resp.status(), 200, "request {i}");
+        assert_eq!(resp.text().await.unwrap(), "ok");
+    }
+    // One connection per request: the kept one closed under requests 2
+    // and 3, each sent again on a fresh one; the instance is never
+    // excluded.
+    assert_eq!(conns.load(std::sync::atomic::Ordering::SeqCst), 3);
+    assert!(
+        w.fake.exclusions().iter().all(Vec::is_empty),
+        "{:?}",
+        w.fake.exclusions()
+    );
+    w.router.stop().await;
 }
 
 /// An instance that reads each request head and closes the connection

@@ -3,11 +3,14 @@
 
 use http::{Request, Response, StatusCode};
 
+use super::direct;
 use super::select::Chosen;
 use super::upstream::{ConnectError, SendError, UpstreamBody};
 use super::{Error, Proxy, ReplayBody};
 
-/// How one attempt ended.
+/// How one attempt ended. Moved once per attempt; boxing the response
+/// would cost an allocation per request.
+#[allow(clippy::large_enum_variant)]
 pub(super) enum Outcome {
     /// The instance answered.
     Response(Response<UpstreamBody>),
@@ -92,6 +95,75 @@ impl Proxy {
                 Err(SendError::Failed(source)) => {
                     return Outcome::Final(Error::from_send(name.clone(), source));
                 }
+            }
+        }
+    }
+}
+
+impl Proxy {
+    /// A direct exchange ([`direct`]) of the request `head` with `chosen`,
+    /// on a kept connection or a new one. The retry rule is the one of
+    /// [`Proxy::attempt`]: a kept connection the instance closed before any
+    /// response byte gets one fresh connection (for an idempotent request;
+    /// the instance may have closed it while the request was on its way);
+    /// a fresh one failing so counts as the instance unusable for an
+    /// idempotent request, and is final otherwise.
+    pub(super) async fn attempt_direct(
+        &self,
+        chosen: &Chosen,
+        head: &[u8],
+        method: &http::Method,
+    ) -> Outcome {
+        let slot = &chosen.slot;
+        let idempotent = is_idempotent(method);
+        let connect_failed = |source| {
+            Outcome::Unusable(Error::Connect {
+                name: slot.name.clone(),
+                source,
+            })
+        };
+        let (mut conn, mut reused) = match slot.connections.take_direct() {
+            Some(c) => (c, true),
+            None => match self.pool.dial_direct(slot).await {
+                Ok(c) => (c, false),
+                Err(source) => return connect_failed(source),
+            },
+        };
+        loop {
+            let exchanging = direct::exchange(conn, head, method, slot.clone());
+            let result = match self.settings.response_header_timeout {
+                Some(t) => match tokio::time::timeout(t, exchanging).await {
+                    Ok(r) => r,
+                    Err(_) => {
+                        return Outcome::Final(Error::ResponseHeaderTimeout {
+                            name: slot.name.clone(),
+                            timeout: t,
+                        });
+                    }
+                },
+                None => exchanging.await,
+            };
+            let failed = |source| Error::Exchange {
+                name: slot.name.clone(),
+                source,
+            };
+            match result {
+                Ok(resp) if resp.status() == StatusCode::MISDIRECTED_REQUEST => {
+                    return Outcome::Unusable(Error::Misdirected {
+                        name: slot.name.clone(),
+                    });
+                }
+                Ok(resp) => return Outcome::Response(resp.map(UpstreamBody::direct)),
+                Err(e) if e.before_response() && idempotent && reused => {
+                    tracing::debug!(error = %e, "kept connection closed; one fresh connection");
+                    reused = false;
+                    conn = match self.pool.dial_direct(slot).await {
+                        Ok(c) => c,
+                        Err(source) => return connect_failed(source),
+                    };
+                }
+                Err(e) if e.before_response() && idempotent => return Outcome::Unusable(failed(e)),
+                Err(e) => return Outcome::Final(failed(e)),
             }
         }
     }

@@ -90,6 +90,14 @@ pub enum Error {
         #[source]
         source: hyper::Error,
     },
+    /// The instance failed in a direct exchange ([`super::direct`]) after
+    /// the request was written to it.
+    #[error("instance {name:?} failed: {source}")]
+    Exchange {
+        name: String,
+        #[source]
+        source: super::direct::ExchangeError,
+    },
     /// The instance switched to another protocol than asked.
     #[error("instance {name:?} switched to {got:?} instead of {want:?}")]
     UpgradeMismatch { name: String, want: String, got: String },
@@ -189,6 +197,7 @@ impl Error {
             | Self::InstanceAddress { .. }
             | Self::Connect { .. }
             | Self::Upstream { .. }
+            | Self::Exchange { .. }
             | Self::UpgradeMismatch { .. } => StatusCode::BAD_GATEWAY,
             Self::ResponseHeaderTimeout { .. } | Self::RequestTimeout(_) => StatusCode::GATEWAY_TIMEOUT,
             Self::Exhausted { last, .. } => last.status(),
@@ -223,6 +232,7 @@ impl Error {
             | Self::InstanceAddress { .. }
             | Self::Connect { .. }
             | Self::Upstream { .. }
+            | Self::Exchange { .. }
             | Self::UpgradeMismatch { .. } => Code::Unavailable,
             Self::Exhausted { last, .. } => last.grpc_code(),
         }

@@ -19,6 +19,13 @@
 //! 3. [`tunnel`]: an upgrade (WebSocket) passes the 101 through and copies
 //!    bytes both ways in a tracked task.
 //!
+//! A request without a body to an HTTP/1.1 instance is a [`direct`]
+//! exchange: the request's own task writes its head on a kept connection
+//! and reads the response, with no connection task between them (a kept
+//! connection the instance closed before answering gets one fresh
+//! connection, for an idempotent request). Everything else goes through
+//! hyper's client ([`upstream`]).
+//!
 //! The request body is a [`ReplayBody`]: after a 421 the same bytes go to
 //! the next instance (bodies up to [`replay::MAX_REPLAY_BYTES`]). Bodies
 //! stream both ways through hyper (bounded memory, backpressure).
@@ -33,6 +40,7 @@ pub mod admission;
 mod attempt;
 pub mod body;
 pub mod client_io;
+pub mod direct;
 mod error;
 pub mod forwarding;
 pub mod headers;
@@ -60,7 +68,7 @@ pub use body::{ClientBodyError, Pace, Progress, RequestBody};
 pub use error::{Error, MAX_BODY_LINE, RETRY_AFTER_SECS, is_grpc};
 pub use forwarding::{HostError, Peer, TrustedProxies};
 pub use replay::ReplayBody;
-use upstream::{Pool, UpstreamBody};
+use upstream::{BodyError, Pool, UpstreamBody};
 
 use super::activity::InFlightGuard;
 use super::entry::Parsed;
@@ -157,7 +165,7 @@ pub struct ProxyBody {
 
 impl http_body::Body for ProxyBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
@@ -224,6 +232,9 @@ struct Prepared {
     /// The client sent `TE: trailers` (gRPC does): said again to h2c
     /// instances, where it is the one `TE` allowed.
     te_trailers: bool,
+    /// Goes to an HTTP/1.1 instance as a direct exchange ([`direct`]): no
+    /// body, no upgrade, not HTTP/1.0.
+    direct: bool,
 }
 
 impl Prepared {
@@ -263,7 +274,9 @@ impl Prepared {
                 Uri::from_parts(origin).ok()
             })
             .unwrap_or_else(|| Uri::from_static("/"));
-        let body = if http_body::Body::is_end_stream(&body) {
+        let empty = http_body::Body::is_end_stream(&body);
+        let direct = empty && upgrade.is_none() && parts.version >= Version::HTTP_11;
+        let body = if empty {
             ReplayBody::empty()
         } else {
             ReplayBody::new(
@@ -281,9 +294,32 @@ impl Prepared {
                 upgrade,
                 grpc,
                 te_trailers,
+                direct,
             },
             client_upgrade,
         )
+    }
+
+    /// Whether the attempt at `slot` is a direct exchange.
+    fn direct_to(&self, slot: &Slot) -> bool {
+        self.direct && slot.protocol != crate::api::Protocol::H2c
+    }
+
+    /// The request head of a direct exchange with `slot`.
+    fn direct_head(&self, slot: &Slot, tenant: &HeaderValue) -> Vec<u8> {
+        let mut head = Vec::with_capacity(256 + self.headers.len() * 32);
+        let target = self
+            .uri
+            .path_and_query()
+            .map_or("/", http::uri::PathAndQuery::as_str);
+        direct::write_head(
+            &mut head,
+            &self.method,
+            target,
+            &self.headers,
+            &[(&headers::INSTANCE, &slot.header), (&headers::TENANT, tenant)],
+        );
+        head
     }
 
     /// The request for one attempt at `slot`, or `None` when the body can
@@ -425,15 +461,21 @@ impl Proxy {
                 }
                 Selected::Final(e) => return Err(e),
             };
-            let Some(req) = prepared.request(&chosen.slot, &in_flight.table().tenant) else {
-                // The previous instance refused the request after reading
-                // more body than the router keeps.
-                return Err(Error::NotReplayable {
-                    limit: replay::MAX_REPLAY_BYTES,
-                    last: Box::new(tries.into_last()),
-                });
+            let outcome = if prepared.direct_to(&chosen.slot) {
+                let head = prepared.direct_head(&chosen.slot, &in_flight.table().tenant);
+                self.attempt_direct(&chosen, &head, &prepared.method).await
+            } else {
+                let Some(req) = prepared.request(&chosen.slot, &in_flight.table().tenant) else {
+                    // The previous instance refused the request after
+                    // reading more body than the router keeps.
+                    return Err(Error::NotReplayable {
+                        limit: replay::MAX_REPLAY_BYTES,
+                        last: Box::new(tries.into_last()),
+                    });
+                };
+                self.attempt(&chosen, req, prepared.upgrade.is_some()).await
             };
-            match self.attempt(&chosen, req, prepared.upgrade.is_some()).await {
+            match outcome {
                 Outcome::Response(resp) => {
                     progress.answered();
                     let ms = u64::try_from(tries.get_instance_time.as_millis()).unwrap_or(u64::MAX);

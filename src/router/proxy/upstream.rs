@@ -16,6 +16,7 @@ use http::{Request, Response};
 use http_body::{Frame, SizeHint};
 use hyper::body::Incoming;
 
+use super::direct::{DirectBody, DirectConn, ExchangeError};
 use super::replay::ReplayBody;
 use crate::api::Protocol;
 use crate::router::instances::Slot;
@@ -97,6 +98,9 @@ struct Shared {
 pub struct IdleConnections {
     /// A std mutex: a push or a pop, never across an await.
     idle: Mutex<Vec<Idle>>,
+    /// Connections of the router's own exchanges ([`super::direct`]); a
+    /// std mutex, never across an await.
+    direct: Mutex<Vec<DirectConn>>,
     /// The HTTP/2 connection (h2c pools); a std mutex, never across an
     /// await.
     shared: Mutex<Option<Shared>>,
@@ -151,6 +155,36 @@ impl IdleConnections {
         }
     }
 
+    fn lock_direct(&self) -> std::sync::MutexGuard<'_, Vec<DirectConn>> {
+        self.direct
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The newest usable kept connection for a direct exchange (expired
+    /// and closed ones on the way are dropped).
+    pub(super) fn take_direct(&self) -> Option<DirectConn> {
+        let mut idle = self.lock_direct();
+        while let Some(c) = idle.pop() {
+            if c.usable(IDLE_TIMEOUT) {
+                return Some(c);
+            }
+        }
+        None
+    }
+
+    /// Keeps `conn` for the next direct exchange (at most
+    /// [`MAX_IDLE_PER_INSTANCE`]; expired and closed ones make room first).
+    pub(super) fn put_direct(&self, conn: DirectConn) {
+        let mut idle = self.lock_direct();
+        if idle.len() >= MAX_IDLE_PER_INSTANCE {
+            idle.retain(|c| c.usable(IDLE_TIMEOUT));
+        }
+        if idle.len() < MAX_IDLE_PER_INSTANCE {
+            idle.push(conn);
+        }
+    }
+
     /// The shared HTTP/2 connection when it is open, with its generation.
     fn shared(&self) -> Option<(http2::SendRequest<ReplayBody>, u64)> {
         let shared = self
@@ -176,10 +210,10 @@ impl IdleConnections {
         self.shared().is_some()
     }
 
-    /// Idle connections kept now.
+    /// Idle connections kept now (hyper's and the direct exchanges').
     #[must_use]
     pub fn len(&self) -> usize {
-        self.lock().len()
+        self.lock().len() + self.lock_direct().len()
     }
 
     /// Whether none is kept.
@@ -365,6 +399,14 @@ impl Pool {
         })
     }
 
+    /// A new connection to `slot`'s instance for direct exchanges.
+    ///
+    /// # Errors
+    /// [`ConnectError`] when it cannot be made.
+    pub(super) async fn dial_direct(&self, slot: &Slot) -> Result<DirectConn, ConnectError> {
+        Ok(DirectConn::new(self.dial(slot.addr).await?))
+    }
+
     /// A TCP connection to `addr` with `TCP_NODELAY` and keep-alive, within
     /// the dial timeout.
     async fn dial(&self, addr: std::net::SocketAddr) -> Result<tokio::net::TcpStream, ConnectError> {
@@ -446,7 +488,10 @@ impl Conn {
             Sender::H1(s) => s,
             Sender::H2(mut sender) => {
                 return match sender.try_send_request(req).await {
-                    Ok(resp) => Ok(resp.map(|inner| UpstreamBody { inner, back: None })),
+                    Ok(resp) => Ok(resp.map(|inner| UpstreamBody {
+                        inner: Inner::Hyper(inner),
+                        back: None,
+                    })),
                     Err(mut e) => match e.take_message() {
                         Some(req) => Err(SendError::NotSent(Box::new(req))),
                         None => Err(SendError::Failed(e.into_error())),
@@ -465,7 +510,10 @@ impl Conn {
         match sender.try_send_request(req).await {
             Ok(resp) => {
                 let back = pool_after.then_some((slot, sender));
-                Ok(resp.map(|inner| UpstreamBody { inner, back }))
+                Ok(resp.map(|inner| UpstreamBody {
+                    inner: Inner::Hyper(inner),
+                    back,
+                }))
             }
             Err(mut e) => match e.take_message() {
                 Some(req) => Err(SendError::NotSent(Box::new(req))),
@@ -475,14 +523,37 @@ impl Conn {
     }
 }
 
-/// An instance's response body; returns its connection to the pool when it
-/// has been read to the end.
+/// An instance's response body: read by hyper's client (its connection
+/// returns to the pool when the body has been read to the end), or by a
+/// direct exchange ([`DirectBody`], which returns its connection itself).
 pub struct UpstreamBody {
-    inner: Incoming,
+    inner: Inner,
     back: Option<(Arc<Slot>, http1::SendRequest<ReplayBody>)>,
 }
 
+enum Inner {
+    Hyper(Incoming),
+    Direct(DirectBody),
+}
+
+/// Reading an instance's response body failed.
+#[derive(Debug, thiserror::Error)]
+pub enum BodyError {
+    #[error(transparent)]
+    Hyper(#[from] hyper::Error),
+    #[error(transparent)]
+    Direct(#[from] ExchangeError),
+}
+
 impl UpstreamBody {
+    /// The body of a direct exchange.
+    pub(super) fn direct(body: DirectBody) -> Self {
+        Self {
+            inner: Inner::Direct(body),
+            back: None,
+        }
+    }
+
     fn finish(&mut self) {
         if let Some((slot, sender)) = self.back.take() {
             slot.connections.put(sender);
@@ -494,7 +565,9 @@ impl Drop for UpstreamBody {
     fn drop(&mut self) {
         // A body that needed no reading (HEAD, 204, 304) still frees its
         // connection; an unfinished one takes the connection down with it.
-        if http_body::Body::is_end_stream(&self.inner) {
+        if let Inner::Hyper(inner) = &self.inner
+            && http_body::Body::is_end_stream(inner)
+        {
             self.finish();
         }
     }
@@ -502,31 +575,42 @@ impl Drop for UpstreamBody {
 
 impl http_body::Body for UpstreamBody {
     type Data = Bytes;
-    type Error = hyper::Error;
+    type Error = BodyError;
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Self::Data>, Self::Error>>> {
         let this = &mut *self;
-        let r = Pin::new(&mut this.inner).poll_frame(cx);
+        let inner = match &mut this.inner {
+            Inner::Direct(d) => return Pin::new(d).poll_frame(cx).map_err(BodyError::Direct),
+            Inner::Hyper(inner) => inner,
+        };
+        let r = Pin::new(&mut *inner).poll_frame(cx);
+        let end = inner.is_end_stream();
         match &r {
             Poll::Ready(None) => this.finish(),
             Poll::Ready(Some(Err(_))) => this.back = None,
             _ => {
-                if this.inner.is_end_stream() {
+                if end {
                     this.finish();
                 }
             }
         }
-        r
+        r.map_err(BodyError::Hyper)
     }
 
     fn is_end_stream(&self) -> bool {
-        self.inner.is_end_stream()
+        match &self.inner {
+            Inner::Hyper(b) => b.is_end_stream(),
+            Inner::Direct(b) => b.is_end_stream(),
+        }
     }
 
     fn size_hint(&self) -> SizeHint {
-        self.inner.size_hint()
+        match &self.inner {
+            Inner::Hyper(b) => b.size_hint(),
+            Inner::Direct(b) => b.size_hint(),
+        }
     }
 }
