@@ -202,9 +202,15 @@ type Parsed = Option<(Head, Framing, bool)>;
 /// all there yet; else the bytes it took and the response (`None` for an
 /// interim `1xx`) with its framing and whether the connection stays open.
 fn parse_head(buf: &[u8], method: &Method) -> Result<Option<(Parsed, usize)>, ExchangeError> {
-    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
-    let mut parsed = httparse::Response::new(&mut fields);
-    let used = match parsed.parse(buf) {
+    // Uninitialized slots: the parser writes only the fields it finds
+    // (initializing all 100 showed in profiles).
+    let mut fields = [std::mem::MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    let used = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
+        &mut parsed,
+        buf,
+        &mut fields,
+    ) {
         Ok(httparse::Status::Complete(n)) => n,
         Ok(httparse::Status::Partial) => return Ok(None),
         Err(httparse::Error::TooManyHeaders) => {
