@@ -243,6 +243,9 @@ async fn http_and_tcp_probes_use_named_ports_and_headers() {
     let mut c = fixture(&[]);
     c["readinessProbe"] = json!({"httpGet": {"path": "/", "port": 8888}, "periodSeconds": 1});
     create(&api, "unassigned", json!({"containers": [c]})).await;
+    wait_pod(&api, "unassigned", "running", |p| running(p, "fixture")).await;
+    // Waited for in that order: whatever order the agent starts pods in,
+    // the failing probe's pod is running before the check.
     create(&api, "control", json!({"containers": [fixture(&[])]})).await;
     wait_pod(&api, "control", "Ready", is_ready).await;
     let u = api.get("unassigned").await.unwrap();
