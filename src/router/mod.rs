@@ -22,6 +22,7 @@ pub mod activity;
 pub mod config;
 pub mod discovery;
 pub mod entry;
+mod h1;
 pub mod instances;
 pub mod listener;
 pub mod metrics;
@@ -36,7 +37,6 @@ use std::sync::Arc;
 
 use axum::body::Body;
 use http::{Request, Response, StatusCode};
-use hyper::body::Incoming;
 use hyper::server::conn::http1;
 use hyper_util::rt::TokioIo;
 use prometheus_client::registry::Registry;
@@ -280,33 +280,57 @@ pub async fn serve(
                     return;
                 }
             };
-            let stream = listener::Prefixed::new(prefix, stream);
             let exchanges = Arc::new(proxy::client_io::Exchanges::default());
-            let io = proxy::client_io::ClientIo::new(stream, write_timeout, exchanges.clone());
             let memo = Arc::new(Memo::new(proxy::Peer::new(remote, state.proxy.trusted_proxies())));
-            let svc = hyper::service::service_fn(move |req| {
-                let state = state.clone();
-                let memo = memo.clone();
-                let busy = exchanges.begin();
-                async move {
-                    let resp = handle(&state, &memo, req).await;
-                    Ok::<_, Infallible>(
-                        resp.map(|body| Body::new(proxy::client_io::Answered::new(body, busy))),
-                    )
-                }
-            });
+            let service =
+                |state: Arc<State>, memo: Arc<Memo>, exchanges: Arc<proxy::client_io::Exchanges>| {
+                    hyper::service::service_fn(move |req| {
+                        let state = state.clone();
+                        let memo = memo.clone();
+                        let busy = exchanges.begin();
+                        async move {
+                            let resp = handle(&state, &memo, req).await;
+                            Ok::<_, Infallible>(
+                                resp.map(|body| Body::new(proxy::client_io::Answered::new(body, busy))),
+                            )
+                        }
+                    })
+                };
             let result = match protocol {
-                // The header read timeout also bounds idle keep-alive connections
-                // (it runs from the moment a connection waits for the next request);
-                // a request head larger than the buffer is answered 431 by hyper. A
-                // client that half-closes after its request still gets the answer;
-                // one that stops reading is cut off after the write timeout.
+                // Plain requests are the router's own ([`h1`]); from the first
+                // other one, hyper serves the connection. The header read
+                // timeout also bounds idle keep-alive connections (it runs
+                // from the moment a connection waits for the next request); a
+                // request head larger than the buffer is answered 431 by
+                // hyper. A client that half-closes after its request still
+                // gets the answer; one that stops reading is cut off after
+                // the write timeout.
                 listener::Protocol::Http1 => {
+                    let io = proxy::client_io::ClientIo::new(stream, write_timeout, exchanges.clone());
+                    let own = h1::Connection {
+                        state: &state,
+                        memo: &memo,
+                        idle_timeout,
+                        drain: drain.clone(),
+                    };
+                    let served = tokio::select! {
+                        r = own.serve(io, prefix) => r,
+                        () = hard.cancelled() => return,
+                    };
+                    let (io, rest) = match served {
+                        Ok(h1::Served::HandOver(io, rest)) => (io, rest),
+                        Ok(h1::Served::Closed) => return,
+                        Err(e) => {
+                            tracing::debug!(%remote, error = %e, "client connection ended");
+                            return;
+                        }
+                    };
+                    let svc = service(state, memo, exchanges);
                     let conn = http1::Builder::new()
                         .timer(hyper_util::rt::TokioTimer::new())
                         .header_read_timeout(idle_timeout)
                         .max_header_size(MAX_REQUEST_HEAD_BYTES)
-                        .serve_connection(TokioIo::new(io), svc)
+                        .serve_connection(TokioIo::new(listener::Prefixed::new(rest, io)), svc)
                         .with_upgrades();
                     futures::pin_mut!(conn);
                     tokio::select! {
@@ -321,6 +345,9 @@ pub async fn serve(
                     }
                 }
                 listener::Protocol::Http2 => {
+                    let stream = listener::Prefixed::new(prefix, stream);
+                    let io = proxy::client_io::ClientIo::new(stream, write_timeout, exchanges.clone());
+                    let svc = service(state, memo, exchanges);
                     let conn = listener::http2(tracker, idle_timeout).serve_connection(TokioIo::new(io), svc);
                     futures::pin_mut!(conn);
                     tokio::select! {
@@ -477,7 +504,10 @@ async fn watch_access(client: Client, stop: CancellationToken) {
 /// One request; once shutdown has begun its response closes the connection
 /// (`Connection: close`), so the client's next request opens a connection
 /// to another router.
-async fn handle(state: &State, memo: &Memo, req: Request<Incoming>) -> Response<Body> {
+async fn handle<B>(state: &State, memo: &Memo, req: Request<B>) -> Response<Body>
+where
+    B: http_body::Body<Data = bytes::Bytes, Error = hyper::Error> + Send + 'static,
+{
     let mut resp = respond(state, memo, req).await;
     if state.shutdown.is_cancelled() && resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         resp.headers_mut()
@@ -536,7 +566,10 @@ impl Memo {
 }
 
 /// One request: health check, header, activity, proxy, metrics.
-async fn respond(state: &State, memo: &Memo, req: Request<Incoming>) -> Response<Body> {
+async fn respond<B>(state: &State, memo: &Memo, req: Request<B>) -> Response<Body>
+where
+    B: http_body::Body<Data = bytes::Bytes, Error = hyper::Error> + Send + 'static,
+{
     let start = Instant::now();
     let grpc = proxy::is_grpc(req.headers());
     if let Err(e) = proxy::forwarding::check_request_host(req.version(), req.uri(), req.headers()) {

@@ -366,6 +366,168 @@ async fn a_client_that_reads_nothing_is_cut_off_after_the_write_timeout() {
     w.router.stop().await;
 }
 
+/// The answers read off one connection, in order: status and body (framed
+/// by `content-length` or chunked; none where `head` says the request was
+/// `HEAD` or the status has none).
+fn answers(mut out: &[u8], head: &[bool]) -> Vec<(u16, String)> {
+    let mut got = Vec::new();
+    for &is_head in head {
+        let Some(end) = out.windows(4).position(|w| w == b"\r\n\r\n") else {
+            panic!("answer {} missing: {:?}", got.len(), String::from_utf8_lossy(out));
+        };
+        let text = String::from_utf8_lossy(&out[..end]).to_lowercase();
+        out = &out[end + 4..];
+        let status: u16 = text.split(' ').nth(1).unwrap().parse().unwrap();
+        let field = |name: &str| {
+            text.lines()
+                .find_map(|l| l.strip_prefix(name).map(|v| v.trim().to_owned()))
+        };
+        let mut body = Vec::new();
+        if is_head || status == 204 || status == 304 {
+        } else if let Some(n) = field("content-length:") {
+            let n: usize = n.parse().unwrap();
+            body.extend_from_slice(&out[..n]);
+            out = &out[n..];
+        } else {
+            assert_eq!(field("transfer-encoding:").as_deref(), Some("chunked"), "{text}");
+            loop {
+                let line = out.windows(2).position(|w| w == b"\r\n").unwrap();
+                let size = usize::from_str_radix(std::str::from_utf8(&out[..line]).unwrap(), 16).unwrap();
+                out = &out[line + 2..];
+                if size == 0 {
+                    out = &out[2..];
+                    break;
+                }
+                body.extend_from_slice(&out[..size]);
+                out = &out[size + 2..];
+            }
+        }
+        got.push((status, String::from_utf8(body).unwrap()));
+    }
+    assert!(
+        out.is_empty(),
+        "more than {} answers: {:?}",
+        head.len(),
+        String::from_utf8_lossy(out)
+    );
+    got
+}
+
+/// Writes `requests` at once on one connection and reads until the router
+/// closes it.
+async fn pipelined(addr: std::net::SocketAddr, requests: &str) -> Vec<u8> {
+    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+    s.write_all(requests.as_bytes()).await.unwrap();
+    let mut out = Vec::new();
+    tokio::time::timeout(LIMIT, s.read_to_end(&mut out))
+        .await
+        .expect("the router closes the connection after the last answer")
+        .unwrap();
+    out
+}
+
+#[tokio::test]
+async fn requests_pipelined_on_one_connection_are_answered_in_order_across_an_upload() {
+    let w = world(|_| {}).await;
+    let f = header();
+    let req = |method: &str, path: &str, extra: &str| {
+        format!("{method} {path} HTTP/1.1\r\nhost: t.example\r\n{HEADER_FUNCTION}: {f}\r\n{extra}\r\n")
+    };
+    // Bodiless requests, then one with a body (from which hyper serves the
+    // connection), then bodiless ones again, the last closing.
+    let requests = [
+        req("GET", "/hello", ""),
+        req("GET", "/status/204", ""),
+        req("HEAD", "/hello", ""),
+        req("GET", "/download/70000", ""),
+        req("POST", "/sink", "content-length: 10\r\n") + "0123456789",
+        req("GET", "/hello", ""),
+        req("GET", "/hello", "connection: close\r\n"),
+    ]
+    .concat();
+    let out = pipelined(w.router.addr, &requests).await;
+    let got = answers(&out, &[false, false, true, false, false, false, false]);
+    let want: Vec<(u16, String)> = vec![
+        (200, "hello world".into()),
+        (204, String::new()),
+        (200, String::new()),
+        (200, "x".repeat(64 * 1024 * 2)),
+        (200, "10".into()),
+        (200, "hello world".into()),
+        (200, "hello world".into()),
+    ];
+    assert_eq!(got, want);
+    w.router.stop().await;
+}
+
+#[tokio::test]
+async fn a_malformed_or_oversized_head_after_good_requests_is_refused_as_before() {
+    let w = world(|_| {}).await;
+    let good = format!(
+        "GET /hello HTTP/1.1\r\nhost: t.example\r\n{HEADER_FUNCTION}: {}\r\n\r\n",
+        header()
+    );
+    let out = pipelined(
+        w.router.addr,
+        &format!("{good}GET / HTTP/1.1\r\nbad header\r\n\r\n"),
+    )
+    .await;
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(text.contains("hello world"), "{text}");
+    assert!(text.contains("HTTP/1.1 400 Bad Request\r\n"), "{text}");
+
+    let huge = format!("GET /hello HTTP/1.1\r\nx-big: {}\r\n\r\n", "a".repeat(70 * 1024));
+    let out = pipelined(w.router.addr, &format!("{good}{huge}")).await;
+    let text = String::from_utf8_lossy(&out);
+    assert!(text.starts_with("HTTP/1.1 200 OK\r\n"), "{text}");
+    assert!(
+        text.contains("HTTP/1.1 431 Request Header Fields Too Large\r\n"),
+        "{text}"
+    );
+    w.router.stop().await;
+}
+
+#[tokio::test]
+async fn an_idle_keep_alive_connection_closes_after_the_idle_timeout() {
+    let idle = Duration::from_millis(400);
+    let w = world(|c| c.idle_timeout = idle).await;
+    let mut s = tokio::net::TcpStream::connect(w.router.addr).await.unwrap();
+    let good = format!(
+        "GET /hello HTTP/1.1\r\nhost: t.example\r\n{HEADER_FUNCTION}: {}\r\n\r\n",
+        header()
+    );
+    for _ in 0..3 {
+        s.write_all(good.as_bytes()).await.unwrap();
+        let mut out = Vec::new();
+        let mut buf = [0u8; 1024];
+        while !out.ends_with(b"hello world") {
+            let n = tokio::time::timeout(LIMIT, s.read(&mut buf))
+                .await
+                .unwrap()
+                .unwrap();
+            assert!(
+                n > 0,
+                "closed while answering: {:?}",
+                String::from_utf8_lossy(&out)
+            );
+            out.extend_from_slice(&buf[..n]);
+        }
+    }
+    let waited = tokio::time::Instant::now();
+    let n = tokio::time::timeout(LIMIT, s.read(&mut [0u8; 16]))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(n, 0, "closed, not answered");
+    let waited = waited.elapsed();
+    assert!(
+        waited >= idle - Duration::from_millis(50),
+        "closed after {waited:?}"
+    );
+    w.router.stop().await;
+}
+
 #[tokio::test]
 async fn a_router_whose_controllers_refuse_its_token_is_unready_answers_503_and_recovers() {
     let w = world(|_| {}).await;
