@@ -345,10 +345,12 @@ fn forwarded(
 /// A `for=` node: an IPv4 address as it is, an IPv6 address as `"[v6]"`,
 /// anything else as a token or a quoted string.
 fn node_value(node: &[u8], out: &mut Vec<u8>) {
-    let v6 = std::str::from_utf8(node)
-        .ok()
-        .and_then(|s| s.parse::<std::net::Ipv6Addr>().ok());
-    if v6.is_some() {
+    // Only a node with a colon can be an IPv6 address.
+    let v6 = node.contains(&b':')
+        && std::str::from_utf8(node)
+            .ok()
+            .is_some_and(|s| s.parse::<std::net::Ipv6Addr>().is_ok());
+    if v6 {
         out.extend_from_slice(b"\"[");
         out.extend_from_slice(node);
         out.extend_from_slice(b"]\"");

@@ -25,8 +25,9 @@ pub const GET_INSTANCE_DURATION_MS: HeaderName = HeaderName::from_static(HEADER_
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
-/// Hop-by-hop headers never forwarded (besides those `Connection` lists).
-const HOP_BY_HOP: [HeaderName; 9] = [
+/// Hop-by-hop headers never forwarded (besides those `Connection` lists). A
+/// static: a const would be built and dropped at every use.
+static HOP_BY_HOP: [HeaderName; 9] = [
     header::CONNECTION,
     KEEP_ALIVE,
     PROXY_CONNECTION,
