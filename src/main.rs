@@ -18,7 +18,7 @@ fn main() -> ExitCode {
         }
     }
     let cli = Cli::parse();
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let runtime = match runtime(&cli.command) {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("error: cannot start the async runtime: {e}");
@@ -42,6 +42,23 @@ fn main() -> ExitCode {
             eprintln!("error: {}", one_line(&e));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// The async runtime: a worker thread per CPU (`TOKIO_WORKER_THREADS`
+/// overrides the count, which follows the CPU quota of the process's
+/// cgroup). A router with one CPU runs on one thread (the current-thread
+/// runtime): a request never wakes another thread, and no work is stolen.
+/// Its blocking work (profiles) still runs on the blocking pool.
+fn runtime(command: &Command) -> std::io::Result<tokio::runtime::Runtime> {
+    let workers = std::env::var("TOKIO_WORKER_THREADS")
+        .ok()
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get));
+    if matches!(command, Command::Router(_)) && workers == 1 {
+        tokio::runtime::Builder::new_current_thread().enable_all().build()
+    } else {
+        tokio::runtime::Builder::new_multi_thread().enable_all().build()
     }
 }
 

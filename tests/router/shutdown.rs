@@ -36,7 +36,8 @@ fn free_port() -> u16 {
         .port()
 }
 
-/// A `skipper router` process on `port` in front of the fake controller.
+/// A `skipper router` process on `port` in front of the fake controller, on
+/// one thread.
 fn spawn_router(port: u16, controller: SocketAddr, delay: &str) -> tokio::process::Child {
     tokio::process::Command::new(skipper_test_support::skipper_exe())
         .args([
@@ -63,6 +64,10 @@ fn spawn_router(port: u16, controller: SocketAddr, delay: &str) -> tokio::proces
             "text",
         ])
         .args(["--shutdown-delay", delay, "--shutdown-timeout", "5s"])
+        // One CPU, as a router pod with a one-CPU limit has: the
+        // one-thread runtime drains like the multi-threaded one (the
+        // in-process suites run the router on the latter).
+        .env("TOKIO_WORKER_THREADS", "1")
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .kill_on_drop(true)
