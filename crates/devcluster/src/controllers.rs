@@ -4,6 +4,7 @@
 //! cluster runs a pass after each store change.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 
@@ -61,18 +62,26 @@ pub fn next_wake(store: &Store) -> Option<jiff::Timestamp> {
             .and_then(Value::as_i64)
             .unwrap_or(0)
     };
-    let (all_rs, _) = store.list(by_kind("ReplicaSet"), None);
-    let waiting: Vec<&Value> = all_rs.iter().filter(|rs| min_ready(rs) > 0).collect();
+    let all_rs = store.snapshot(by_kind("ReplicaSet"), None);
+    let waiting: Vec<&Value> = all_rs
+        .iter()
+        .map(|v| &**v)
+        .filter(|rs| min_ready(rs) > 0)
+        .collect();
     if waiting.is_empty() {
         return None;
     }
-    let (pods, _) = store.list(by_kind("Pod"), None);
+    let pods = store.snapshot(by_kind("Pod"), None);
     let now = jiff::Timestamp::now();
     waiting
         .into_iter()
         .filter_map(|rs| {
             let uid = uid_of(rs);
-            let owned: Vec<&Value> = pods.iter().filter(|p| controlled_by(p, uid)).collect();
+            let owned: Vec<&Value> = pods
+                .iter()
+                .map(|v| &**v)
+                .filter(|p| controlled_by(p, uid))
+                .collect();
             replicaset::next_availability(&owned, min_ready(rs), now)
         })
         .min()
@@ -162,7 +171,7 @@ pub fn delete_pod(store: &Store, ns: &str, name: &str, grace: Option<i64>) -> Re
 /// namespace) and the root-CA publisher (`kube-root-ca.crt` in every
 /// namespace, put back when changed or deleted).
 fn namespace_defaults(store: &Store, ctx: &Context) -> Result<(), ApiError> {
-    let (namespaces, _) = store.list(by_kind("Namespace"), None);
+    let namespaces = store.snapshot(by_kind("Namespace"), None);
     let sares = by_kind("ServiceAccount");
     let cmres = by_kind("ConfigMap");
     for ns in namespaces.iter().filter(|n| !is_terminating(n)) {
@@ -224,7 +233,7 @@ pub fn record_event(
     let evres = by_kind("Event");
     let ns = namespace_of(involved);
     let uid = uid_of(involved);
-    let (existing, _) = store.list(evres, Some(ns));
+    let existing = store.snapshot(evres, Some(ns));
     let same = existing.iter().find(|e| {
         e.pointer("/involvedObject/uid").and_then(Value::as_str) == Some(uid)
             && e.get("reason").and_then(Value::as_str) == Some(reason)
@@ -276,7 +285,7 @@ const EVENT_TTL_SECONDS: i64 = 3600;
 fn expire_events(store: &Store) {
     let evres = by_kind("Event");
     let cutoff = jiff::Timestamp::now().as_second() - EVENT_TTL_SECONDS;
-    let (events, _) = store.list(evres, None);
+    let events = store.snapshot(evres, None);
     for e in events {
         let last = e
             .get("lastTimestamp")
@@ -388,9 +397,9 @@ fn claim(
 fn deployments(store: &Store) -> Result<(), ApiError> {
     let dres = by_kind("Deployment");
     let rsres = by_kind("ReplicaSet");
-    let (deploys, _) = store.list(dres, None);
-    let (all_rs, _) = store.list(rsres, None);
-    let (pods, _) = store.list(by_kind("Pod"), None);
+    let deploys = store.snapshot(dres, None);
+    let all_rs = store.snapshot(rsres, None);
+    let pods = store.snapshot(by_kind("Pod"), None);
     let mut first_err = None;
     for d in &deploys {
         let ns = namespace_of(d);
@@ -398,7 +407,11 @@ fn deployments(store: &Store) -> Result<(), ApiError> {
         else {
             continue;
         };
-        let candidates: Vec<&Value> = all_rs.iter().filter(|rs| namespace_of(rs) == ns).collect();
+        let candidates: Vec<&Value> = all_rs
+            .iter()
+            .map(|v| &**v)
+            .filter(|rs| namespace_of(rs) == ns)
+            .collect();
         let owned = claim(store, rsres, d, &selector, &candidates)?;
         let mut live_pods: HashMap<String, usize> = HashMap::new();
         for rs in &owned {
@@ -575,8 +588,8 @@ fn carry_out(store: &Store, d: &Value, action: deployment::Action) -> Result<(),
 fn replicasets(store: &Store) -> Result<(), ApiError> {
     let rsres = by_kind("ReplicaSet");
     let podres = by_kind("Pod");
-    let (all_rs, _) = store.list(rsres, None);
-    let (pods, _) = store.list(podres, None);
+    let all_rs = store.snapshot(rsres, None);
+    let pods = store.snapshot(podres, None);
     let now = jiff::Timestamp::now();
     let mut first_err = None;
     for rs in &all_rs {
@@ -589,7 +602,11 @@ fn replicasets(store: &Store) -> Result<(), ApiError> {
         if selector.0.is_empty() {
             continue;
         }
-        let in_ns: Vec<&Value> = pods.iter().filter(|p| namespace_of(p) == ns).collect();
+        let in_ns: Vec<&Value> = pods
+            .iter()
+            .map(|v| &**v)
+            .filter(|p| namespace_of(p) == ns)
+            .collect();
         let active_candidates: Vec<&Value> = in_ns
             .iter()
             .copied()
@@ -722,7 +739,7 @@ fn create_pods(store: &Store, rs: &Value, n: usize) -> Result<(), ApiError> {
 
 /// The pods of every ReplicaSet with the same controller as `rs` (by each
 /// one's selector): how crowded a node is counts them all.
-fn related_pods<'a>(rs: &Value, all_rs: &[Value], in_ns: &[&'a Value]) -> Vec<&'a Value> {
+fn related_pods<'a>(rs: &Value, all_rs: &[Arc<Value>], in_ns: &[&'a Value]) -> Vec<&'a Value> {
     let Some(owner) = controller_ref(rs)
         .and_then(|r| r.get("uid"))
         .and_then(Value::as_str)
@@ -758,7 +775,7 @@ fn related_pods<'a>(rs: &Value, all_rs: &[Value], in_ns: &[&'a Value]) -> Vec<&'
 /// is empty.
 fn terminate_namespaces(store: &Store) -> Result<(), ApiError> {
     let nsres = by_kind("Namespace");
-    let (namespaces, _) = store.list(nsres, None);
+    let namespaces = store.snapshot(nsres, None);
     let mut first_err = None;
     for ns in namespaces.iter().filter(|n| is_terminating(n)) {
         let name = name_of(ns);
@@ -1083,9 +1100,9 @@ fn endpoint_slices(store: &Store) -> Result<(), ApiError> {
     let svcres = by_kind("Service");
     let epsres = by_kind("EndpointSlice");
     let noderes = by_kind("Node");
-    let (services, _) = store.list(svcres, None);
-    let (pods, _) = store.list(by_kind("Pod"), None);
-    let (nodes, _) = store.list(noderes, None);
+    let services = store.snapshot(svcres, None);
+    let pods = store.snapshot(by_kind("Pod"), None);
+    let nodes = store.snapshot(noderes, None);
     let zone_of: BTreeMap<&str, &str> = nodes
         .iter()
         .filter_map(|n| {
@@ -1106,6 +1123,7 @@ fn endpoint_slices(store: &Store) -> Result<(), ApiError> {
         let selector = LabelSelector::from_object(&json!({"matchLabels": sel})).unwrap_or_default();
         let members: Vec<&Value> = pods
             .iter()
+            .map(|v| &**v)
             .filter(|p| namespace_of(p) == ns && selector.matches(&labels_of(p)))
             .filter(|p| {
                 p.pointer("/status/podIP")

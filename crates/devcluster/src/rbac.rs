@@ -323,12 +323,13 @@ pub fn authorize(store: &Store, user: &UserInfo, attrs: &Attributes) -> Decision
     }
 }
 
-/// Pods bound to `node`.
-fn pods_on(store: &Store, node: &str) -> Vec<Value> {
-    let (pods, _) = store.list(by_kind("Pod"), None);
-    pods.into_iter()
-        .filter(|p| p.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node))
-        .collect()
+/// Whether a pod bound to `node` satisfies `pred` (pods are looked at in
+/// place: the kubelet's every request is authorized, and copying every pod
+/// for each was most of an idle cluster's work).
+fn any_pod_on(store: &Store, node: &str, pred: impl Fn(&Value) -> bool) -> bool {
+    store.any(by_kind("Pod"), None, |p| {
+        p.pointer("/spec/nodeName").and_then(Value::as_str) == Some(node) && pred(p)
+    })
 }
 
 /// `(kind, namespace, name)` of everything a pod references (volumes,
@@ -472,7 +473,7 @@ fn node_authorizer(store: &Store, node: &str, attrs: &Attributes) -> Option<Deci
             return refuse("No Object name found".into());
         }
         let on_node = node_exists
-            && pods_on(store, node).iter().any(|p| {
+            && any_pod_on(store, node, |p| {
                 (kind == "Pod" && namespace_of(p) == attrs.namespace && name_of(p) == attrs.name)
                     || references(p)
                         .iter()

@@ -16,6 +16,7 @@
 //! no priorities here, so preemption never finds a victim).
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use serde_json::{Value, json};
 
@@ -351,7 +352,7 @@ fn pod_finished(pod: &Value) -> bool {
     )
 }
 
-fn node_views(nodes: &[Value], pods: &[Value]) -> Vec<NodeView> {
+fn node_views(nodes: &[Arc<Value>], pods: &[Arc<Value>]) -> Vec<NodeView> {
     let mut views: Vec<NodeView> = nodes
         .iter()
         .filter(|n| !is_terminating(n))
@@ -434,9 +435,10 @@ fn set_scheduled_condition(pod: &mut Value, condition: Value) {
 /// The first store error met (the pass carries on past errors).
 pub fn schedule(store: &Store) -> Result<(), ApiError> {
     let podres = by_kind("Pod");
-    let (pods, _) = store.list(podres, None);
+    let pods = store.snapshot(podres, None);
     let mut pending: Vec<&Value> = pods
         .iter()
+        .map(|v| &**v)
         .filter(|p| {
             p.pointer("/spec/nodeName")
                 .and_then(Value::as_str)
@@ -460,7 +462,7 @@ pub fn schedule(store: &Store) -> Result<(), ApiError> {
             name_of(p).to_owned(),
         )
     });
-    let (nodes, _) = store.list(by_kind("Node"), None);
+    let nodes = store.snapshot(by_kind("Node"), None);
     let mut views = node_views(&nodes, &pods);
     let mut first_err = None;
     for pod in pending {

@@ -50,13 +50,18 @@ pub struct Event {
 
 type Key = (&'static str, &'static str, String, String);
 
+/// An object the garbage collector looks at, with its group and plural.
+pub type Owned = (&'static str, &'static str, Arc<Value>);
+
 fn key(res: &'static ResourceDef, ns: &str, name: &str) -> Key {
     (res.group, res.plural, ns.to_owned(), name.to_owned())
 }
 
 struct Inner {
     rv: u64,
-    objects: BTreeMap<Key, Value>,
+    /// Shared: the control loops read snapshots of every object many
+    /// times a second, and a snapshot holds references, not copies.
+    objects: BTreeMap<Key, Arc<Value>>,
     log: VecDeque<Arc<Event>>,
     /// Every event with a resourceVersion above this is still in `log`.
     floor: u64,
@@ -236,7 +241,10 @@ impl Store {
     /// One object.
     #[must_use]
     pub fn get(&self, res: &'static ResourceDef, ns: &str, name: &str) -> Option<Value> {
-        self.lock().objects.get(&key(res, ns, name)).cloned()
+        self.lock()
+            .objects
+            .get(&key(res, ns, name))
+            .map(|v| Value::clone(v))
     }
 
     /// Every object of a resource (in one namespace or all), sorted by
@@ -248,16 +256,46 @@ impl Store {
             .objects
             .iter()
             .filter(|((g, p, n, _), _)| *g == res.group && *p == res.plural && ns.is_none_or(|ns| ns == n))
-            .map(|(_, v)| v.clone())
+            .map(|(_, v)| Value::clone(v))
             .collect();
         (items, inner.rv)
+    }
+
+    /// [`Store::list`] without copies: the objects as they are now, shared
+    /// (what the control loops read on every pass).
+    #[must_use]
+    pub fn snapshot(&self, res: &'static ResourceDef, ns: Option<&str>) -> Vec<Arc<Value>> {
+        let inner = self.lock();
+        inner
+            .objects
+            .iter()
+            .filter(|((g, p, n, _), _)| *g == res.group && *p == res.plural && ns.is_none_or(|ns| ns == n))
+            .map(|(_, v)| Arc::clone(v))
+            .collect()
+    }
+
+    /// Whether an object of a resource (in one namespace or all) satisfies
+    /// `pred`, looked at in place: nothing is copied, and the store is
+    /// locked while `pred` runs (it must not use the store).
+    pub fn any(
+        &self,
+        res: &'static ResourceDef,
+        ns: Option<&str>,
+        mut pred: impl FnMut(&Value) -> bool,
+    ) -> bool {
+        let inner = self.lock();
+        inner
+            .objects
+            .iter()
+            .filter(|((g, p, n, _), _)| *g == res.group && *p == res.plural && ns.is_none_or(|ns| ns == n))
+            .any(|(_, v)| pred(v))
     }
 
     /// What the garbage collector looks at: the uid of every object, and
     /// (with group and plural) every object that has ownerReferences or is
     /// being deleted.
     #[must_use]
-    pub fn gc_view(&self) -> (HashSet<String>, Vec<(&'static str, &'static str, Value)>) {
+    pub fn gc_view(&self) -> (HashSet<String>, Vec<Owned>) {
         let inner = self.lock();
         let mut uids = HashSet::with_capacity(inner.objects.len());
         let mut interesting = Vec::new();
@@ -268,7 +306,7 @@ impl Store {
                     .and_then(Value::as_array)
                     .is_some_and(|r| !r.is_empty())
             {
-                interesting.push((*g, *p, v.clone()));
+                interesting.push((*g, *p, Arc::clone(v)));
             }
         }
         (uids, interesting)
@@ -293,7 +331,7 @@ impl Store {
             .objects
             .iter()
             .filter(|((g, p, n, _), _)| *g == res.group && *p == res.plural && ns.is_none_or(|ns| ns == n))
-            .map(|((_, _, n, name), v)| ((n.clone(), name.clone()), v.clone()))
+            .map(|((_, _, n, name), v)| ((n.clone(), name.clone()), Value::clone(v)))
             .collect();
         for e in inner.log.iter().rev().take_while(|e| e.rv > rv) {
             if e.res != res || ns.is_some_and(|ns| ns != e.namespace) {
@@ -451,7 +489,7 @@ impl Store {
             return Ok(obj);
         }
         inner.rv = rv;
-        inner.objects.insert(k, obj.clone());
+        inner.objects.insert(k, Arc::new(obj.clone()));
         self.record(
             &mut inner,
             Event {
@@ -499,7 +537,7 @@ impl Store {
         let mut inner = self.lock();
         let k = key(res, ns, name);
         // Borrowed until the commit, which takes it out of the map.
-        let Some(old) = inner.objects.get(&k) else {
+        let Some(old) = inner.objects.get(&k).map(|v| &**v) else {
             return Err(ApiError::NotFound {
                 res,
                 name: name.to_owned(),
@@ -615,7 +653,7 @@ impl Store {
     ) -> Result<Value, ApiError> {
         let mut inner = self.lock();
         let k = key(res, ns, name);
-        let Some(old) = inner.objects.get(&k).cloned() else {
+        let Some(old) = inner.objects.get(&k).map(|v| Value::clone(v)) else {
             return Err(ApiError::NotFound {
                 res,
                 name: name.to_owned(),
@@ -662,7 +700,10 @@ impl Store {
         k: &Key,
         mut obj: Value,
     ) -> Value {
-        let before = inner.objects.remove(k).unwrap_or_else(|| obj.clone());
+        let before = inner
+            .objects
+            .remove(k)
+            .map_or_else(|| obj.clone(), Arc::unwrap_or_clone);
         inner.rv += 1;
         let rv = inner.rv;
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
@@ -693,7 +734,7 @@ impl Store {
     ) -> Result<Value, ApiError> {
         let mut inner = self.lock();
         let k = key(res, ns, name);
-        let Some(old) = inner.objects.get(&k).cloned() else {
+        let Some(old) = inner.objects.get(&k).map(|v| Value::clone(v)) else {
             return Err(ApiError::NotFound {
                 res,
                 name: name.to_owned(),
@@ -722,7 +763,10 @@ impl Store {
         inner.rv += 1;
         let rv = inner.rv;
         new["metadata"]["resourceVersion"] = json!(rv.to_string());
-        let old = inner.objects.insert(k, new.clone());
+        let old = inner
+            .objects
+            .insert(k, Arc::new(new.clone()))
+            .map(Arc::unwrap_or_clone);
         self.record(
             inner,
             Event {
@@ -763,7 +807,7 @@ impl Store {
                 name: name.to_owned(),
             });
         }
-        let Some(obj) = inner.objects.get(&k).cloned() else {
+        let Some(obj) = inner.objects.get(&k).map(|v| Value::clone(v)) else {
             return Err(ApiError::NotFound {
                 res,
                 name: name.to_owned(),
