@@ -12,9 +12,12 @@ use skipper_test_support::devcluster as common;
 
 use std::time::Duration;
 
+use futures::StreamExt as _;
 use k8s_openapi::api::coordination::v1::Lease;
 use k8s_openapi::api::core::v1::{ConfigMap, ContainerStatus, Namespace, Node, Pod, PodCondition, Secret};
-use kube::api::{Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams};
+use kube::api::{
+    Api, DeleteParams, ListParams, LogParams, Patch, PatchParams, PostParams, WatchEvent, WatchParams,
+};
 use serde_json::{Value, json};
 use skipper_devcluster::Cluster;
 use skipper_test_support::patch;
@@ -298,36 +301,59 @@ async fn a_failing_liveness_probe_restarts_the_container_with_a_growing_back_off
     let api = pods(&cluster);
     let mut c = sh("main", "trap 'exit 143' TERM; sleep 1000 & wait");
     c["livenessProbe"] = json!({"exec": {"command": ["false"]}, "periodSeconds": 1, "failureThreshold": 1});
+    // Every version the node agent publishes, from the pod's creation: the
+    // states between restarts last a few hundred milliseconds at test
+    // scale, too short for polling to see them on a loaded machine.
+    let rv = skipper_test_support::list_version(&api).await;
+    let mut events = api
+        .watch(&WatchParams::default().fields("metadata.name=unhealthy"), &rv)
+        .await
+        .unwrap()
+        .boxed();
     create(&api, "unhealthy", json!({"containers": [c]})).await;
-    let p = wait_pod(&api, "unhealthy", "restartCount 1", |p| {
-        status(p, "main").is_some_and(|s| s.restart_count == 1)
+    let message = |p: &Pod| status(p, "main")?.state?.waiting?.message;
+    let mut seen: Vec<Pod> = Vec::new();
+    tokio::time::timeout(WAIT, async {
+        while let Some(ev) = events.next().await {
+            if let WatchEvent::Added(p) | WatchEvent::Modified(p) = ev.unwrap() {
+                let done = message(&p).is_some_and(|m| m.starts_with("back-off 1s "));
+                seen.push(p);
+                if done {
+                    return;
+                }
+            }
+        }
+        panic!("the watch ended before a back-off of 1s");
     })
-    .await;
-    let last = status(&p, "main")
-        .unwrap()
-        .last_state
-        .unwrap()
-        .terminated
-        .unwrap();
+    .await
+    .unwrap_or_else(|_| panic!("timed out after {WAIT:?} waiting for a back-off of 1s; saw {seen:#?}"));
+
+    // The first restart: the probe's SIGTERM ended the container (its trap exits 143).
+    let first = seen
+        .iter()
+        .find_map(|p| status(p, "main").filter(|s| s.restart_count == 1))
+        .expect("a version with restartCount 1");
+    let last = first.last_state.unwrap().terminated.unwrap();
     assert_eq!(last.exit_code, 143, "SIGTERM ended it (its trap exits 143)");
     assert_eq!(last.reason.as_deref(), Some("Error"));
     // Then CrashLoopBackOff, each wait longer than the one before (test scale: 500ms, 1s, 2s).
-    let message = |p: &Pod| status(p, "main")?.state?.waiting?.message;
-    let first = wait_pod(&api, "unhealthy", "CrashLoopBackOff", |p| {
-        waiting_reason(p, "main").as_deref() == Some("CrashLoopBackOff")
-    })
-    .await;
-    let first = message(&first).unwrap();
+    let mut back_offs: Vec<String> = seen
+        .iter()
+        .filter(|p| waiting_reason(p, "main").as_deref() == Some("CrashLoopBackOff"))
+        .filter_map(message)
+        .collect();
+    back_offs.dedup();
     assert!(
-        first.starts_with("back-off 500ms restarting failed container=main pod=unhealthy_conf("),
-        "{first}"
+        back_offs[0].starts_with("back-off 500ms restarting failed container=main pod=unhealthy_conf("),
+        "{back_offs:?}"
     );
-    let second = wait_pod(&api, "unhealthy", "a longer back-off", |p| {
-        message(p).is_some_and(|m| m.starts_with("back-off 1s "))
-    })
-    .await;
-    assert!(status(&second, "main").unwrap().restart_count >= 2);
-    assert_eq!(second.status.unwrap().phase.as_deref(), Some("Running"));
+    assert!(
+        back_offs.last().unwrap().starts_with("back-off 1s "),
+        "{back_offs:?}"
+    );
+    let second = seen.last().unwrap();
+    assert!(status(second, "main").unwrap().restart_count >= 2);
+    assert_eq!(second.status.as_ref().unwrap().phase.as_deref(), Some("Running"));
 }
 
 #[tokio::test]
