@@ -895,6 +895,9 @@ fn strict_patch(
     doc: &mut Value,
 ) -> Result<(), ApiError> {
     let (api_version, kind) = (res.api_version(), res.kind);
+    if !protobuf::has_unknown(doc, &api_version, kind) {
+        return Ok(());
+    }
     let Some(unknown) = protobuf::drop_unknown(&mut doc.clone(), &api_version, kind) else {
         return Ok(());
     };

@@ -42,10 +42,11 @@ pub struct Event {
     pub namespace: String,
     /// What happened.
     pub kind: EventType,
-    /// The object after the change (the last state for a deletion).
-    pub object: Value,
+    /// The object after the change (the last state for a deletion), shared
+    /// with the store.
+    pub object: Arc<Value>,
     /// The object before a modification (selectors decide ADDED/DELETED from it).
-    pub old: Option<Value>,
+    pub old: Option<Arc<Value>>,
 }
 
 type Key = (&'static str, &'static str, String, String);
@@ -343,7 +344,7 @@ impl Store {
                     objects.remove(&k);
                 }
                 (EventType::Modified | EventType::Deleted, Some(old)) => {
-                    objects.insert(k, old.clone());
+                    objects.insert(k, Value::clone(old));
                 }
                 (_, None) => {}
             }
@@ -489,7 +490,8 @@ impl Store {
             return Ok(obj);
         }
         inner.rv = rv;
-        inner.objects.insert(k, Arc::new(obj.clone()));
+        let shared = Arc::new(obj);
+        inner.objects.insert(k, shared.clone());
         self.record(
             &mut inner,
             Event {
@@ -497,11 +499,11 @@ impl Store {
                 res,
                 namespace: ns.to_owned(),
                 kind: EventType::Added,
-                object: obj.clone(),
+                object: shared.clone(),
                 old: None,
             },
         );
-        Ok(obj)
+        Ok(Value::clone(&shared))
     }
 
     /// Read-modify-write of one object under the store lock. `f` edits a copy;
@@ -700,13 +702,11 @@ impl Store {
         k: &Key,
         mut obj: Value,
     ) -> Value {
-        let before = inner
-            .objects
-            .remove(k)
-            .map_or_else(|| obj.clone(), Arc::unwrap_or_clone);
+        let before = inner.objects.remove(k).unwrap_or_else(|| Arc::new(obj.clone()));
         inner.rv += 1;
         let rv = inner.rv;
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+        let obj = Arc::new(obj);
         self.record(
             inner,
             Event {
@@ -718,7 +718,7 @@ impl Store {
                 old: Some(before),
             },
         );
-        obj
+        Value::clone(&obj)
     }
 
     /// Marks an object as terminating (`deletionTimestamp`, grace period).
@@ -763,10 +763,8 @@ impl Store {
         inner.rv += 1;
         let rv = inner.rv;
         new["metadata"]["resourceVersion"] = json!(rv.to_string());
-        let old = inner
-            .objects
-            .insert(k, Arc::new(new.clone()))
-            .map(Arc::unwrap_or_clone);
+        let new = Arc::new(new);
+        let old = inner.objects.insert(k, new.clone());
         self.record(
             inner,
             Event {
@@ -778,7 +776,7 @@ impl Store {
                 old,
             },
         );
-        new
+        Value::clone(&new)
     }
 
     /// Deletes an object: it goes for good (emits `DELETED`) unless it has

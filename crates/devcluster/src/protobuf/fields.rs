@@ -11,15 +11,55 @@ use super::{Field, Message, Ty, schema};
 /// (`metadata.bogus`, `spec.template.spec.containers[0].bogus`). `None` when
 /// the kind has no schema here (nothing is checked).
 pub fn drop_unknown(obj: &mut Value, api_version: &str, kind: &str) -> Option<Vec<String>> {
-    let index = schema::KINDS
-        .iter()
-        .find(|(v, k, _)| *v == api_version && *k == kind)
-        .map(|(_, _, m)| *m)?;
+    let index = kind_index(api_version, kind)?;
     let mut unknown = Vec::new();
     if let Value::Object(members) = obj {
         walk(index, members, "", true, &mut unknown);
     }
     Some(unknown)
+}
+
+/// Whether `obj` (of `kind` in `api_version`) has a member its Go type has
+/// no field for: [`drop_unknown`]'s question without a copy or an
+/// allocation, for the usual body that has none. `false` when the kind has
+/// no schema here.
+#[must_use]
+pub fn has_unknown(obj: &Value, api_version: &str, kind: &str) -> bool {
+    kind_index(api_version, kind).is_some_and(|index| {
+        obj.as_object()
+            .is_some_and(|members| any_unknown(index, members, true))
+    })
+}
+
+fn any_unknown(index: u16, obj: &Map<String, Value>, top: bool) -> bool {
+    let msg = &schema::MESSAGES[usize::from(index)];
+    obj.iter().any(|(key, value)| {
+        if top && (key == "apiVersion" || key == "kind") {
+            return false;
+        }
+        let Some(field) = find(msg, key) else {
+            return true;
+        };
+        let Ty::Msg(inner) = field.ty else {
+            return false;
+        };
+        match value {
+            Value::Object(child) if !field.repeated => any_unknown(inner, child, false),
+            Value::Array(items) if field.repeated => items.iter().any(|item| {
+                item.as_object()
+                    .is_some_and(|child| any_unknown(inner, child, false))
+            }),
+            _ => false,
+        }
+    })
+}
+
+/// The schema's message for `kind` in `api_version`.
+fn kind_index(api_version: &str, kind: &str) -> Option<u16> {
+    schema::KINDS
+        .iter()
+        .find(|(v, k, _)| *v == api_version && *k == kind)
+        .map(|(_, _, m)| *m)
 }
 
 /// The field of `msg` (or of its inline members) named `name` in JSON.
@@ -88,14 +128,7 @@ fn quantity_form(s: &str) -> bool {
 /// (kube-apiserver refuses such a body at decoding, [`QUANTITY_FORMAT_ERROR`]).
 #[must_use]
 pub fn has_malformed_quantity(obj: &Value, api_version: &str, kind: &str) -> bool {
-    let Some(index) = schema::KINDS
-        .iter()
-        .find(|(v, k, _)| *v == api_version && *k == kind)
-        .map(|(_, _, m)| *m)
-    else {
-        return false;
-    };
-    malformed_quantity(index, obj)
+    kind_index(api_version, kind).is_some_and(|index| malformed_quantity(index, obj))
 }
 
 fn malformed_quantity(index: u16, obj: &Value) -> bool {
@@ -307,7 +340,7 @@ impl<'de> serde::de::Visitor<'de> for Node<'_> {
 mod tests {
     use serde_json::json;
 
-    use super::{Issue, decode_json, drop_unknown, has_malformed_quantity, quantity_form};
+    use super::{Issue, decode_json, drop_unknown, has_malformed_quantity, has_unknown, quantity_form};
 
     #[test]
     fn unknown_members_are_dropped_and_named_by_their_paths() {
@@ -330,6 +363,7 @@ mod tests {
             },
             "top": 2,
         });
+        assert!(has_unknown(&d, "apps/v1", "Deployment"));
         let unknown = drop_unknown(&mut d, "apps/v1", "Deployment").unwrap();
         assert_eq!(
             unknown,
@@ -363,7 +397,33 @@ mod tests {
                 },
             })
         );
+        assert!(!has_unknown(&d, "apps/v1", "Deployment"), "what is left is known");
         assert_eq!(drop_unknown(&mut json!({}), "example.com/v1", "Widget"), None);
+        assert!(!has_unknown(&json!({"x": 1}), "example.com/v1", "Widget"));
+    }
+
+    #[test]
+    fn one_unknown_member_at_any_depth_is_found_without_dropping() {
+        let pod = |container: serde_json::Value| {
+            json!({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "p", "annotations": {"any": "x"}},
+                   "spec": {"containers": [{"name": "a", "image": "i"}, container]}})
+        };
+        assert!(!has_unknown(
+            &pod(json!({"name": "b", "image": "i"})),
+            "v1",
+            "Pod"
+        ));
+        let deep = pod(json!({"name": "b", "image": "i", "ports": [{"containerPort": 1, "bogus": 2}]}));
+        assert!(has_unknown(&deep, "v1", "Pod"));
+        assert_eq!(
+            drop_unknown(&mut deep.clone(), "v1", "Pod").unwrap(),
+            ["spec.containers[1].ports[0].bogus"]
+        );
+        assert!(has_unknown(
+            &json!({"kind": "Pod", "status": {"bogus": 1}}),
+            "v1",
+            "Pod"
+        ));
     }
 
     #[test]

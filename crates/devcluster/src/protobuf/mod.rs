@@ -23,7 +23,9 @@ mod fields;
 #[rustfmt::skip]
 mod schema;
 
-pub use fields::{Issue, QUANTITY_FORMAT_ERROR, decode_json, drop_unknown, has_malformed_quantity};
+pub use fields::{
+    Issue, QUANTITY_FORMAT_ERROR, decode_json, drop_unknown, has_malformed_quantity, has_unknown,
+};
 
 use base64::Engine as _;
 use serde_json::{Map, Value};
