@@ -5,6 +5,10 @@ use std::process::ExitCode;
 use clap::Parser;
 use skipper::cli::{Cli, Command};
 
+/// mimalloc: see `Cargo.toml` for why.
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     // The playground's pod sandbox shim works on namespaces, which needs a
     // process with a single thread: it runs before the async runtime (or
