@@ -19,7 +19,10 @@
 //!
 //! `SKIPPER_BENCH_BASELINE=/path/to/skipper` runs the same against another
 //! binary in the same run (rounds interleave, `SKIPPER_BENCH_ROUNDS`,
-//! default 1), for before/after figures.
+//! default 1), for before/after figures. `SKIPPER_BENCH_SAMPLES=1` also
+//! prints every cold start on stderr (its parts, the part of `ready` outside
+//! the claim and the assign POST, and the time after `ready`), to tell
+//! which part a slow one spent its time in.
 
 #![allow(clippy::unwrap_used, clippy::expect_used, clippy::cast_precision_loss)]
 
@@ -192,6 +195,7 @@ fn server_timing(v: &str, name: &str) -> Option<Duration> {
 /// follow each other and share the machine with the replacements' start.
 async fn cold_starts(dev: &Dev, label: &str, tenants: usize, settle: Option<usize>) -> Vec<Cold> {
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
+    let samples = std::env::var_os("SKIPPER_BENCH_SAMPLES").is_some_and(|v| !v.is_empty() && v != "0");
     let mut out = Vec::new();
     for i in 0..tenants {
         if let Some(n) = settle {
@@ -220,6 +224,18 @@ async fn cold_starts(dev: &Dev, label: &str, tenants: usize, settle: Option<usiz
             assign: server_timing(&timing, "assign").unwrap_or_default(),
             ready: server_timing(&timing, "ready").unwrap_or_default(),
         });
+        if samples {
+            let c = out.last().unwrap();
+            eprintln!(
+                "sample {label} {i}: total {:.2} claim {:.2} assign {:.2} ready {:.2} (rest of ready {:.2}, after ready {:.2})",
+                ms(c.total),
+                ms(c.claim),
+                ms(c.assign),
+                ms(c.ready),
+                ms(c.ready.saturating_sub(c.claim + c.assign)),
+                ms(c.total.saturating_sub(c.ready))
+            );
+        }
     }
     out
 }
