@@ -502,6 +502,31 @@ fn a_dead_agents_bridge_and_pod_namespaces_are_removed_when_an_agent_starts() {
 }
 
 #[test]
+fn the_bridges_address_stays_as_pods_come_and_go() {
+    use skipper_devcluster::kubelet::network::{Bridge, bridge_mac, parse_bridge_name};
+    use std::sync::Arc;
+    if !nix_is_root() {
+        eprintln!("skipped: bridge pod networking needs root");
+        return;
+    }
+    let bridge = Arc::new(Bridge::create().unwrap());
+    let sys = Path::new("/sys/class/net").join(bridge.name());
+    let read = |f: &str| std::fs::read_to_string(sys.join(f)).unwrap().trim().to_owned();
+    let want = bridge_mac(parse_bridge_name(bridge.name()).unwrap());
+    // NET_ADDR_SET: the kernel never replaces it with a port's MAC.
+    assert_eq!(read("addr_assign_type"), "3");
+    assert_eq!(read("address"), want);
+    // A bridge without a set address would take the lowest port MAC as
+    // ports join (the first one at once) and another as they leave.
+    let mut links: Vec<_> = (0..4).map(|_| bridge.attach().unwrap()).collect();
+    assert_eq!(read("address"), want, "after pods joined");
+    while let Some(link) = links.pop() {
+        drop(link);
+        assert_eq!(read("address"), want, "after a pod left");
+    }
+}
+
+#[test]
 fn bridge_mode_without_cap_net_admin_fails_with_one_line_naming_it() {
     use skipper_devcluster::kubelet::network::Bridge;
     const TEST: &str = "bridge_mode_without_cap_net_admin_fails_with_one_line_naming_it";

@@ -173,6 +173,19 @@ pub fn mac_for(ip: Ipv4Addr) -> String {
     format!("0a:58:{a:02x}:{b:02x}:{c:02x}:{d:02x}")
 }
 
+/// The bridge's own MAC: its gateway's [`mac_for`] (never a pod's, as the
+/// gateway is never a pod's address). Set when the bridge is created, so
+/// the kernel keeps it: a bridge whose address is not set takes the
+/// lowest MAC of its ports and changes it as ports come and go. When the
+/// port holding it goes with its pod, the pods whose ARP entry for the
+/// gateway names it send to a MAC nothing answers to: their packets to the
+/// host are lost until the host sends them something (its ARP request
+/// carries the new MAC) or the entry expires.
+#[must_use]
+pub fn bridge_mac(slot: u16) -> String {
+    mac_for(gateway(slot))
+}
+
 fn network_of(addr: Ipv4Addr, prefix: u8) -> u32 {
     let mask = if prefix == 0 {
         0
@@ -422,7 +435,8 @@ pub struct Bridge {
 
 impl Bridge {
     /// Removes the leftovers of dead agents, picks a free /24, creates the
-    /// bridge with the gateway address and brings it up.
+    /// bridge with its fixed MAC ([`bridge_mac`]) and the gateway address,
+    /// and brings it up.
     ///
     /// # Errors
     /// [`NetworkError`]: a missing capability or `ip` command (one line
@@ -454,7 +468,13 @@ impl Bridge {
                 continue;
             }
             let name = bridge_name(slot);
-            match ip(&exe, None, &["link", "add", "name", &name, "type", "bridge"], &[]) {
+            let mac = bridge_mac(slot);
+            match ip(
+                &exe,
+                None,
+                &["link", "add", "name", &name, "address", &mac, "type", "bridge"],
+                &[],
+            ) {
                 Ok(_) => {}
                 Err(e) if exists_error(&e) => {
                     lock.remove();
@@ -668,6 +688,21 @@ impl Drop for PodLink {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_bridge_mac_is_a_local_unicast_address_no_pod_has() {
+        for slot in [0, 17, 255] {
+            let mac = bridge_mac(slot);
+            let first = u8::from_str_radix(&mac[..2], 16).unwrap();
+            assert_eq!(first & 0x02, 0x02, "{mac}: locally administered");
+            assert_eq!(first & 0x01, 0, "{mac}: unicast");
+            let mut pool = IpPool::new(subnet(slot));
+            while let Some(ip) = pool.allocate() {
+                assert_ne!(mac_for(ip), mac, "pod {ip} of slot {slot}");
+            }
+        }
+        assert_ne!(bridge_mac(1), bridge_mac(2));
+    }
 
     #[test]
     fn names_fit_the_kernel_limit_and_parse_back() {
