@@ -128,7 +128,7 @@ helm-lint: helm
 test:
 	@$(CARGO) nextest --version >/dev/null 2>&1 || { \
 		echo "make test: installing cargo-nextest (once; it runs each test in its own process)"; \
-		$(CARGO) install cargo-nextest --locked; }
+		$(CARGO) install cargo-nextest --locked --no-default-features; }
 	$(CARGO) nextest run --workspace --no-fail-fast \
 		-E 'not binary(e2e) and not binary(chaos) and not (binary(controller) and test(/^poisoning::/))'
 	$(CARGO) test --workspace --doc

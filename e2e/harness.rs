@@ -528,6 +528,58 @@ impl Dev {
             .to_path_buf()
     }
 
+    /// Prints the last warnings and errors and the last lines of the
+    /// router's log and of each controller's log (`skipper dev`'s work
+    /// directory) on stderr.
+    fn print_warnings(&self) {
+        const LAST: usize = 40;
+        const TAIL: usize = 15;
+        let Some(work) = self
+            .output()
+            .split_whitespace()
+            .skip_while(|w| *w != "--token-file")
+            .nth(1)
+            .and_then(|t| std::path::Path::new(t).parent().map(std::path::Path::to_path_buf))
+        else {
+            return;
+        };
+        let mut logs = vec![work.join("router.log")];
+        if let Ok(pods) = std::fs::read_dir(work.join("pods")) {
+            let mut controllers: Vec<PathBuf> = pods
+                .flatten()
+                .filter(|e| e.file_name().to_string_lossy().starts_with("skipper_"))
+                .flat_map(|e| walk_logs(&e.path().join("logs")))
+                .collect();
+            controllers.sort();
+            logs.extend(controllers);
+        }
+        for log in logs {
+            let Ok(text) = std::fs::read_to_string(&log) else {
+                continue;
+            };
+            let all: Vec<&str> = text.lines().collect();
+            let tail = all.len().saturating_sub(TAIL);
+            let lines: Vec<&str> = all[..tail]
+                .iter()
+                .filter(|l| l.contains(" WARN ") || l.contains(" ERROR "))
+                .copied()
+                .collect();
+            eprintln!(
+                "--- {}: the last {} of {} warnings and errors before its last {} lines",
+                log.display(),
+                lines.len().min(LAST),
+                lines.len(),
+                all.len() - tail
+            );
+            for l in lines[lines.len().saturating_sub(LAST)..]
+                .iter()
+                .chain(&all[tail..])
+            {
+                eprintln!("{l}");
+            }
+        }
+    }
+
     /// Every process `skipper dev` started, directly or not: the router,
     /// and each pod's shims, main processes and their children.
     pub fn process_tree(&self) -> Vec<u32> {
@@ -544,6 +596,11 @@ impl Drop for Dev {
         let Some(mut child) = self.child.take() else {
             return;
         };
+        if std::thread::panicking() {
+            // Before the stop removes them: what the router and the
+            // controllers warned about, for the failed test's output.
+            self.print_warnings();
+        }
         if let Some(pid) = child.id() {
             let _ = nix::sys::signal::kill(
                 nix::unistd::Pid::from_raw(i32::try_from(pid).unwrap()),
@@ -560,6 +617,20 @@ impl Drop for Dev {
         }
         let _ = std::fs::remove_dir_all(&self.dir);
     }
+}
+
+/// The `*.log` files under `dir`, one level of container directories deep.
+fn walk_logs(dir: &std::path::Path) -> Vec<PathBuf> {
+    std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|c| std::fs::read_dir(c.path()).ok())
+        .flatten()
+        .flatten()
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "log"))
+        .collect()
 }
 
 /// Whether a pod's Ready condition is True.

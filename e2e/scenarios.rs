@@ -66,20 +66,32 @@ async fn s02_twenty_tenants_twenty_pods() {
         let (http, router) = (dev.http.clone(), dev.router.clone());
         set.spawn(async move {
             let tenant = format!("tenant-{i}");
+            let sent = std::time::Instant::now();
             let resp = http
                 .get(format!("{router}/who"))
                 .header("X-Skipper-Function", single(&tenant))
                 .send()
                 .await
                 .unwrap();
-            assert_eq!(resp.status(), 200);
-            let v: Value = serde_json::from_str(&resp.text().await.unwrap()).unwrap();
+            let status = resp.status();
+            let body = resp.text().await.unwrap();
+            let took = sent.elapsed();
+            assert_eq!(status, 200, "{tenant} after {took:?}: {body}");
+            let v: Value = serde_json::from_str(&body).unwrap();
             assert_eq!(v["tenant"], tenant.as_str());
+            took
         });
     }
+    let mut took = Vec::new();
     while let Some(r) = set.join_next().await {
-        r.unwrap();
+        took.push(r.unwrap());
     }
+    took.sort();
+    eprintln!(
+        "e2e: s02 first requests answered in {:.2?} (median) to {:.2?} (slowest)",
+        took[took.len() / 2],
+        took[took.len() - 1]
+    );
     let mut pods = BTreeSet::new();
     for i in 0..20 {
         let p = dev.tenant_pods(&format!("tenant-{i}")).await;

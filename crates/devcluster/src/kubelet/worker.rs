@@ -342,7 +342,10 @@ impl Worker {
         volume_tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         volume_tick.tick().await;
         loop {
-            if self.pod.metadata.deletion_timestamp.is_some() {
+            // A cancelled node starts nothing more: a container due to
+            // (re)start as the node stops would recreate the pod's
+            // directories after the node removed them.
+            if self.pod.metadata.deletion_timestamp.is_some() || kill.is_cancelled() {
                 return false;
             }
             if !self.sandbox_ready {
@@ -365,6 +368,7 @@ impl Worker {
                 (a, b) => a.or(b),
             };
             tokio::select! {
+                biased;
                 () = kill.cancelled() => return false,
                 Some(ev) = self.events.recv() => self.handle(ev),
                 Some((slot, change)) = self.probe_rx.recv() => self.handle(Event::Probe { slot, change }),
