@@ -528,9 +528,9 @@ impl Dev {
             .to_path_buf()
     }
 
-    /// Prints the last warnings and errors and the last lines of the
-    /// router's log and of each controller's log (`skipper dev`'s work
-    /// directory) on stderr.
+    /// Prints the last warnings and errors and the last lines of `skipper
+    /// dev`'s own log (the simulated cluster's), the router's and each
+    /// controller's (in its work directory) on stderr.
     fn print_warnings(&self) {
         const LAST: usize = 40;
         const TAIL: usize = 15;
@@ -543,7 +543,7 @@ impl Dev {
         else {
             return;
         };
-        let mut logs = vec![work.join("router.log")];
+        let mut logs = vec![self.dir.join("dev.stderr"), work.join("router.log")];
         if let Ok(pods) = std::fs::read_dir(work.join("pods")) {
             let mut controllers: Vec<PathBuf> = pods
                 .flatten()

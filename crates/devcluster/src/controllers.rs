@@ -3,8 +3,10 @@
 //! EndpointSlices for Services. One pass reconciles every object; the
 //! cluster runs a pass after each store change.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::sync::Arc;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use serde_json::{Value, json};
 
@@ -23,6 +25,8 @@ pub use super::deployment::POD_TEMPLATE_HASH;
 pub struct Context {
     /// The cluster CA (PEM), published in every namespace as `kube-root-ca.crt`.
     pub ca_pem: String,
+    /// When (Unix seconds) the pass last looked for expired Events.
+    pub events_expired_at: Arc<AtomicI64>,
 }
 
 /// Name of the ConfigMap holding the cluster CA in every namespace.
@@ -41,7 +45,13 @@ pub fn reconcile(store: &Store, ctx: &Context) -> Result<(), ApiError> {
         }
     };
     note(namespace_defaults(store, ctx));
-    expire_events(store);
+    // An Event lives an hour: looking for expired ones every few seconds
+    // is soon enough, and spares the other passes a read of every Event.
+    let now = jiff::Timestamp::now().as_second();
+    if now - ctx.events_expired_at.load(Ordering::Relaxed) >= EVENT_EXPIRY_INTERVAL_SECONDS {
+        ctx.events_expired_at.store(now, Ordering::Relaxed);
+        expire_events(store);
+    }
     note(deployments(store));
     note(replicasets(store));
     note(terminate_namespaces(store));
@@ -176,7 +186,7 @@ fn namespace_defaults(store: &Store, ctx: &Context) -> Result<(), ApiError> {
     let cmres = by_kind("ConfigMap");
     for ns in namespaces.iter().filter(|n| !is_terminating(n)) {
         let ns = name_of(ns);
-        if store.get(sares, ns, "default").is_none() {
+        if store.get_shared(sares, ns, "default").is_none() {
             match store.create(sares, ns, json!({"metadata": {"name": "default"}})) {
                 Ok(_) | Err(ApiError::AlreadyExists { .. } | ApiError::Terminating { .. }) => {}
                 Err(e) => return Err(e),
@@ -185,22 +195,29 @@ fn namespace_defaults(store: &Store, ctx: &Context) -> Result<(), ApiError> {
         if ctx.ca_pem.is_empty() {
             continue;
         }
-        let data = json!({"ca.crt": ctx.ca_pem});
-        match store.get(cmres, ns, ROOT_CA_CONFIG_MAP) {
+        let data = || json!({"ca.crt": ctx.ca_pem});
+        // The published data is exactly the CA, and nothing binary.
+        let published = |cm: &Value| {
+            cm.get("data")
+                .and_then(Value::as_object)
+                .is_some_and(|d| d.len() == 1 && d.get("ca.crt").and_then(Value::as_str) == Some(&ctx.ca_pem))
+                && cm.get("binaryData").is_none()
+        };
+        match store.get_shared(cmres, ns, ROOT_CA_CONFIG_MAP) {
             None => {
                 let cm = json!({
                     "metadata": {"name": ROOT_CA_CONFIG_MAP,
                                  "annotations": {"kubernetes.io/description": ROOT_CA_DESCRIPTION}},
-                    "data": data,
+                    "data": data(),
                 });
                 match store.create(cmres, ns, cm) {
                     Ok(_) | Err(ApiError::AlreadyExists { .. } | ApiError::Terminating { .. }) => {}
                     Err(e) => return Err(e),
                 }
             }
-            Some(cm) if cm.get("data") != Some(&data) || cm.get("binaryData").is_some() => {
+            Some(cm) if !published(&cm) => {
                 ignore_not_found(store.update(cmres, ns, ROOT_CA_CONFIG_MAP, |o| {
-                    o["data"] = data;
+                    o["data"] = data();
                     if let Some(m) = o.as_object_mut() {
                         m.remove("binaryData");
                     }
@@ -280,6 +297,8 @@ pub fn record_event(
 
 /// How long an Event is kept after it last happened (kube-apiserver's `--event-ttl`).
 const EVENT_TTL_SECONDS: i64 = 3600;
+/// How often a pass looks for expired Events.
+const EVENT_EXPIRY_INTERVAL_SECONDS: i64 = 10;
 
 /// Removes Events not seen for [`EVENT_TTL_SECONDS`], as etcd's lease on them does.
 fn expire_events(store: &Store) {
@@ -360,33 +379,33 @@ fn ignore_gone(r: Result<Value, ApiError>) -> Result<(), ApiError> {
 /// adopting orphans its selector matches and releasing what it controls but
 /// no longer matches (`ClaimObject`); nothing changes hands while either is
 /// being deleted.
-fn claim(
+fn claim<'a>(
     store: &Store,
     res: &'static super::resources::ResourceDef,
     owner: &Value,
     selector: &LabelSelector,
-    candidates: &[&Value],
-) -> Result<Vec<Value>, ApiError> {
+    candidates: &[&'a Value],
+) -> Result<Vec<Cow<'a, Value>>, ApiError> {
     let uid = uid_of(owner);
     let owner_deleting = is_terminating(owner);
+    let matches = |obj: &Value| !selector.0.is_empty() && selector.matches(&labels_of(obj));
     let mut claimed = Vec::new();
-    for obj in candidates {
-        let matches = !selector.0.is_empty() && selector.matches(&labels_of(obj));
+    for obj in candidates.iter().copied() {
         match controller_ref(obj)
             .and_then(|r| r.get("uid"))
             .and_then(Value::as_str)
         {
             Some(u) if u == uid => {
-                if matches || owner_deleting {
-                    claimed.push((*obj).clone());
+                if owner_deleting || matches(obj) {
+                    claimed.push(Cow::Borrowed(obj));
                 } else {
                     release(store, res, obj, uid)?;
                 }
             }
             Some(_) => {}
             None => {
-                if matches && !owner_deleting && !is_terminating(obj) {
-                    claimed.extend(adopt(store, res, obj, owner)?);
+                if !owner_deleting && !is_terminating(obj) && matches(obj) {
+                    claimed.extend(adopt(store, res, obj, owner)?.map(Cow::Owned));
                 }
             }
         }
@@ -424,7 +443,10 @@ fn deployments(store: &Store) -> Result<(), ApiError> {
         }
         let input = deployment::Input {
             deployment: deployment::Deployment::from_json(d),
-            replica_sets: owned.iter().map(deployment::ReplicaSet::from_json).collect(),
+            replica_sets: owned
+                .iter()
+                .map(|rs| deployment::ReplicaSet::from_json(rs))
+                .collect(),
             live_pods,
             now: jiff::Timestamp::now(),
         };
@@ -643,7 +665,7 @@ fn replicasets(store: &Store) -> Result<(), ApiError> {
                     .unwrap_or(0)
                     .min(replicaset::BURST_REPLICAS);
                 let related = related_pods(rs, &all_rs, &in_ns);
-                let active_refs: Vec<&Value> = active.iter().collect();
+                let active_refs: Vec<&Value> = active.iter().map(|p| &**p).collect();
                 let order = replicaset::deletion_order(&active_refs, &related, now);
                 for i in order.into_iter().take(n) {
                     let p = &active[i];
@@ -677,7 +699,7 @@ fn replicasets(store: &Store) -> Result<(), ApiError> {
                 }
             }
         }
-        let active_refs: Vec<&Value> = active.iter().collect();
+        let active_refs: Vec<&Value> = active.iter().map(|p| &**p).collect();
         let status = replicaset::status(rs, &active_refs, terminating, failure, now);
         if rs.get("status") != Some(&status) {
             let rv = rs.pointer("/metadata/resourceVersion").cloned();
@@ -1166,7 +1188,7 @@ fn endpoint_slices(store: &Store) -> Result<(), ApiError> {
             })
             .unwrap_or_default();
         let name = format!("{}-sim", name_of(svc));
-        match store.get(epsres, ns, &name) {
+        match store.get_shared(epsres, ns, &name) {
             None => {
                 let eps = json!({
                     "metadata": {

@@ -496,6 +496,7 @@ impl Cluster {
         let loop_store = store.clone();
         let ctx = controllers::Context {
             ca_pem: pki.ca.cert_pem().to_owned(),
+            ..controllers::Context::default()
         };
         tracker.spawn(async move {
             let store = loop_store;

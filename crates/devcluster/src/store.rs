@@ -51,6 +51,20 @@ pub struct Event {
 
 type Key = (&'static str, &'static str, String, String);
 
+/// The objects of `res` (in namespace `ns`, or in all), in key order: a
+/// range of the map, as its keys start with the group and the plural (and
+/// then the namespace), not a scan of every object.
+fn of_resource<'a>(
+    objects: &'a BTreeMap<Key, Arc<Value>>,
+    res: &'static ResourceDef,
+    ns: Option<&'a str>,
+) -> impl Iterator<Item = (&'a Key, &'a Arc<Value>)> + 'a {
+    let from: Key = (res.group, res.plural, ns.unwrap_or("").to_owned(), String::new());
+    objects.range(from..).take_while(move |((g, p, n, _), _)| {
+        *g == res.group && *p == res.plural && ns.is_none_or(|ns| ns == n)
+    })
+}
+
 /// An object the garbage collector looks at, with its group and plural.
 pub type Owned = (&'static str, &'static str, Arc<Value>);
 
@@ -242,10 +256,13 @@ impl Store {
     /// One object.
     #[must_use]
     pub fn get(&self, res: &'static ResourceDef, ns: &str, name: &str) -> Option<Value> {
-        self.lock()
-            .objects
-            .get(&key(res, ns, name))
-            .map(|v| Value::clone(v))
+        self.get_shared(res, ns, name).map(|v| Value::clone(&v))
+    }
+
+    /// One object as stored, shared rather than copied: for looking at it.
+    #[must_use]
+    pub fn get_shared(&self, res: &'static ResourceDef, ns: &str, name: &str) -> Option<Arc<Value>> {
+        self.lock().objects.get(&key(res, ns, name)).map(Arc::clone)
     }
 
     /// Every object of a resource (in one namespace or all), sorted by
@@ -253,10 +270,7 @@ impl Store {
     #[must_use]
     pub fn list(&self, res: &'static ResourceDef, ns: Option<&str>) -> (Vec<Value>, u64) {
         let inner = self.lock();
-        let items = inner
-            .objects
-            .iter()
-            .filter(|((g, p, n, _), _)| *g == res.group && *p == res.plural && ns.is_none_or(|ns| ns == n))
+        let items = of_resource(&inner.objects, res, ns)
             .map(|(_, v)| Value::clone(v))
             .collect();
         (items, inner.rv)
@@ -267,10 +281,7 @@ impl Store {
     #[must_use]
     pub fn snapshot(&self, res: &'static ResourceDef, ns: Option<&str>) -> Vec<Arc<Value>> {
         let inner = self.lock();
-        inner
-            .objects
-            .iter()
-            .filter(|((g, p, n, _), _)| *g == res.group && *p == res.plural && ns.is_none_or(|ns| ns == n))
+        of_resource(&inner.objects, res, ns)
             .map(|(_, v)| Arc::clone(v))
             .collect()
     }
@@ -285,31 +296,41 @@ impl Store {
         mut pred: impl FnMut(&Value) -> bool,
     ) -> bool {
         let inner = self.lock();
-        inner
-            .objects
-            .iter()
-            .filter(|((g, p, n, _), _)| *g == res.group && *p == res.plural && ns.is_none_or(|ns| ns == n))
-            .any(|(_, v)| pred(v))
+        of_resource(&inner.objects, res, ns).any(|(_, v)| pred(v))
     }
 
-    /// What the garbage collector looks at: the uid of every object, and
-    /// (with group and plural) every object that has ownerReferences or is
-    /// being deleted.
+    /// What the garbage collector looks at: every object that has
+    /// ownerReferences or is being deleted (with group and plural), and
+    /// which of the uids those references name exist. Nothing is allocated
+    /// for the other objects.
     #[must_use]
     pub fn gc_view(&self) -> (HashSet<String>, Vec<Owned>) {
         let inner = self.lock();
-        let mut uids = HashSet::with_capacity(inner.objects.len());
+        let mut named: HashSet<&str> = HashSet::new();
         let mut interesting = Vec::new();
         for ((g, p, _, _), v) in &inner.objects {
-            uids.insert(uid_of(v).to_owned());
-            if is_terminating(v)
-                || v.pointer("/metadata/ownerReferences")
-                    .and_then(Value::as_array)
-                    .is_some_and(|r| !r.is_empty())
-            {
+            let refs = v
+                .pointer("/metadata/ownerReferences")
+                .and_then(Value::as_array)
+                .filter(|r| !r.is_empty());
+            if let Some(refs) = refs {
+                named.extend(refs.iter().filter_map(|r| r.get("uid").and_then(Value::as_str)));
+            }
+            if refs.is_some() || is_terminating(v) {
                 interesting.push((*g, *p, Arc::clone(v)));
             }
         }
+        let uids = if named.is_empty() {
+            HashSet::new()
+        } else {
+            inner
+                .objects
+                .values()
+                .map(|v| uid_of(v))
+                .filter(|u| named.contains(u))
+                .map(str::to_owned)
+                .collect()
+        };
         (uids, interesting)
     }
 
@@ -328,10 +349,7 @@ impl Store {
         if rv < inner.floor {
             return Err(ApiError::ListTooOld);
         }
-        let mut objects: BTreeMap<(String, String), Value> = inner
-            .objects
-            .iter()
-            .filter(|((g, p, n, _), _)| *g == res.group && *p == res.plural && ns.is_none_or(|ns| ns == n))
+        let mut objects: BTreeMap<(String, String), Value> = of_resource(&inner.objects, res, ns)
             .map(|((_, _, n, name), v)| ((n.clone(), name.clone()), Value::clone(v)))
             .collect();
         for e in inner.log.iter().rev().take_while(|e| e.rv > rv) {
