@@ -877,8 +877,14 @@ fn spawn_router(
             cmd.env(var, v);
         }
     }
-    if let Some(url) = &args.otlp_endpoint {
-        cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", url);
+    match &args.otlp_endpoint {
+        Some(url) => {
+            cmd.env("OTEL_EXPORTER_OTLP_ENDPOINT", url);
+        }
+        // No collector named: metrics only, no spans and no export attempts.
+        None => {
+            cmd.args(["--telemetry-trace", "false"]);
+        }
     }
     drop(held);
     let child = cmd.spawn().map_err(start_err)?;
@@ -1537,9 +1543,18 @@ fn controller_env(args: &PlaygroundArgs, pods_otlp: Option<&str>) -> Vec<(String
     env.insert("SKIPPER_HEARTBEAT_TIMEOUT".into(), timeout.clone());
     env.insert("SKIPPER_HPA_DOWNSCALE_STABILIZATION".into(), timeout);
     env.insert("SKIPPER_LOG_FORMAT".into(), "text".into());
-    if let Some(url) = pods_otlp {
-        env.insert("SKIPPER_TELEMETRY".into(), "true".into());
-        env.insert("OTEL_EXPORTER_OTLP_ENDPOINT".into(), url.to_owned());
+    match pods_otlp {
+        // The manifest exports no traces until a collector is named.
+        Some(url) => {
+            env.insert("SKIPPER_TELEMETRY".into(), "true".into());
+            env.insert("SKIPPER_TELEMETRY_TRACE".into(), "true".into());
+            env.insert("OTEL_EXPORTER_OTLP_ENDPOINT".into(), url.to_owned());
+        }
+        // Metrics stay on (the manifest's --telemetry); with no collector
+        // named, no span is made and no export is tried.
+        None => {
+            env.insert("SKIPPER_TELEMETRY_TRACE".into(), "false".into());
+        }
     }
     for (k, v) in &args.controller_env {
         env.insert(k.clone(), v.clone());
@@ -1585,10 +1600,13 @@ async fn apply_manifests(args: &PlaygroundArgs, cluster: &PlaygroundCluster) -> 
         if image.is_none() && d["kind"] != "ServiceAccount" {
             continue;
         }
-        let mut env = Vec::new();
-        if let Some(url) = &pods_otlp {
-            env.push(("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), url.clone()));
-        }
+        let env = match &pods_otlp {
+            Some(url) => vec![
+                ("SKIPPER_TELEMETRY_TRACE".to_owned(), "true".to_owned()),
+                ("OTEL_EXPORTER_OTLP_ENDPOINT".to_owned(), url.clone()),
+            ],
+            None => vec![("SKIPPER_TELEMETRY_TRACE".to_owned(), "false".to_owned())],
+        };
         kubelet::router_deployment(&mut d, router_heartbeat(args), &env);
         create(d).await?;
     }
@@ -1685,6 +1703,39 @@ mod tests {
         let told = env(&["--controller-env", "SKIPPER_HPA_DOWNSCALE_STABILIZATION=2m"]);
         assert_eq!(told["SKIPPER_HPA_DOWNSCALE_STABILIZATION"], "2m");
         assert_eq!(told["SKIPPER_HEARTBEAT_TIMEOUT"], "30s");
+    }
+
+    #[test]
+    fn controllers_trace_only_when_a_collector_is_named() {
+        let cli = <PlaygroundArgsCli as clap::Parser>::try_parse_from(["dev"]).unwrap();
+        let env = |otlp| {
+            controller_env(&cli.dev, otlp)
+                .into_iter()
+                .collect::<BTreeMap<_, _>>()
+        };
+        let none = env(None);
+        assert_eq!(none["SKIPPER_TELEMETRY_TRACE"], "false");
+        assert!(!none.contains_key("OTEL_EXPORTER_OTLP_ENDPOINT"));
+        let named = env(Some("http://10.0.0.1:4318"));
+        assert_eq!(named["SKIPPER_TELEMETRY"], "true");
+        assert_eq!(named["OTEL_EXPORTER_OTLP_ENDPOINT"], "http://10.0.0.1:4318");
+        assert_eq!(named["SKIPPER_TELEMETRY_TRACE"], "true");
+        let told = <PlaygroundArgsCli as clap::Parser>::try_parse_from([
+            "dev",
+            "--controller-env",
+            "SKIPPER_TELEMETRY_TRACE=true",
+        ])
+        .unwrap();
+        let told = controller_env(&told.dev, None)
+            .into_iter()
+            .collect::<BTreeMap<_, _>>();
+        assert_eq!(told["SKIPPER_TELEMETRY_TRACE"], "true");
+    }
+
+    #[derive(clap::Parser)]
+    struct PlaygroundArgsCli {
+        #[command(flatten)]
+        dev: PlaygroundArgs,
     }
 
     #[test]
