@@ -14,6 +14,8 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client as HttpClient;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::Pod;
 use rand::seq::IndexedRandom;
 use tokio::time::Instant;
 use tracing::Instrument as _;
@@ -257,13 +259,61 @@ fn fresh_replica_set(ns: &Namespace, deployment: &str, failed: &HashSet<String>)
     if failed.is_empty() {
         return None;
     }
-    ns.pods
-        .pool(deployment)
-        .iter()
+    candidates(ns, deployment)
+        .into_iter()
+        .find(|c| !failed.contains(&c.replica_set))
+        .map(|c| c.replica_set)
+}
+
+/// A pool pod a claim may take, with what ranks it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Candidate {
+    name: String,
+    replica_set: String,
+    /// When its ReplicaSet was created (`None` while the ReplicaSet is not
+    /// in the cache yet).
+    born: Option<jiff::Timestamp>,
+}
+
+/// The pool pods of `ns`'s `deployment` a claim may take: Ready, owned by a
+/// ReplicaSet, and not of a ReplicaSet a rollout scaled to zero. That
+/// ReplicaSet's pods are being deleted (a claim races the deletion, and the
+/// assign request may find the pod gone), and an instance on one would be
+/// stale at once. Both this and staleness read the same ReplicaSet cache.
+fn candidates(ns: &Namespace, deployment: &str) -> Vec<Candidate> {
+    candidates_of(&ns.pods.pool(deployment), |name| ns.replica_sets.get(name))
+}
+
+/// [`candidates`] among `pool`, with the ReplicaSet cache's `replica_set`.
+fn candidates_of(pool: &[Arc<Pod>], replica_set: impl Fn(&str) -> Option<Arc<ReplicaSet>>) -> Vec<Candidate> {
+    pool.iter()
         .filter(|p| is_ready(p) && is_pool_owned(p))
-        .filter_map(|p| p.metadata.owner_references.as_ref()?.first())
-        .find(|o| !failed.contains(&o.name))
-        .map(|o| o.name.clone())
+        .filter_map(|p| {
+            let owner = p.metadata.owner_references.as_ref()?.first()?.name.clone();
+            let rs = replica_set(&owner);
+            if rs.as_deref().is_some_and(super::context::scaled_to_zero) {
+                return None;
+            }
+            Some(Candidate {
+                name: p.metadata.name.clone()?,
+                born: rs.and_then(|rs| rs.metadata.creation_timestamp.as_ref().map(|t| t.0)),
+                replica_set: owner,
+            })
+        })
+        .collect()
+}
+
+/// The untried candidates of the newest ReplicaSet among them (a rollout's
+/// new pods before the old ones, which would be replaced once it ends). A
+/// ReplicaSet not in the cache yet counts as the newest: its watch lags
+/// the pods' watch, and a pod is never older than its ReplicaSet.
+fn newest<'a>(candidates: &'a [Candidate], tried: &HashSet<String>) -> Vec<&'a Candidate> {
+    let rank = |c: &Candidate| (c.born.is_none(), c.born);
+    let untried = || candidates.iter().filter(|c| !tried.contains(&c.name));
+    let Some(top) = untried().map(rank).max() else {
+        return Vec::new();
+    };
+    untried().filter(|c| rank(c) == top).collect()
 }
 
 /// `text` cut to [`MAX_QUOTED_BODY`] bytes on a character boundary.
@@ -530,12 +580,7 @@ impl Assigner {
         let mut changes = ns.pods.subscribe();
         loop {
             changes.mark_unchanged();
-            let claimable = ns
-                .pods
-                .pool(&function.deployment)
-                .iter()
-                .any(|p| is_ready(p) && is_pool_owned(p));
-            if claimable {
+            if !candidates(ns, &function.deployment).is_empty() {
                 return;
             }
             if waiting.is_none() {
@@ -563,15 +608,10 @@ impl Assigner {
         let mut changes = ns.pods.subscribe();
         loop {
             changes.mark_unchanged();
-            let candidates: Vec<String> = ns
-                .pods
-                .pool(&function.deployment)
-                .iter()
-                .filter(|p| is_ready(p) && is_pool_owned(p))
-                .filter_map(|p| p.metadata.name.clone())
-                .filter(|n| !tried.contains(n))
-                .collect();
-            let pick = candidates.choose(&mut rand::rng()).cloned();
+            let all = candidates(ns, &function.deployment);
+            let pick = newest(&all, &tried)
+                .choose(&mut rand::rng())
+                .map(|c| c.name.clone());
             if let Some(name) = pick {
                 let owner = ns.pods.get(&name).and_then(|p| pool_deployment(ns, &p));
                 // Boxed, like every API request here: the request's future
@@ -685,7 +725,6 @@ impl Assigner {
     }
 }
 
-/// Whether the pod's first owner is a ReplicaSet (claimable pool pod).
 /// The ownerReference a claim of `pod` gives it: to the Deployment that owns
 /// the pod's ReplicaSet (as the ReplicaSet cache knows it); `None` for a
 /// ReplicaSet without one.
@@ -704,6 +743,7 @@ fn pool_deployment(
     Some(super::kube::pods::pool_owner(&d.name, &d.uid))
 }
 
+/// Whether the pod's first owner is a ReplicaSet (claimable pool pod).
 fn is_pool_owned(pod: &k8s_openapi::api::core::v1::Pod) -> bool {
     pod.metadata
         .owner_references
@@ -836,6 +876,98 @@ mod tests {
         assert!(!unauthorized.already_assigned());
         assert_eq!(unauthorized.labels(), ("401".into(), "refused"));
         assert!(!PostError::Timeout(Duration::from_secs(1)).already_assigned());
+    }
+
+    fn pool_pod(name: &str, replica_set: &str, ready: bool) -> Arc<Pod> {
+        use k8s_openapi::api::core::v1::{PodCondition, PodStatus};
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::OwnerReference;
+        let mut p = Pod::default();
+        p.metadata.name = Some(name.into());
+        p.metadata.owner_references = Some(vec![OwnerReference {
+            kind: "ReplicaSet".into(),
+            name: replica_set.into(),
+            controller: Some(true),
+            ..OwnerReference::default()
+        }]);
+        p.status = Some(PodStatus {
+            phase: Some("Running".into()),
+            pod_ip: Some("10.0.0.1".into()),
+            conditions: Some(vec![PodCondition {
+                type_: "Ready".into(),
+                status: if ready { "True" } else { "False" }.into(),
+                ..PodCondition::default()
+            }]),
+            ..PodStatus::default()
+        });
+        Arc::new(p)
+    }
+
+    fn replica_set(name: &str, desired: i32, born_secs: i64) -> Arc<ReplicaSet> {
+        use k8s_openapi::api::apps::v1::ReplicaSetSpec;
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let mut rs = ReplicaSet::default();
+        rs.metadata.name = Some(name.into());
+        rs.metadata.creation_timestamp = Some(Time(jiff::Timestamp::from_second(born_secs).unwrap()));
+        rs.spec = Some(ReplicaSetSpec {
+            replicas: Some(desired),
+            ..ReplicaSetSpec::default()
+        });
+        Arc::new(rs)
+    }
+
+    /// Names of [`candidates_of`] `pool` with `sets` in the cache.
+    fn names(pool: &[Arc<Pod>], sets: &[Arc<ReplicaSet>], tried: &[&str]) -> (Vec<String>, Vec<String>) {
+        let all = candidates_of(pool, |n| {
+            sets.iter()
+                .find(|rs| rs.metadata.name.as_deref() == Some(n))
+                .cloned()
+        });
+        let tried: HashSet<String> = tried.iter().map(|t| (*t).to_owned()).collect();
+        let mut first: Vec<String> = newest(&all, &tried).into_iter().map(|c| c.name.clone()).collect();
+        first.sort();
+        let mut all: Vec<String> = all.into_iter().map(|c| c.name).collect();
+        all.sort();
+        (all, first)
+    }
+
+    #[test]
+    fn claims_skip_pods_of_a_replica_set_scaled_to_zero_and_take_the_newest_first() {
+        let pool = [
+            pool_pod("old-1", "old", true),
+            pool_pod("mid-1", "mid", true),
+            pool_pod("new-1", "new", true),
+            pool_pod("new-2", "new", true),
+            pool_pod("new-3", "new", false),
+        ];
+        // A rollout scaled `old` to zero: its pod is being deleted.
+        let sets = [
+            replica_set("old", 0, 100),
+            replica_set("mid", 1, 200),
+            replica_set("new", 2, 300),
+        ];
+        let (all, first) = names(&pool, &sets, &[]);
+        assert_eq!(
+            all,
+            ["mid-1", "new-1", "new-2"],
+            "Ready pods of ReplicaSets with replicas"
+        );
+        assert_eq!(first, ["new-1", "new-2"], "the newest ReplicaSet's pods first");
+        // Once the newest ReplicaSet's pods were tried, the next one's.
+        let (_, first) = names(&pool, &sets, &["new-1", "new-2"]);
+        assert_eq!(first, ["mid-1"]);
+        let (_, first) = names(&pool, &sets, &["new-1", "new-2", "mid-1"]);
+        assert!(first.is_empty(), "never a pod of the retired ReplicaSet");
+        // A ReplicaSet the cache does not hold yet (its watch lags the
+        // pods'): its pods are claimable, and first.
+        let (all, first) = names(&pool, &sets[..1], &[]);
+        assert_eq!(all, ["mid-1", "new-1", "new-2"]);
+        assert_eq!(first, ["mid-1", "new-1", "new-2"]);
+        let (_, first) = names(&pool, &sets[..2], &[]);
+        assert_eq!(
+            first,
+            ["new-1", "new-2"],
+            "an unknown ReplicaSet before a known one"
+        );
     }
 
     #[test]

@@ -172,7 +172,7 @@ impl Context for Cluster {
 /// after a claim takes the only pod of a pool, `status.replicas` reads 0
 /// until the replacement pod exists, and an instance judged on that would
 /// be replaced for nothing.
-fn scaled_to_zero(rs: &k8s_openapi::api::apps::v1::ReplicaSet) -> bool {
+pub(crate) fn scaled_to_zero(rs: &k8s_openapi::api::apps::v1::ReplicaSet) -> bool {
     rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) == 0
 }
 

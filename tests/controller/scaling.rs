@@ -218,7 +218,7 @@ async fn template_rollout_replaces_stale_instances_one_for_one() {
         json!({"spec": {"template": {"metadata": {"annotations": {"rollout": "2"}}}}}),
     )
     .await;
-    let replaced = eventually(
+    let replaced = skipper_test_support::try_eventually(
         "replacement from the new ReplicaSet",
         Duration::from_secs(30),
         || async {
@@ -235,10 +235,69 @@ async fn template_rollout_replaces_stale_instances_one_for_one() {
         },
     )
     .await;
+    let replaced = match replaced {
+        Ok(pod) => pod,
+        Err(e) => panic!(
+            "{e} (old ReplicaSet {old_rs})\n{}",
+            rollout_state(&sim, &ctl).await
+        ),
+    };
     assert_ne!(replaced.metadata.name, inst.name);
     assert!(recorded(&ctl, EventType::StaleReplacement, None));
     stop.cancel();
     ctl.stop().await;
+}
+
+/// The namespace's pods and ReplicaSets and the controller's events, for a
+/// rollout test's failure message.
+async fn rollout_state(sim: &Sim<'_>, ctl: &Ctl) -> String {
+    use std::fmt::Write as _;
+    let mut out = String::new();
+    let pods = Api::<Pod>::namespaced(sim.client.clone(), NS)
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    for p in pods {
+        let owner = p
+            .metadata
+            .owner_references
+            .iter()
+            .flatten()
+            .next()
+            .map(|o| o.name.clone());
+        let ready = p
+            .status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|cs| cs.iter().any(|c| c.type_ == "Ready" && c.status == "True"));
+        let _ = writeln!(
+            out,
+            "pod {} owner={owner:?} labels={:?} phase={:?} ready={ready} deleting={}",
+            p.metadata.name.unwrap_or_default(),
+            p.metadata.labels.unwrap_or_default(),
+            p.status.and_then(|s| s.phase),
+            p.metadata.deletion_timestamp.is_some(),
+        );
+    }
+    let sets = Api::<k8s_openapi::api::apps::v1::ReplicaSet>::namespaced(sim.client.clone(), NS)
+        .list(&Default::default())
+        .await
+        .map(|l| l.items)
+        .unwrap_or_default();
+    for rs in sets {
+        let _ = writeln!(
+            out,
+            "replica set {} desired={:?} observed={:?}",
+            rs.metadata.name.unwrap_or_default(),
+            rs.spec.and_then(|s| s.replicas),
+            rs.status.map(|s| s.replicas),
+        );
+    }
+    for e in ctl.core.cluster.events.snapshot().iter() {
+        let _ = writeln!(out, "event {:?}: {}", e.kind, e.message);
+    }
+    out
 }
 
 /// Waits until the supervisor of `f` has started `n` converge ticks after
