@@ -247,6 +247,16 @@ impl Backoff {
         })
     }
 
+    /// The ReplicaSets whose pods failed in the current streak of
+    /// `namespace/deployment` (none when its last assignment succeeded).
+    fn failed_replica_sets(&self, namespace: &str, deployment: &str) -> HashSet<String> {
+        self.lock()
+            .iter()
+            .find(|((ns, d), _)| ns == namespace && d == deployment)
+            .map(|(_, s)| s.replica_sets.clone())
+            .unwrap_or_default()
+    }
+
     /// Ends the streak; whether one was backing off.
     fn succeeded(&self, key: &Key) -> bool {
         self.lock().remove(key).is_some_and(|s| s.until.is_some())
@@ -291,7 +301,7 @@ fn candidates_of(pool: &[Arc<Pod>], replica_set: impl Fn(&str) -> Option<Arc<Rep
         .filter_map(|p| {
             let owner = p.metadata.owner_references.as_ref()?.first()?.name.clone();
             let rs = replica_set(&owner);
-            if rs.as_deref().is_some_and(super::context::scaled_to_zero) {
+            if rs.as_deref().is_some_and(super::kube::is_scaled_to_zero) {
                 return None;
             }
             Some(Candidate {
@@ -303,12 +313,20 @@ fn candidates_of(pool: &[Arc<Pod>], replica_set: impl Fn(&str) -> Option<Arc<Rep
         .collect()
 }
 
-/// The untried candidates of the newest ReplicaSet among them (a rollout's
-/// new pods before the old ones, which would be replaced once it ends). A
-/// ReplicaSet not in the cache yet counts as the newest: its watch lags
-/// the pods' watch, and a pod is never older than its ReplicaSet.
-fn newest<'a>(candidates: &'a [Candidate], tried: &HashSet<String>) -> Vec<&'a Candidate> {
-    let rank = |c: &Candidate| (c.born.is_none(), c.born);
+/// The untried candidates a claim picks from: those of the newest
+/// ReplicaSet (a rollout's new pods before the old ones, which would be
+/// replaced once it ends) among the ReplicaSets none of whose pods failed
+/// an assignment in the deployment's current streak (`failed`), so that a
+/// rollout whose new pods refuse assignments leaves the old pods serving
+/// while it lasts. A ReplicaSet not in the cache yet counts as the newest:
+/// its watch lags the pods' watch, and a pod is never older than its
+/// ReplicaSet.
+fn newest<'a>(
+    candidates: &'a [Candidate],
+    tried: &HashSet<String>,
+    failed: &HashSet<String>,
+) -> Vec<&'a Candidate> {
+    let rank = |c: &Candidate| (!failed.contains(&c.replica_set), c.born.is_none(), c.born);
     let untried = || candidates.iter().filter(|c| !tried.contains(&c.name));
     let Some(top) = untried().map(rank).max() else {
         return Vec::new();
@@ -604,12 +622,15 @@ impl Assigner {
         deadline: Instant,
     ) -> Result<k8s_openapi::api::core::v1::Pod, Error> {
         let mut tried: HashSet<String> = HashSet::new();
+        let failed = self
+            .backoff
+            .failed_replica_sets(&function.namespace, &function.deployment);
         let mut waiting: Option<Waiting<'_>> = None;
         let mut changes = ns.pods.subscribe();
         loop {
             changes.mark_unchanged();
             let all = candidates(ns, &function.deployment);
-            let pick = newest(&all, &tried)
+            let pick = newest(&all, &tried, &failed)
                 .choose(&mut rand::rng())
                 .map(|c| c.name.clone());
             if let Some(name) = pick {
@@ -917,13 +938,27 @@ mod tests {
 
     /// Names of [`candidates_of`] `pool` with `sets` in the cache.
     fn names(pool: &[Arc<Pod>], sets: &[Arc<ReplicaSet>], tried: &[&str]) -> (Vec<String>, Vec<String>) {
+        names_failed(pool, sets, tried, &[])
+    }
+
+    /// [`names`] when pods of the `failed` ReplicaSets failed assignments.
+    fn names_failed(
+        pool: &[Arc<Pod>],
+        sets: &[Arc<ReplicaSet>],
+        tried: &[&str],
+        failed: &[&str],
+    ) -> (Vec<String>, Vec<String>) {
         let all = candidates_of(pool, |n| {
             sets.iter()
                 .find(|rs| rs.metadata.name.as_deref() == Some(n))
                 .cloned()
         });
         let tried: HashSet<String> = tried.iter().map(|t| (*t).to_owned()).collect();
-        let mut first: Vec<String> = newest(&all, &tried).into_iter().map(|c| c.name.clone()).collect();
+        let failed: HashSet<String> = failed.iter().map(|f| (*f).to_owned()).collect();
+        let mut first: Vec<String> = newest(&all, &tried, &failed)
+            .into_iter()
+            .map(|c| c.name.clone())
+            .collect();
         first.sort();
         let mut all: Vec<String> = all.into_iter().map(|c| c.name).collect();
         all.sort();

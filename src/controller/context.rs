@@ -12,8 +12,8 @@ use super::assign::Assigner;
 use super::error::{Error, Result};
 use super::events;
 use super::feeds::{Drained, Feeds};
-use super::kube::Instance;
 use super::kube::stores::{Namespace, State};
+use super::kube::{Instance, is_scaled_to_zero};
 use super::metrics::Metrics;
 use super::supervisor::{Context, Scaled, Settings};
 use crate::api::{EventSeverity, EventType};
@@ -112,7 +112,7 @@ impl Context for Cluster {
             return false;
         };
         match ns.replica_sets.get(name) {
-            Some(rs) => scaled_to_zero(&rs),
+            Some(rs) => is_scaled_to_zero(&rs),
             None => ns.replica_sets.is_synced(),
         }
     }
@@ -164,55 +164,5 @@ impl Context for Cluster {
 
     fn undrain(&self, f: &Function, names: &[String]) {
         self.feeds.undrain(f.id(), names);
-    }
-}
-
-/// Whether a Deployment rollout scaled `rs` to zero: its desired replicas
-/// (`spec.replicas`, 1 when unset), not the count it last observed. Right
-/// after a claim takes the only pod of a pool, `status.replicas` reads 0
-/// until the replacement pod exists, and an instance judged on that would
-/// be replaced for nothing.
-pub(crate) fn scaled_to_zero(rs: &k8s_openapi::api::apps::v1::ReplicaSet) -> bool {
-    rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) == 0
-}
-
-#[cfg(test)]
-mod tests {
-    use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetSpec, ReplicaSetStatus};
-
-    use super::scaled_to_zero;
-
-    fn rs(desired: Option<i32>, observed: Option<i32>) -> ReplicaSet {
-        ReplicaSet {
-            spec: Some(ReplicaSetSpec {
-                replicas: desired,
-                ..ReplicaSetSpec::default()
-            }),
-            status: observed.map(|replicas| ReplicaSetStatus {
-                replicas,
-                ..ReplicaSetStatus::default()
-            }),
-            ..ReplicaSet::default()
-        }
-    }
-
-    #[test]
-    fn a_replica_set_is_retired_by_its_desired_replicas_not_its_observed_ones() {
-        let table = [
-            // (spec.replicas, status.replicas, retired)
-            (Some(0), Some(0), true),
-            (Some(0), Some(3), true),  // scaled down, pods still terminating
-            (Some(1), Some(0), false), // the only pod claimed, replacement not yet counted
-            (Some(4), None, false),    // not yet observed
-            (None, Some(0), false),    // spec.replicas defaults to 1
-        ];
-        for (desired, observed, retired) in table {
-            assert_eq!(
-                scaled_to_zero(&rs(desired, observed)),
-                retired,
-                "spec {desired:?} status {observed:?}"
-            );
-        }
-        assert!(!scaled_to_zero(&ReplicaSet::default()), "no spec: one replica");
     }
 }

@@ -267,9 +267,20 @@ impl Instance {
     }
 }
 
+/// Whether a Deployment rollout scaled `rs` to zero: its desired replicas
+/// (`spec.replicas`, 1 when unset), not the count it last observed. Right
+/// after a claim takes the only pod of a pool, `status.replicas` reads 0
+/// until the replacement pod exists, and an instance judged on that would
+/// be replaced for nothing.
+#[must_use]
+pub fn is_scaled_to_zero(rs: &k8s_openapi::api::apps::v1::ReplicaSet) -> bool {
+    rs.spec.as_ref().and_then(|s| s.replicas).unwrap_or(1) == 0
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use k8s_openapi::api::apps::v1::{ReplicaSet, ReplicaSetSpec, ReplicaSetStatus};
     use k8s_openapi::api::core::v1::{Container, ContainerPort, PodSpec};
 
     fn pod_with_ports(annotation_port: Option<&str>) -> Pod {
@@ -367,5 +378,39 @@ mod tests {
             Some(SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_705_314_600))
         );
         assert_eq!(parse_time("yesterday"), None);
+    }
+
+    fn rs(desired: Option<i32>, observed: Option<i32>) -> ReplicaSet {
+        ReplicaSet {
+            spec: Some(ReplicaSetSpec {
+                replicas: desired,
+                ..ReplicaSetSpec::default()
+            }),
+            status: observed.map(|replicas| ReplicaSetStatus {
+                replicas,
+                ..ReplicaSetStatus::default()
+            }),
+            ..ReplicaSet::default()
+        }
+    }
+
+    #[test]
+    fn a_replica_set_is_retired_by_its_desired_replicas_not_its_observed_ones() {
+        let table = [
+            // (spec.replicas, status.replicas, retired)
+            (Some(0), Some(0), true),
+            (Some(0), Some(3), true),  // scaled down, pods still terminating
+            (Some(1), Some(0), false), // the only pod claimed, replacement not yet counted
+            (Some(4), None, false),    // not yet observed
+            (None, Some(0), false),    // spec.replicas defaults to 1
+        ];
+        for (desired, observed, retired) in table {
+            assert_eq!(
+                is_scaled_to_zero(&rs(desired, observed)),
+                retired,
+                "spec {desired:?} status {observed:?}"
+            );
+        }
+        assert!(!is_scaled_to_zero(&ReplicaSet::default()), "no spec: one replica");
     }
 }
