@@ -9,6 +9,8 @@
 //! The 403 text is the real one ([`forbidden_message`](crate::rbac::forbidden_message)); the bootstrap
 //! policy the API server creates at start is [`bootstrap_policy`](crate::rbac::bootstrap_policy).
 
+use std::sync::Arc;
+
 use serde_json::{Value, json};
 
 use super::auth::{SERVICE_ACCOUNT_USER_PREFIX, UserInfo};
@@ -182,7 +184,12 @@ fn applies_to(user: &UserInfo, subjects: &[Value], binding_namespace: &str) -> O
                     .and_then(Value::as_str)
                     .filter(|n| !n.is_empty())
                     .unwrap_or(binding_namespace);
-                !ns.is_empty() && user.name == format!("{SERVICE_ACCOUNT_USER_PREFIX}{ns}:{name}")
+                !ns.is_empty()
+                    && user
+                        .name
+                        .strip_prefix(SERVICE_ACCOUNT_USER_PREFIX)
+                        .and_then(|rest| rest.split_once(':'))
+                        == Some((ns, name))
             }
             _ => false,
         }
@@ -204,28 +211,41 @@ fn describe_subject(s: &Value, binding_namespace: &str) -> String {
     }
 }
 
-fn role_rules(store: &Store, role_ref: &Value, binding_namespace: &str) -> Vec<Value> {
+fn role_rules(store: &Store, role_ref: &Value, binding_namespace: &str) -> Option<Arc<Value>> {
     let name = role_ref.get("name").and_then(Value::as_str).unwrap_or("");
-    let role = match role_ref.get("kind").and_then(Value::as_str) {
-        Some("Role") if !binding_namespace.is_empty() => store.get(by_kind("Role"), binding_namespace, name),
-        Some("ClusterRole") => store.get(by_kind("ClusterRole"), "", name),
+    match role_ref.get("kind").and_then(Value::as_str) {
+        Some("Role") if !binding_namespace.is_empty() => {
+            store.get_shared(by_kind("Role"), binding_namespace, name)
+        }
+        Some("ClusterRole") => store.get_shared(by_kind("ClusterRole"), "", name),
         _ => None,
-    };
-    role.and_then(|r| r.get("rules").and_then(Value::as_array).cloned())
-        .unwrap_or_default()
+    }
+}
+
+/// The `rules` of a role [`role_rules`] found.
+fn rules_of(role: Option<&Arc<Value>>) -> &[Value] {
+    role.and_then(|r| r.get("rules"))
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
+}
+
+/// The `subjects` of a binding.
+fn subjects_of(binding: &Value) -> &[Value] {
+    binding
+        .get("subjects")
+        .and_then(Value::as_array)
+        .map_or(&[], Vec::as_slice)
 }
 
 /// Calls `visit(source, rule)` for every rule that applies to `user` in
 /// `namespace` (cluster bindings first); stops when `visit` returns false.
 fn visit_rules(store: &Store, user: &UserInfo, namespace: &str, mut visit: impl FnMut(&str, &Value) -> bool) {
-    let (crbs, _) = store.list(by_kind("ClusterRoleBinding"), None);
+    // Every request is authorized: the bindings and roles are read in
+    // place, not copied.
+    let crbs = store.snapshot(by_kind("ClusterRoleBinding"), None);
     for b in &crbs {
-        let subjects = b
-            .get("subjects")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        let Some(i) = applies_to(user, &subjects, "") else {
+        let subjects = subjects_of(b);
+        let Some(i) = applies_to(user, subjects, "") else {
             continue;
         };
         let role_ref = &b["roleRef"];
@@ -236,8 +256,9 @@ fn visit_rules(store: &Store, user: &UserInfo, namespace: &str, mut visit: impl 
             role_ref["name"].as_str().unwrap_or(""),
             describe_subject(&subjects[i], "")
         );
-        for rule in role_rules(store, role_ref, "") {
-            if !visit(&source, &rule) {
+        let role = role_rules(store, role_ref, "");
+        for rule in rules_of(role.as_ref()) {
+            if !visit(&source, rule) {
                 return;
             }
         }
@@ -245,14 +266,10 @@ fn visit_rules(store: &Store, user: &UserInfo, namespace: &str, mut visit: impl 
     if namespace.is_empty() {
         return;
     }
-    let (rbs, _) = store.list(by_kind("RoleBinding"), Some(namespace));
+    let rbs = store.snapshot(by_kind("RoleBinding"), Some(namespace));
     for b in &rbs {
-        let subjects = b
-            .get("subjects")
-            .and_then(Value::as_array)
-            .cloned()
-            .unwrap_or_default();
-        let Some(i) = applies_to(user, &subjects, namespace) else {
+        let subjects = subjects_of(b);
+        let Some(i) = applies_to(user, subjects, namespace) else {
             continue;
         };
         let role_ref = &b["roleRef"];
@@ -263,8 +280,9 @@ fn visit_rules(store: &Store, user: &UserInfo, namespace: &str, mut visit: impl 
             role_ref["name"].as_str().unwrap_or(""),
             describe_subject(&subjects[i], namespace)
         );
-        for rule in role_rules(store, role_ref, namespace) {
-            if !visit(&source, &rule) {
+        let role = role_rules(store, role_ref, namespace);
+        for rule in rules_of(role.as_ref()) {
+            if !visit(&source, rule) {
                 return;
             }
         }
