@@ -229,7 +229,10 @@ fn parse_head(buf: &[u8], method: &Method) -> Result<Option<(Parsed, usize)>, Ex
         return Ok(Some((None, used)));
     }
     let http10 = parsed.version == Some(0);
-    let mut headers = HeaderMap::with_capacity(parsed.headers.len());
+    // Room for the header the proxy adds to every response
+    // (`X-Skipper-Get-Instance-Duration-Ms`): a full map would grow, a
+    // reallocation and a rehash on most responses.
+    let mut headers = HeaderMap::with_capacity(parsed.headers.len() + 1);
     let mut length: Option<u64> = None;
     let mut chunked = None;
     let mut close = false;
@@ -710,6 +713,27 @@ mod tests {
         };
         assert!(headers.get(header::CONTENT_LENGTH).is_none());
         assert_eq!(headers.get(header::TRANSFER_ENCODING).unwrap(), "chunked");
+    }
+
+    #[test]
+    fn a_parsed_head_has_room_for_the_header_the_proxy_adds() {
+        for n in 0..=40 {
+            let mut head = String::from("HTTP/1.1 200 OK\r\ncontent-length: 0\r\n");
+            for i in 0..n {
+                head.push_str(&format!("x-{i}: v\r\n"));
+            }
+            head.push_str("\r\n");
+            let Ok(Some((Some(((_, mut headers, _), _, _)), _))) = parse_head(head.as_bytes(), &Method::GET)
+            else {
+                panic!("not parsed: {head:?}");
+            };
+            let room = headers.capacity();
+            headers.insert(
+                super::super::headers::GET_INSTANCE_DURATION_MS,
+                HeaderValue::from_static("0"),
+            );
+            assert_eq!(headers.capacity(), room, "the map grew for {} fields", n + 1);
+        }
     }
 
     #[test]
