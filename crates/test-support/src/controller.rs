@@ -24,10 +24,12 @@ use std::time::Duration;
 use k8s_openapi::api::apps::v1::{Deployment, ReplicaSet};
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{Api, DeleteParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::reflector::Store;
 use serde_json::json;
 use skipper::api;
 use skipper::api::controller_service_client::ControllerServiceClient;
 use skipper::controller::core::Core;
+use skipper::controller::kube::stores::Namespace;
 use skipper::controller::{Config, RunError};
 use skipper::domain::{Function, Scale};
 use skipper::shutdown::Shutdown;
@@ -565,6 +567,9 @@ impl Ctl {
 /// What a controller's cache should hold: `resourceVersion` by name, and
 /// whether the object is being deleted (then the cache may have dropped it).
 type Listing = HashMap<String, (u64, bool)>;
+/// A namespace's listings: its function pods and its ReplicaSets, each with
+/// the list's `resourceVersion`.
+type Listed = (Namespace, (Listing, u64), (Listing, u64));
 
 /// Lists `api` with `selector`: the objects and the list's own
 /// `resourceVersion`.
@@ -588,22 +593,38 @@ where
     (objects, rv(list.metadata.resource_version.as_ref()))
 }
 
+/// What keeps a cache from holding a listing.
+struct Lag {
+    what: String,
+    /// The listed object the cache lacks: it may have been deleted since
+    /// the list (the cache then rightly dropped it).
+    missing: Option<String>,
+}
+
 /// What keeps `cached` from holding `listed` (listed at `at`): an object
 /// missing or older, or one the list no longer has (deleted before it)
 /// still cached. `None` once caught up.
-fn lag(what: &str, listed: &(Listing, u64), cached: &HashMap<String, Option<u64>>) -> Option<String> {
+fn lag(what: &str, listed: &(Listing, u64), cached: &HashMap<String, Option<u64>>) -> Option<Lag> {
     let (objects, at) = listed;
     for (name, (rv, deleting)) in objects {
         match cached.get(name).copied().flatten() {
             Some(have) if have >= *rv => {}
             None if *deleting => {}
-            have => return Some(format!("{what} {name} at {rv} (cached: {have:?})")),
+            have => {
+                return Some(Lag {
+                    what: format!("{what} {name} at {rv} (cached: {have:?})"),
+                    missing: have.is_none().then(|| name.clone()),
+                });
+            }
         }
     }
     cached
         .iter()
         .find(|(name, rv)| !objects.contains_key(*name) && rv.is_none_or(|rv| rv <= *at))
-        .map(|(name, rv)| format!("{what} {name} gone by {at} (cached at {rv:?})"))
+        .map(|(name, rv)| Lag {
+            what: format!("{what} {name} gone by {at} (cached at {rv:?})"),
+            missing: None,
+        })
 }
 
 fn versions<K: kube::Resource>(objects: &[Arc<K>]) -> HashMap<String, Option<u64>> {
@@ -621,8 +642,10 @@ fn versions<K: kube::Resource>(objects: &[Arc<K>]) -> HashMap<String, Option<u64
 /// pods and ReplicaSets of each namespace it follows, the controller pods of
 /// its ring) and waits until its caches hold each object at least at the
 /// listed `resourceVersion` and no longer hold the ones deleted before the
-/// list. Event-driven: it checks again only when a cache applied an event.
-/// A namespace whose watches the API server refuses is left out (its caches
+/// list. A listed object the cache lacks is asked for again: when the API
+/// server no longer has it (or is deleting it), it was deleted after the
+/// list and the cache is right to lack it. Event-driven: it checks again
+/// only when a cache applied an event. A namespace whose watches the API server refuses is left out (its caches
 /// stand still). Fails the test after 30 s, naming what lags.
 pub async fn caught_up(client: &kube::Client, core: &Core) {
     if let Err(e) = caught_up_within(client, core, Duration::from_secs(30)).await {
@@ -638,13 +661,13 @@ pub async fn caught_up_within(client: &kube::Client, core: &Core, limit: Duratio
     let state = &core.cluster.state;
     let mut applied = state.applied();
     let selector = skipper::domain::LABEL_DEPLOYMENT;
-    let mut listed = Vec::new();
+    let mut listed: Vec<Listed> = Vec::new();
     for (ns, n) in state.namespaces.iter().filter(|(_, n)| n.is_synced()) {
         let pods = listing(Api::<Pod>::namespaced(client.clone(), ns), selector).await;
         let sets = listing(Api::<ReplicaSet>::namespaced(client.clone(), ns), selector).await;
         listed.push((n.clone(), pods, sets));
     }
-    let controllers = match &state.controller_pods {
+    let mut controllers = match &state.controller_pods {
         Some(store) => Some((
             store,
             listing(
@@ -655,27 +678,77 @@ pub async fn caught_up_within(client: &kube::Client, core: &Core, limit: Duratio
         )),
         None => None,
     };
-    let behind = || {
-        listed
-            .iter()
-            .find_map(|(n, pods, sets)| {
-                lag("pod", pods, &n.pods.resource_versions())
-                    .or_else(|| lag("replicaset", sets, &versions(&n.replica_sets.store().state())))
-            })
-            .or_else(|| {
-                let (store, pods) = controllers.as_ref()?;
-                lag("controller pod", pods, &versions(&store.state()))
-            })
-    };
-    let waited = tokio::time::timeout(limit, applied.wait_for(|_| behind().is_none())).await;
-    if matches!(waited, Ok(Ok(_))) {
-        return Ok(());
+    let behind =
+        |listed: &[Listed], controllers: &Option<(&Store<Pod>, (Listing, u64))>| -> Option<(Lag, Which)> {
+            listed
+                .iter()
+                .enumerate()
+                .find_map(|(i, (n, pods, sets))| {
+                    lag("pod", pods, &n.pods.resource_versions())
+                        .map(|l| (l, Which::Pods(i)))
+                        .or_else(|| {
+                            lag("replicaset", sets, &versions(&n.replica_sets.store().state()))
+                                .map(|l| (l, Which::ReplicaSets(i)))
+                        })
+                })
+                .or_else(|| {
+                    let (store, pods) = controllers.as_ref()?;
+                    lag("controller pod", pods, &versions(&store.state())).map(|l| (l, Which::ControllerPods))
+                })
+        };
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        applied.mark_unchanged();
+        let Some((lagging, which)) = behind(&listed, &controllers) else {
+            return Ok(());
+        };
+        // An object the cache lacks that the API server no longer has (or
+        // is deleting) was deleted after the list: the cache is right.
+        if let Some(name) = &lagging.missing {
+            let (ns, listing) = match which {
+                Which::Pods(i) => (listed[i].0.pods.namespace().to_owned(), &mut listed[i].1),
+                Which::ReplicaSets(i) => (listed[i].0.pods.namespace().to_owned(), &mut listed[i].2),
+                Which::ControllerPods => (
+                    core.config.namespace.clone(),
+                    &mut controllers.as_mut().expect("a controller pod lags").1,
+                ),
+            };
+            let gone = match which {
+                Which::ReplicaSets(_) => Api::<ReplicaSet>::namespaced(client.clone(), &ns)
+                    .get_opt(name)
+                    .await
+                    .ok()
+                    .map(|o| o.is_none_or(|o| o.metadata.deletion_timestamp.is_some())),
+                Which::Pods(_) | Which::ControllerPods => Api::<Pod>::namespaced(client.clone(), &ns)
+                    .get_opt(name)
+                    .await
+                    .ok()
+                    .map(|o| o.is_none_or(|o| o.metadata.deletion_timestamp.is_some())),
+            };
+            if gone == Some(true) {
+                listing.0.remove(name);
+                continue;
+            }
+        }
+        match tokio::time::timeout_at(deadline, applied.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) => return Err(format!("controller {}'s watches stopped", core.config.pod_ip)),
+            Err(_) => {
+                return Err(format!(
+                    "controller {}'s caches did not catch up with the API server within {limit:?}: {}",
+                    core.config.pod_ip, lagging.what
+                ));
+            }
+        }
     }
-    Err(format!(
-        "controller {}'s caches did not catch up with the API server within {limit:?}: {}",
-        core.config.pod_ip,
-        behind().unwrap_or_else(|| "its watches stopped".into())
-    ))
+}
+
+/// Which listing of [`caught_up_within`] lags.
+#[derive(Debug, Clone, Copy)]
+enum Which {
+    Pods(usize),
+    ReplicaSets(usize),
+    ControllerPods,
 }
 
 /// Binds `ip1:0` and `ip2:<same port>` (peers are dialled on one port).
