@@ -46,6 +46,7 @@ use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::time::{Instant, Sleep};
 use tokio_util::sync::CancellationToken;
 
+use super::proxy::headers::{ADDED_FIELDS, known_name};
 use super::{MAX_REQUEST_HEAD_BYTES, Memo, State};
 
 /// Header fields a request head may have (hyper's limit as well).
@@ -54,6 +55,8 @@ pub const MAX_HEADERS: usize = 100;
 const WRITE_BATCH: usize = 16 * 1024;
 /// Bytes read at a time.
 const READ_CHUNK: usize = 8 * 1024;
+/// Spare room below which the read buffer grows before a read.
+const MIN_READ_ROOM: usize = 1024;
 
 /// The empty body of a plain request.
 type NoBody = http_body_util::combinators::MapErr<
@@ -66,6 +69,16 @@ fn no_body() -> NoBody {
         match e {}
     }
     http_body_util::Empty::new().map_err(never as fn(_) -> _)
+}
+
+/// Room to read into. The buffer grows only when less than
+/// [`MIN_READ_ROOM`] is left: growing it before every read, while the
+/// request in progress still holds the head split off its front, took a
+/// new buffer (and a shared one at the next split) on every request.
+fn make_room(buf: &mut BytesMut) {
+    if buf.capacity() - buf.len() < MIN_READ_ROOM {
+        buf.reserve(READ_CHUNK);
+    }
 }
 
 /// How the router's part of a connection ended.
@@ -120,7 +133,7 @@ impl Connection<'_> {
                 if eof {
                     return Ok(Served::Closed);
                 }
-                buf.reserve(READ_CHUNK);
+                make_room(&mut buf);
                 tokio::select! {
                     biased;
                     r = io.read_buf(&mut buf) => {
@@ -150,7 +163,7 @@ impl Connection<'_> {
             let resp = loop {
                 let reading = !eof && buf.len() <= MAX_REQUEST_HEAD_BYTES;
                 if reading {
-                    buf.reserve(READ_CHUNK);
+                    make_room(&mut buf);
                 }
                 tokio::select! {
                     biased;
@@ -265,11 +278,16 @@ fn plain(head: &Bytes) -> Option<(Request<NoBody>, bool)> {
     let Ok(uri) = Uri::from_maybe_shared(head.slice_ref(path.as_bytes())) else {
         return None;
     };
-    let mut map = HeaderMap::with_capacity(req.headers.len());
+    // Room for the fields the proxy adds: the map does not grow on the way.
+    let mut map = HeaderMap::with_capacity(req.headers.len() + ADDED_FIELDS);
     let mut close = false;
     for h in &*req.headers {
-        let Ok(name) = HeaderName::from_bytes(h.name.as_bytes()) else {
-            return None;
+        let name = match known_name(h.name.as_bytes()) {
+            Some(name) => name,
+            None => match HeaderName::from_bytes(h.name.as_bytes()) {
+                Ok(name) => name,
+                Err(_) => return None,
+            },
         };
         let Ok(value) = HeaderValue::from_maybe_shared(head.slice_ref(h.value)) else {
             return None;
@@ -938,6 +956,54 @@ mod tests {
         t.restart();
         assert!(t.expired().await);
         assert_eq!(start.elapsed(), Duration::from_secs(110));
+    }
+
+    #[test]
+    fn a_plain_request_map_has_room_for_the_fields_the_proxy_adds() {
+        use crate::router::proxy::headers;
+        for n in 0..=40 {
+            for forwarded in [false, true] {
+                let mut req = String::from("GET / HTTP/1.1\r\nhost: a\r\nX-Skipper-Function: {}\r\n");
+                if forwarded {
+                    req.push_str("x-forwarded-for: 192.0.2.1\r\nforwarded: for=192.0.2.1\r\n");
+                }
+                for i in 0..n {
+                    req.push_str(&format!("x-{i}: v\r\n"));
+                }
+                req.push_str("\r\n");
+                let (request, _) = head_of(&req).expect("plain");
+                let mut fields = request.into_parts().0.headers;
+                assert!(
+                    fields.contains_key(&headers::FUNCTION),
+                    "the function header by its known name"
+                );
+                let room = fields.capacity();
+                let node = HeaderValue::from_static("203.0.113.5");
+                headers::rewrite_from(&mut fields, Some(&node), forwarded, None);
+                fields.insert("traceparent", HeaderValue::from_static("00-0-0-01"));
+                fields.insert("tracestate", HeaderValue::from_static("a=b"));
+                assert_eq!(
+                    fields.capacity(),
+                    room,
+                    "the map grew: {n} fields, forwarded {forwarded}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn the_read_buffer_is_kept_while_a_request_holds_its_head() {
+        let mut buf = BytesMut::with_capacity(READ_CHUNK);
+        buf.extend_from_slice(b"GET / HTTP/1.1\r\nhost: a\r\n\r\n");
+        let head = buf.split_to(buf.len()).freeze();
+        let spare = buf.as_ptr();
+        make_room(&mut buf);
+        assert_eq!(buf.as_ptr(), spare, "a new buffer while the head is held");
+        drop(head);
+        // Nearly full: it grows.
+        buf.extend_from_slice(&vec![b'x'; buf.capacity() - buf.len() - 10]);
+        make_room(&mut buf);
+        assert!(buf.capacity() - buf.len() >= READ_CHUNK);
     }
 
     #[test]

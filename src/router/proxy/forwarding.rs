@@ -214,12 +214,44 @@ fn is_host_and_port(v: &[u8]) -> bool {
     if v.is_empty() || v.contains(&b'@') {
         return false;
     }
+    // Most hosts are a name or an IPv4 address with an optional port:
+    // checked here without the copy an `Authority` makes.
+    simple_host_and_port(v).unwrap_or_else(|| authority_host_and_port(v))
+}
+
+/// [`is_host_and_port`] by parsing `v` as an `Authority` (a copy).
+fn authority_host_and_port(v: &[u8]) -> bool {
     match http::uri::Authority::try_from(v) {
         Ok(a) => {
             let has_port = a.as_str().len() > a.host().len();
             a.as_str().len() == v.len() && !a.host().is_empty() && (!has_port || a.port_u16().is_some())
         }
         Err(_) => false,
+    }
+}
+
+/// `v` checked without allocating when it is a name or IPv4 address
+/// (letters, digits, `-`, `.`) with an optional port of digits; `None` for
+/// anything else (IPv6 literals, percent-encoding, other characters), which
+/// [`authority_host_and_port`] decides.
+fn simple_host_and_port(v: &[u8]) -> Option<bool> {
+    let (host, port) = match v.iter().position(|&b| b == b':') {
+        Some(i) => (&v[..i], Some(&v[i + 1..])),
+        None => (v, None),
+    };
+    if host.is_empty()
+        || !host
+            .iter()
+            .all(|&b| b.is_ascii_alphanumeric() || b == b'-' || b == b'.')
+    {
+        return None;
+    }
+    match port {
+        None => Some(true),
+        Some(p) if !p.is_empty() && p.iter().all(u8::is_ascii_digit) => {
+            Some(std::str::from_utf8(p).is_ok_and(|p| p.parse::<u16>().is_ok()))
+        }
+        Some(_) => None,
     }
 }
 
@@ -268,9 +300,9 @@ pub fn rewrite_from(headers: &mut HeaderMap, peer: Option<&HeaderValue>, trusted
         (Some(mut v), Some(p)) => {
             v.extend_from_slice(b", ");
             v.extend_from_slice(p.as_bytes());
-            HeaderValue::from_bytes(&v).ok()
+            owned_value(v)
         }
-        (Some(v), None) => HeaderValue::from_bytes(&v).ok(),
+        (Some(v), None) => owned_value(v),
         (None, p) => p.cloned(),
     };
     let host = host.or_else(|| headers.get(header::HOST).cloned());
@@ -339,7 +371,13 @@ fn forwarded(
     }
     out.extend_from_slice(b";proto=");
     param_value(proto.as_bytes(), &mut out);
-    HeaderValue::from_bytes(&out).ok()
+    owned_value(out)
+}
+
+/// A header value that takes `bytes` (checked as [`HeaderValue::from_bytes`]
+/// checks) instead of copying them.
+fn owned_value(bytes: Vec<u8>) -> Option<HeaderValue> {
+    HeaderValue::from_maybe_shared(bytes::Bytes::from(bytes)).ok()
 }
 
 /// A `for=` node: an IPv4 address as it is, an IPv6 address as `"[v6]"`,
@@ -580,6 +618,44 @@ pub(super) mod tests {
             vec!["target.example"],
             "origin form keeps Host"
         );
+    }
+
+    #[test]
+    fn the_simple_host_check_agrees_with_the_authority_parse() {
+        let alphabet = b"a1-.:+[]@%9 0";
+        let mut decided = 0;
+        let mut check = |v: &[u8]| {
+            if let Some(simple) = simple_host_and_port(v) {
+                decided += 1;
+                assert_eq!(
+                    simple,
+                    authority_host_and_port(v),
+                    "{:?}",
+                    String::from_utf8_lossy(v)
+                );
+            }
+        };
+        for len in 1..=4u32 {
+            for n in 0..alphabet.len().pow(len) {
+                let v: Vec<u8> = (0..len)
+                    .map(|i| alphabet[n / alphabet.len().pow(i) % alphabet.len()])
+                    .collect();
+                check(&v);
+            }
+        }
+        for v in [
+            "example.com:8080",
+            "h:65535",
+            "h:65536",
+            "h:000080",
+            "h:99999999999",
+            "10.0.0.1:80",
+            "a.b.c.d.e.f",
+            "xn--bcher-kva.example:1",
+        ] {
+            check(v.as_bytes());
+        }
+        assert!(decided > 1000, "the simple check decided only {decided} cases");
     }
 
     #[test]

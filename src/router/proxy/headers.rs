@@ -22,6 +22,21 @@ pub const TENANT: HeaderName = HeaderName::from_static(HEADER_TENANT);
 /// How long the router's `GetInstance` calls took for a response.
 pub const GET_INSTANCE_DURATION_MS: HeaderName = HeaderName::from_static(HEADER_GET_INSTANCE_DURATION_MS);
 
+/// Fields the proxy may add to a request it sends on: the four forwarding
+/// headers and the trace context (`traceparent`, `tracestate`). A request
+/// map built with this much room beyond the client's fields does not grow
+/// (a reallocation and a rehash) while it is rewritten.
+pub const ADDED_FIELDS: usize = 6;
+
+/// The header name for `name` when it is the function header, without the
+/// allocation [`HeaderName::from_bytes`] makes for a name it does not
+/// know (every routed request carries it).
+#[must_use]
+pub fn known_name(name: &[u8]) -> Option<HeaderName> {
+    name.eq_ignore_ascii_case(HEADER_FUNCTION.as_bytes())
+        .then_some(FUNCTION)
+}
+
 const KEEP_ALIVE: HeaderName = HeaderName::from_static("keep-alive");
 const PROXY_CONNECTION: HeaderName = HeaderName::from_static("proxy-connection");
 
