@@ -607,7 +607,8 @@ where
         .proxy
         .forward(&parsed, req, &memo.peer, guard, progress.clone());
     let result = match state.request_timeout {
-        Some(t) => tokio::time::timeout(t, forwarding)
+        // From the request's start (no second clock read).
+        Some(t) => tokio::time::timeout_at(start + t, forwarding)
             .instrument(span.clone())
             .await
             .unwrap_or_else(|_| {

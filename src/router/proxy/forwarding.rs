@@ -403,19 +403,52 @@ fn param_value(v: &[u8], out: &mut Vec<u8>) {
         out.extend_from_slice(v);
         return;
     }
+    out.reserve(v.len() + 2);
     out.push(b'"');
-    for b in v {
-        if matches!(b, b'"' | b'\\') {
-            out.push(b'\\');
-        }
-        out.push(*b);
+    let mut rest = v;
+    while let Some(at) = rest.iter().position(|b| matches!(b, b'"' | b'\\')) {
+        out.extend_from_slice(&rest[..at]);
+        out.push(b'\\');
+        out.push(rest[at]);
+        rest = &rest[at + 1..];
     }
+    out.extend_from_slice(rest);
     out.push(b'"');
 }
 
+/// RFC 9110 `tchar`, by byte.
+static TCHAR: [bool; 256] = {
+    let mut table = [false; 256];
+    let mut b = 0;
+    while b < 256 {
+        #[allow(clippy::cast_possible_truncation)]
+        let c = b as u8;
+        table[b] = c.is_ascii_alphanumeric()
+            || matches!(
+                c,
+                b'!' | b'#'
+                    | b'$'
+                    | b'%'
+                    | b'&'
+                    | b'\''
+                    | b'*'
+                    | b'+'
+                    | b'-'
+                    | b'.'
+                    | b'^'
+                    | b'_'
+                    | b'`'
+                    | b'|'
+                    | b'~'
+            );
+        b += 1;
+    }
+    table
+};
+
 /// RFC 9110 `tchar`.
 fn is_tchar(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+    TCHAR[usize::from(b)]
 }
 
 #[cfg(test)]
@@ -618,6 +651,44 @@ pub(super) mod tests {
             vec!["target.example"],
             "origin form keeps Host"
         );
+    }
+
+    #[test]
+    fn parameter_values_are_tokens_or_quoted_strings() {
+        let reference = |v: &[u8]| {
+            let tchar = |b: &u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(b);
+            if !v.is_empty() && v.iter().all(tchar) {
+                return v.to_vec();
+            }
+            let mut out = vec![b'"'];
+            for b in v {
+                if matches!(b, b'"' | b'\\') {
+                    out.push(b'\\');
+                }
+                out.push(*b);
+            }
+            out.push(b'"');
+            out
+        };
+        let mut values: Vec<Vec<u8>> = (0..=255u8).map(|b| vec![b]).collect();
+        values.extend(
+            [
+                "",
+                "a.b:80",
+                "\"",
+                "\\",
+                "a\"b\\c\"",
+                "[::1]:8080",
+                "x y",
+                "\"\"\\",
+            ]
+            .map(|s| s.as_bytes().to_vec()),
+        );
+        for v in values {
+            let mut out = b"x=".to_vec();
+            param_value(&v, &mut out);
+            assert_eq!(out[2..], reference(&v)[..], "{:?}", String::from_utf8_lossy(&v));
+        }
     }
 
     #[test]
