@@ -300,7 +300,15 @@ async fn a_failing_liveness_probe_restarts_the_container_with_a_growing_back_off
     let cluster = cluster().await;
     let api = pods(&cluster);
     let mut c = sh("main", "trap 'exit 143' TERM; sleep 1000 & wait");
-    c["livenessProbe"] = json!({"exec": {"command": ["false"]}, "periodSeconds": 1, "failureThreshold": 1});
+    // The first probe waits a second: a SIGTERM that reaches the shell (the
+    // container's first process) before it has run its `trap` is ignored, and
+    // the container would then live out the pod's 30 s grace.
+    c["livenessProbe"] = json!({
+        "exec": {"command": ["false"]},
+        "initialDelaySeconds": 1,
+        "periodSeconds": 1,
+        "failureThreshold": 1,
+    });
     // Every version the node agent publishes, from the pod's creation: the
     // states between restarts last a few hundred milliseconds at test
     // scale, too short for polling to see them on a loaded machine.
