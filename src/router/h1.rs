@@ -44,7 +44,8 @@ use http::{HeaderMap, Method, Request, Response, StatusCode, Uri, Version};
 use http_body_util::BodyExt as _;
 use tokio::io::{AsyncRead, AsyncReadExt as _, AsyncWrite, AsyncWriteExt as _};
 use tokio::time::{Instant, Sleep};
-use tokio_util::sync::CancellationToken;
+
+use crate::shutdown::Latch;
 
 use super::proxy::headers::{ADDED_FIELDS, known_name};
 use super::{MAX_REQUEST_HEAD_BYTES, Memo, State};
@@ -95,7 +96,7 @@ pub struct Connection<'a> {
     pub state: &'a State,
     pub memo: &'a Memo,
     pub idle_timeout: Duration,
-    pub drain: CancellationToken,
+    pub drain: Latch,
 }
 
 impl Connection<'_> {
@@ -112,7 +113,9 @@ impl Connection<'_> {
         buf.extend_from_slice(&prefix);
         let mut out = Vec::with_capacity(WRITE_BATCH);
         let mut idle = IdleTimer::new(self.idle_timeout);
-        let mut drained = Box::pin(self.drain.clone().cancelled_owned());
+        // The request timeout's timer, kept for the connection's requests.
+        let mut timer = Deadline::new(Instant::now());
+        let mut drained = self.drain.wait();
         // The client ended its input (its requests already read are still
         // answered).
         let mut eof = false;
@@ -157,7 +160,7 @@ impl Connection<'_> {
                 }
             };
             let head_request = request.method() == Method::HEAD;
-            let handling = super::handle(self.state, self.memo, request);
+            let handling = super::handle(self.state, self.memo, request, Some(&mut timer));
             let mut handling = std::pin::pin!(handling);
             // Read on while the request is handled: a reset drops it.
             let resp = loop {
@@ -175,7 +178,7 @@ impl Connection<'_> {
                     }
                 }
             };
-            let close = close || self.drain.is_cancelled();
+            let close = close || self.drain.is_set();
             let keep = write_response(&mut io, &mut out, resp, head_request, close).await?;
             if !keep {
                 io.shutdown().await?;
@@ -185,46 +188,79 @@ impl Connection<'_> {
     }
 }
 
-/// The wait for a request head: one timer per connection, armed at the
-/// first wait and moved on only when it fires before the current deadline
-/// (so a busy connection does not touch the timer wheel per request).
+/// The wait for a request head, on one [`Deadline`] per connection.
 struct IdleTimer {
     timeout: Duration,
-    deadline: Instant,
-    sleep: Option<Pin<Box<Sleep>>>,
+    deadline: Deadline,
 }
 
 impl IdleTimer {
     fn new(timeout: Duration) -> Self {
         Self {
             timeout,
-            deadline: Instant::now() + timeout,
-            sleep: None,
+            deadline: Deadline::new(Instant::now() + timeout),
         }
     }
 
     /// The connection starts waiting for a request head.
     fn restart(&mut self) {
-        self.deadline = Instant::now() + self.timeout;
+        self.deadline.set(Instant::now() + self.timeout);
     }
 
     /// Resolves `true` once the deadline has passed.
     fn expired(&mut self) -> impl Future<Output = bool> + '_ {
-        std::future::poll_fn(move |cx| {
-            let deadline = self.deadline;
-            let sleep = self
-                .sleep
-                .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)));
-            loop {
-                if sleep.as_mut().poll(cx).is_pending() {
-                    return std::task::Poll::Pending;
-                }
-                if Instant::now() >= deadline {
-                    return std::task::Poll::Ready(true);
-                }
-                sleep.as_mut().reset(deadline);
+        std::future::poll_fn(|cx| self.deadline.poll_passed(cx).map(|()| true))
+    }
+}
+
+/// A deadline a connection moves on request after request, on one timer:
+/// armed at the first wait and moved only when it fires before the current
+/// deadline, so a busy connection whose deadlines only move later does not
+/// touch the timer wheel per request.
+pub struct Deadline {
+    at: Instant,
+    sleep: Option<Pin<Box<Sleep>>>,
+}
+
+impl Deadline {
+    fn new(at: Instant) -> Self {
+        Self { at, sleep: None }
+    }
+
+    fn set(&mut self, at: Instant) {
+        self.at = at;
+    }
+
+    /// Ready once the current deadline has passed.
+    fn poll_passed(&mut self, cx: &mut std::task::Context<'_>) -> std::task::Poll<()> {
+        let at = self.at;
+        let sleep = self
+            .sleep
+            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+        loop {
+            if sleep.deadline() > at {
+                // Moved earlier (rare): arm it again.
+                sleep.as_mut().reset(at);
             }
+            std::task::ready!(sleep.as_mut().poll(cx));
+            if sleep.deadline() >= at {
+                return std::task::Poll::Ready(());
+            }
+            // It fired at an earlier deadline: on to the current one.
+            sleep.as_mut().reset(at);
+        }
+    }
+
+    /// `fut`'s output, or `None` when `at` passes first.
+    pub async fn within<F: Future>(&mut self, at: Instant, mut fut: Pin<&mut F>) -> Option<F::Output> {
+        self.set(at);
+        std::future::poll_fn(|cx| {
+            if let std::task::Poll::Ready(out) = fut.as_mut().poll(cx) {
+                return std::task::Poll::Ready(Some(out));
+            }
+            self.poll_passed(cx).map(|()| None)
         })
+        .await
     }
 }
 
@@ -943,6 +979,33 @@ mod tests {
                 .unwrap_err();
             assert!(err.to_string().contains("content-length"), "{err}");
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_runs_each_request_to_its_own_end_on_one_timer() {
+        let mut d = Deadline::new(Instant::now());
+        let start = Instant::now();
+        // Done before its deadline: the output.
+        let mut quick = std::pin::pin!(tokio::time::sleep(Duration::from_secs(1)));
+        let out = d.within(start + Duration::from_secs(10), quick.as_mut()).await;
+        assert_eq!(out, Some(()));
+        assert_eq!(start.elapsed(), Duration::from_secs(1));
+        // The next request's deadline is later: the timer, armed at 10 s,
+        // fires there and moves on to 21 s.
+        let mut slow = std::pin::pin!(std::future::pending::<()>());
+        let out = d.within(start + Duration::from_secs(21), slow.as_mut()).await;
+        assert_eq!(out, None);
+        assert_eq!(start.elapsed(), Duration::from_secs(21));
+        // An earlier deadline than the armed one is kept too.
+        let at = Instant::now() + Duration::from_secs(5);
+        let mut other = std::pin::pin!(std::future::pending::<()>());
+        {
+            let arming = std::pin::pin!(d.within(Instant::now() + Duration::from_secs(100), other.as_mut()));
+            assert!(futures::poll!(arming).is_pending());
+        }
+        let out = d.within(at, other.as_mut()).await;
+        assert_eq!(out, None);
+        assert_eq!(Instant::now(), at);
     }
 
     #[tokio::test(start_paused = true)]

@@ -49,7 +49,7 @@ use tracing::Instrument as _;
 pub use config::{Args, Config, Discovery, InvalidFlag};
 
 use crate::client::{ChannelSettings, Client, Endpoints};
-use crate::shutdown::Shutdown;
+use crate::shutdown::{Latch, Shutdown};
 use crate::watch_access::Refusals;
 use activity::Activity;
 use entry::HeaderCache;
@@ -239,9 +239,12 @@ pub async fn serve(
     });
 
     let connections = TaskTracker::new();
-    // Cancelled at the end of the shutdown delay: the listener closes and
-    // every connection shuts down gracefully.
-    let closing = CancellationToken::new();
+    // Set at the end of the shutdown delay: the listener closes and every
+    // connection shuts down gracefully. Client connections wait for it and
+    // for the hard stop at every wake-up, so both are latches (an atomic
+    // read), not tokens.
+    let closing = Latch::new();
+    let hard = Latch::new();
     let idle_timeout = config.idle_timeout;
     let write_timeout = config.write_timeout;
     let stop_accepting = stop_accepting(shutdown.token().clone(), config.shutdown_delay);
@@ -264,13 +267,13 @@ pub async fn serve(
         crate::net::nodelay(&stream);
         let state = state.clone();
         let drain = closing.clone();
-        let hard = hard_stop.clone();
+        let hard = hard.clone();
         let tracker = connections.clone();
         connections.spawn(async move {
             let mut stream = stream;
             let detected = tokio::select! {
                 r = listener::detect(&mut stream, idle_timeout) => r,
-                () = drain.cancelled() => return,
+                () = drain.wait() => return,
             };
             let (protocol, prefix) = match detected {
                 Ok(Some(d)) => d,
@@ -289,7 +292,7 @@ pub async fn serve(
                         let memo = memo.clone();
                         let busy = exchanges.begin();
                         async move {
-                            let resp = handle(&state, &memo, req).await;
+                            let resp = handle(&state, &memo, req, None).await;
                             Ok::<_, Infallible>(
                                 resp.map(|body| Body::new(proxy::client_io::Answered::new(body, busy))),
                             )
@@ -315,7 +318,7 @@ pub async fn serve(
                     };
                     let served = tokio::select! {
                         r = own.serve(io, prefix) => r,
-                        () = hard.cancelled() => return,
+                        () = hard.wait() => return,
                     };
                     let (io, rest) = match served {
                         Ok(h1::Served::HandOver(io, rest)) => (io, rest),
@@ -335,11 +338,11 @@ pub async fn serve(
                     futures::pin_mut!(conn);
                     tokio::select! {
                         r = conn.as_mut() => r,
-                        () = drain.cancelled() => {
+                        () = drain.wait() => {
                             conn.as_mut().graceful_shutdown();
                             tokio::select! {
                                 r = conn.as_mut() => r,
-                                () = hard.cancelled() => Ok(()),
+                                () = hard.wait() => Ok(()),
                             }
                         }
                     }
@@ -352,11 +355,11 @@ pub async fn serve(
                     futures::pin_mut!(conn);
                     tokio::select! {
                         r = conn.as_mut() => r,
-                        () = drain.cancelled() => {
+                        () = drain.wait() => {
                             conn.as_mut().graceful_shutdown();
                             tokio::select! {
                                 r = conn.as_mut() => r,
-                                () = hard.cancelled() => Ok(()),
+                                () = hard.wait() => Ok(()),
                             }
                         }
                     }
@@ -368,7 +371,7 @@ pub async fn serve(
         });
     }
     drop(listener);
-    closing.cancel();
+    closing.set();
     background.trigger();
     connections.close();
     let drained = tokio::time::timeout(config.shutdown_timeout, connections.wait())
@@ -382,6 +385,7 @@ pub async fn serve(
     }
     // Ends instance connections (idle ones too) and tunnels.
     hard_stop.cancel();
+    hard.set();
     let _ = tokio::time::timeout(config.shutdown_timeout, connections.wait()).await;
     Ok(())
 }
@@ -504,11 +508,16 @@ async fn watch_access(client: Client, stop: CancellationToken) {
 /// One request; once shutdown has begun its response closes the connection
 /// (`Connection: close`), so the client's next request opens a connection
 /// to another router.
-async fn handle<B>(state: &State, memo: &Memo, req: Request<B>) -> Response<Body>
+async fn handle<B>(
+    state: &State,
+    memo: &Memo,
+    req: Request<B>,
+    timer: Option<&mut h1::Deadline>,
+) -> Response<Body>
 where
     B: http_body::Body<Data = bytes::Bytes, Error = hyper::Error> + Send + 'static,
 {
-    let mut resp = respond(state, memo, req).await;
+    let mut resp = respond(state, memo, req, timer).await;
     if state.shutdown.is_cancelled() && resp.status() != StatusCode::SWITCHING_PROTOCOLS {
         resp.headers_mut()
             .insert(http::header::CONNECTION, http::HeaderValue::from_static("close"));
@@ -566,7 +575,15 @@ impl Memo {
 }
 
 /// One request: health check, header, activity, proxy, metrics.
-async fn respond<B>(state: &State, memo: &Memo, req: Request<B>) -> Response<Body>
+///
+/// `timer` is the connection's timer for the request timeout, when it has
+/// one request at a time (else each request has its own).
+async fn respond<B>(
+    state: &State,
+    memo: &Memo,
+    req: Request<B>,
+    timer: Option<&mut h1::Deadline>,
+) -> Response<Body>
 where
     B: http_body::Body<Data = bytes::Bytes, Error = hyper::Error> + Send + 'static,
 {
@@ -603,21 +620,38 @@ where
     let span = request_span(&req);
     let function = guard.entry().clone();
     let progress = proxy::Progress::default();
-    let forwarding = state
-        .proxy
-        .forward(&parsed, req, &memo.peer, guard, progress.clone());
+    // Pinned where it is made: the future is a few KiB, and every wrapper
+    // that took it by value (the timeout, the span) would copy it.
+    let mut forwarding =
+        std::pin::pin!(
+            state
+                .proxy
+                .forward(&parsed, req, &memo.peer, guard, progress.clone())
+        );
     let result = match state.request_timeout {
         // From the request's start (no second clock read).
-        Some(t) => tokio::time::timeout_at(start + t, forwarding)
-            .instrument(span.clone())
-            .await
-            .unwrap_or_else(|_| {
+        Some(t) => {
+            let deadline = start + t;
+            let done = match timer {
+                Some(timer) => {
+                    timer
+                        .within(deadline, forwarding.as_mut())
+                        .instrument(span.clone())
+                        .await
+                }
+                None => tokio::time::timeout_at(deadline, forwarding)
+                    .instrument(span.clone())
+                    .await
+                    .ok(),
+            };
+            done.unwrap_or_else(|| {
                 Err(if progress.waiting_for_client() {
                     proxy::Error::RequestIncomplete(t)
                 } else {
                     proxy::Error::RequestTimeout(t)
                 })
-            }),
+            })
+        }
         None => forwarding.instrument(span.clone()).await,
     };
     if result.is_ok() {
