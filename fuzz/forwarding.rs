@@ -15,8 +15,10 @@
 //! with one `for=` per `X-Forwarded-For` entry and `host`/`proto` equal to
 //! the `X-Forwarded-*` values; `Host` survives unchanged (`Connection`
 //! cannot strip it); no hop-by-hop header, no header `Connection` listed
-//! and no client-sent `X-Skipper-*` routing header is left. Run with
-//! `make fuzz`.
+//! and no client-sent `X-Skipper-*` routing header is left; the rewrite
+//! for a head written apart (`headers::rewrite_apart`) leaves the same map
+//! without the forwarding fields and writes those as the same lines. Run
+//! with `make fuzz`.
 
 #![no_main]
 // A fuzz target: a failed unwrap is a finding.
@@ -169,7 +171,38 @@ fuzz_target!(|data: &[u8]| {
     } else {
         None
     };
+    let mut apart = h.clone();
     headers::rewrite(&mut h, Some(SocketAddr::new(peer, 1234)), trusted, None);
+
+    // The rewrite for a head written apart leaves the same map without the
+    // forwarding fields, and writes those as the lines of the map's.
+    let fields = [
+        header::FORWARDED,
+        forwarding::X_FORWARDED_FOR,
+        forwarding::X_FORWARDED_HOST,
+        forwarding::X_FORWARDED_PROTO,
+    ];
+    let taken = headers::rewrite_apart(&mut apart, Some(&forwarding::node(peer)), trusted);
+    let mut lines = Vec::new();
+    taken.write(&mut lines);
+    let mut want = Vec::new();
+    for name in &fields {
+        for v in h.get_all(name) {
+            want.extend_from_slice(format!("{name}: ").as_bytes());
+            want.extend_from_slice(v.as_bytes());
+            want.extend_from_slice(b"\r\n");
+        }
+    }
+    assert_eq!(
+        String::from_utf8_lossy(&lines),
+        String::from_utf8_lossy(&want),
+        "the written forwarding lines differ from the map's"
+    );
+    let mut rest = h.clone();
+    for name in &fields {
+        rest.remove(name);
+    }
+    assert_eq!(apart, rest, "the map written apart differs");
 
     let one = |name: &HeaderName| -> Option<HeaderValue> {
         let all: Vec<&HeaderValue> = h.get_all(name).iter().collect();

@@ -47,6 +47,7 @@ use tokio::time::{Instant, Sleep};
 
 use crate::shutdown::Latch;
 
+use super::proxy::direct::head_len;
 use super::proxy::headers::{ADDED_FIELDS, known_name};
 use super::{MAX_REQUEST_HEAD_BYTES, Memo, State};
 
@@ -275,7 +276,15 @@ enum Parsed {
     Other,
 }
 
+/// Whether `buf` starts with a complete request head. A head is complete
+/// at its blank line, found without parsing it: [`plain`] parses it once,
+/// and hands a head httparse refuses to hyper then. Only bytes without a
+/// blank line yet are parsed here, to tell a head still arriving from one
+/// httparse refuses already (hyper answers that at once).
 fn parse(buf: &[u8]) -> Parsed {
+    if let Some(len) = head_len(buf) {
+        return Parsed::Complete(len);
+    }
     if buf.is_empty() {
         return Parsed::Partial;
     }
@@ -708,13 +717,78 @@ mod tests {
     #[test]
     fn heads_httparse_refuses_or_too_many_fields_go_to_hyper() {
         assert_eq!(parse(b"GET / HTTP/1.1\r\nhost: a\r\n"), Parsed::Partial);
-        assert_eq!(parse(b"GET / HTTP/1.1\r\nbad header\r\n\r\n"), Parsed::Other);
+        // Refused before its end: at once.
+        assert_eq!(parse(b"GET / HTTP/1.1\r\nbad header\r\n"), Parsed::Other);
+        // Complete: the one parse (`plain`) refuses it.
+        let bad = b"GET / HTTP/1.1\r\nbad header\r\n\r\n";
+        assert_eq!(parse(bad), Parsed::Complete(bad.len()));
+        assert!(plain(&Bytes::from_static(bad)).is_none());
         let mut many = String::from("GET / HTTP/1.1\r\n");
         for i in 0..=MAX_HEADERS {
             many.push_str(&format!("x-{i}: v\r\n"));
         }
         many.push_str("\r\n");
-        assert_eq!(parse(many.as_bytes()), Parsed::Other);
+        assert_eq!(parse(many.as_bytes()), Parsed::Complete(many.len()));
+        assert!(plain(&Bytes::from(many)).is_none());
+    }
+
+    /// What httparse makes of `buf`, as [`Parsed`].
+    fn httparse_says(buf: &[u8]) -> Parsed {
+        let mut headers = [httparse::EMPTY_HEADER; MAX_HEADERS];
+        match httparse::Request::new(&mut headers).parse(buf) {
+            Ok(httparse::Status::Complete(n)) => Parsed::Complete(n),
+            Ok(httparse::Status::Partial) => Parsed::Partial,
+            Err(_) => Parsed::Other,
+        }
+    }
+
+    #[test]
+    fn a_head_ends_where_httparse_ends_it_at_every_cut() {
+        // A head, and whether the router serves it itself (HTTP/1.1).
+        let heads: [(&[u8], bool); 7] = [
+            (b"GET / HTTP/1.1\r\nhost: a\r\n\r\n", true),
+            (
+                b"GET /x?y=1 HTTP/1.1\r\nhost: a\r\nx-skipper-function: {\"a\":1}\r\naccept: */*\r\n\r\n",
+                true,
+            ),
+            (b"GET / HTTP/1.1\nhost: a\n\n", true),
+            (b"GET / HTTP/1.1\r\nhost: a\n\r\n", true),
+            (b"GET / HTTP/1.1\nhost: a\r\n\n", true),
+            (b"GET / HTTP/1.1\r\n\r\n", true),
+            (b"HEAD /h HTTP/1.0\r\nx-empty:\r\nx-tab: a\tb\r\n\r\n", false),
+        ];
+        for (head, served) in heads {
+            // Alone, followed by a pipelined request, and cut anywhere.
+            let mut pipelined = head.to_vec();
+            pipelined.extend_from_slice(b"GET /next HTTP/1.1\r\nhost: b\r\n\r\n");
+            for bytes in [head, &pipelined[..]] {
+                for cut in 0..=bytes.len() {
+                    let part = &bytes[..cut];
+                    let want = httparse_says(part);
+                    assert_eq!(parse(part), want, "{:?}", String::from_utf8_lossy(part));
+                    if let Parsed::Complete(n) = want {
+                        assert_eq!(n, head.len());
+                        let request = plain(&Bytes::copy_from_slice(&part[..n]));
+                        assert_eq!(request.is_some(), served, "{:?}", String::from_utf8_lossy(head));
+                    }
+                }
+            }
+        }
+        // Complete heads httparse refuses are complete here too; the one
+        // parse refuses them.
+        for bad in [
+            &b"GET / HTTP/1.1\r\nbad header\r\n\r\n"[..],
+            b"GET / HTTP/1.1\r\nx: \x01\r\n\r\n",
+            b"GET / HTTP/1.1\r\n folded: a\r\n\r\n",
+            b"G@T / HTTP/1.1\r\n\r\n",
+        ] {
+            assert_eq!(httparse_says(bad), Parsed::Other);
+            assert!(
+                matches!(parse(bad), Parsed::Complete(_) | Parsed::Other),
+                "{bad:?}"
+            );
+            assert!(plain(&Bytes::copy_from_slice(bad)).is_none(), "{bad:?}");
+        }
     }
 
     fn encoded(

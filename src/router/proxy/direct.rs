@@ -33,6 +33,7 @@ use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
+use super::forwarding::Forwarding;
 use crate::router::instances::Slot;
 
 /// Largest response head read (hyper's client default buffer).
@@ -130,9 +131,10 @@ pub async fn exchange(
     }
     let mut received = false;
     loop {
-        if let Some((resp, used)) = parse_head(&conn.buf, method)? {
-            conn.buf.advance(used);
-            let Some((parts, framing, keep_alive)) = resp else {
+        if let Some(len) = head_len(&conn.buf) {
+            // The head's field values are slices of it (no copies).
+            let head = conn.buf.split_to(len).freeze();
+            let Some((parts, framing, keep_alive)) = parse_head(&head, method)? else {
                 // An interim response: the final one follows.
                 continue;
             };
@@ -152,6 +154,10 @@ pub async fn exchange(
         }
         if conn.buf.len() >= MAX_HEAD_BYTES {
             return Err(ExchangeError::HeadTooLarge);
+        }
+        if !conn.buf.is_empty() {
+            // No blank line yet: a head httparse refuses already fails now.
+            refused_early(&conn.buf)?;
         }
         conn.buf.reserve(READ_CHUNK);
         match conn.stream.read_buf(&mut conn.buf).await {
@@ -198,35 +204,28 @@ type Head = (StatusCode, HeaderMap, SizeHint);
 /// stays open after it; `None` for an interim `1xx`.
 type Parsed = Option<(Head, Framing, bool)>;
 
-/// Parses a response head at the start of `buf`: `None` when it is not
-/// all there yet; else the bytes it took and the response (`None` for an
-/// interim `1xx`) with its framing and whether the connection stays open.
-fn parse_head(buf: &[u8], method: &Method) -> Result<Option<(Parsed, usize)>, ExchangeError> {
+/// Parses a complete response head ([`head_len`]'s bytes): the response
+/// (`None` for an interim `1xx`) with its framing and whether the
+/// connection stays open. Field values are slices of `head`.
+fn parse_head(head: &Bytes, method: &Method) -> Result<Parsed, ExchangeError> {
     // Uninitialized slots: the parser writes only the fields it finds
     // (initializing all 100 showed in profiles).
     let mut fields = [std::mem::MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_HEADERS];
     let mut parsed = httparse::Response::new(&mut []);
-    let used = match httparse::ParserConfig::default().parse_response_with_uninit_headers(
-        &mut parsed,
-        buf,
-        &mut fields,
-    ) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => {
-            return Err(ExchangeError::Head(format!(
-                "more than {MAX_HEADERS} header fields"
-            )));
-        }
-        Err(e) => return Err(ExchangeError::Head(e.to_string())),
-    };
+    match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut parsed, head, &mut fields)
+    {
+        Ok(httparse::Status::Complete(_)) => {}
+        // A blank line where the status line belongs.
+        Ok(httparse::Status::Partial) => return Err(ExchangeError::Head("no status line".into())),
+        Err(e) => return Err(head_refused(e)),
+    }
     let code = parsed.code.unwrap_or_default();
     let status = StatusCode::from_u16(code).map_err(|_| ExchangeError::Head(format!("status {code}")))?;
     if status == StatusCode::SWITCHING_PROTOCOLS {
         return Err(ExchangeError::UnaskedSwitch);
     }
     if status.is_informational() {
-        return Ok(Some((None, used)));
+        return Ok(None);
     }
     let http10 = parsed.version == Some(0);
     // Room for the header the proxy adds to every response
@@ -240,7 +239,7 @@ fn parse_head(buf: &[u8], method: &Method) -> Result<Option<(Parsed, usize)>, Ex
     for f in parsed.headers.iter() {
         let name = HeaderName::from_bytes(f.name.as_bytes())
             .map_err(|_| ExchangeError::Head(format!("header name {:?}", f.name)))?;
-        let value = HeaderValue::from_bytes(f.value)
+        let value = HeaderValue::from_maybe_shared(head.slice_ref(f.value))
             .map_err(|_| ExchangeError::Head(format!("value of header {:?}", f.name)))?;
         if name == header::CONTENT_LENGTH {
             for part in f.value.split(|b| *b == b',') {
@@ -297,7 +296,47 @@ fn parse_head(buf: &[u8], method: &Method) -> Result<Option<(Parsed, usize)>, Ex
         Framing::Length(n) => SizeHint::with_exact(n),
         _ => SizeHint::default(),
     };
-    Ok(Some((Some(((status, headers, hint), framing, keep_alive)), used)))
+    Ok(Some(((status, headers, hint), framing, keep_alive)))
+}
+
+/// httparse's refusal of a response head, said as the exchange's error.
+fn head_refused(e: httparse::Error) -> ExchangeError {
+    match e {
+        httparse::Error::TooManyHeaders => {
+            ExchangeError::Head(format!("more than {MAX_HEADERS} header fields"))
+        }
+        e => ExchangeError::Head(e.to_string()),
+    }
+}
+
+/// Fails a response head that is not complete yet when httparse refuses
+/// what has arrived of it already.
+fn refused_early(buf: &[u8]) -> Result<(), ExchangeError> {
+    let mut fields = [std::mem::MaybeUninit::<httparse::Header<'_>>::uninit(); MAX_HEADERS];
+    let mut parsed = httparse::Response::new(&mut []);
+    match httparse::ParserConfig::default().parse_response_with_uninit_headers(&mut parsed, buf, &mut fields)
+    {
+        Ok(_) => Ok(()),
+        Err(e) => Err(head_refused(e)),
+    }
+}
+
+/// The length of the message head `buf` starts with, through its blank
+/// line (a line feed followed by a line feed, or by a carriage return and a
+/// line feed: the line ends httparse takes), if it holds one yet. Found
+/// without parsing the head, which is then parsed once, whole.
+#[must_use]
+pub fn head_len(buf: &[u8]) -> Option<usize> {
+    let mut from = 0;
+    while let Some(at) = memchr::memchr(b'\n', &buf[from..]) {
+        let lf = from + at;
+        match &buf[lf + 1..] {
+            [b'\n', ..] => return Some(lf + 2),
+            [b'\r', b'\n', ..] => return Some(lf + 3),
+            _ => from = lf + 1,
+        }
+    }
+    None
 }
 
 /// An instance's response body read from its connection, which goes back
@@ -573,27 +612,36 @@ fn find(buf: &[u8], needle: &[u8], limit: usize) -> Result<Option<usize>, Exchan
 }
 
 /// The request head for an exchange: request line, `headers` (without a
-/// `Transfer-Encoding`: the request has no body) and `extra`, as hyper's
-/// client writes them (lower-case names).
+/// `Transfer-Encoding`: the request has no body), the `forwarding` fields
+/// and `extra`, as hyper's client writes them (lower-case names).
 pub fn write_head(
     out: &mut Vec<u8>,
     method: &Method,
     target: &str,
     headers: &HeaderMap,
+    forwarding: Option<&Forwarding>,
     extra: &[(&HeaderName, &HeaderValue)],
 ) {
     out.extend_from_slice(method.as_str().as_bytes());
     out.push(b' ');
     out.extend_from_slice(target.as_bytes());
     out.extend_from_slice(b" HTTP/1.1\r\n");
-    for (name, value) in headers.iter().chain(extra.iter().copied()) {
-        if *name == header::TRANSFER_ENCODING {
-            continue;
-        }
+    let line = |out: &mut Vec<u8>, name: &HeaderName, value: &HeaderValue| {
         out.extend_from_slice(name.as_str().as_bytes());
         out.extend_from_slice(b": ");
         out.extend_from_slice(value.as_bytes());
         out.extend_from_slice(b"\r\n");
+    };
+    for (name, value) in headers {
+        if *name != header::TRANSFER_ENCODING {
+            line(out, name, value);
+        }
+    }
+    if let Some(f) = forwarding {
+        f.write(out);
+    }
+    for (name, value) in extra {
+        line(out, name, value);
     }
     out.extend_from_slice(b"\r\n");
 }
@@ -610,13 +658,12 @@ mod tests {
 
     /// What `parse_head` made of a head.
     fn parsed(head: &str, method: &Method) -> Result<Seen, String> {
-        match parse_head(head.as_bytes(), method) {
-            Ok(Some((Some(((status, _, _), framing, keep)), used))) => {
-                assert_eq!(used, head.len(), "{head:?}");
-                Ok(Some((status.as_u16(), framing, keep)))
-            }
-            Ok(Some((None, _))) => Ok(None),
-            Ok(None) => Err("partial".into()),
+        if head_len(head.as_bytes()) != Some(head.len()) {
+            return Err("partial".into());
+        }
+        match parse_head(&Bytes::copy_from_slice(head.as_bytes()), method) {
+            Ok(Some(((status, _, _), framing, keep))) => Ok(Some((status.as_u16(), framing, keep))),
+            Ok(None) => Ok(None),
             Err(e) => Err(e.to_string()),
         }
     }
@@ -708,7 +755,7 @@ mod tests {
     #[test]
     fn a_length_beside_a_transfer_coding_is_dropped() {
         let head = b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\ncontent-length: 9\r\n\r\n";
-        let Ok(Some((Some(((_, headers, _), _, _)), _))) = parse_head(head, &Method::GET) else {
+        let Ok(Some(((_, headers, _), _, _))) = parse_head(&Bytes::from_static(head), &Method::GET) else {
             panic!("not parsed");
         };
         assert!(headers.get(header::CONTENT_LENGTH).is_none());
@@ -723,7 +770,7 @@ mod tests {
                 head.push_str(&format!("x-{i}: v\r\n"));
             }
             head.push_str("\r\n");
-            let Ok(Some((Some(((_, mut headers, _), _, _)), _))) = parse_head(head.as_bytes(), &Method::GET)
+            let Ok(Some(((_, mut headers, _), _, _))) = parse_head(&Bytes::from(head.clone()), &Method::GET)
             else {
                 panic!("not parsed: {head:?}");
             };
@@ -734,6 +781,67 @@ mod tests {
             );
             assert_eq!(headers.capacity(), room, "the map grew for {} fields", n + 1);
         }
+    }
+
+    #[test]
+    fn a_response_head_ends_where_httparse_ends_it_at_every_cut() {
+        let heads: [&[u8]; 5] = [
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n",
+            b"HTTP/1.1 100 Continue\r\n\r\n",
+            b"HTTP/1.0 200 OK\nx: y\n\n",
+            b"HTTP/1.1 204 No Content\r\ndate: Mon, 07 Dec 2026 19:00:00 GMT\n\r\n",
+            b"HTTP/1.1 200 OK\r\n\r\n",
+        ];
+        for head in heads {
+            let mut followed = head.to_vec();
+            followed.extend_from_slice(b"ok\r\n\r\nHTTP/1.1 200 OK\r\n\r\n");
+            for bytes in [head, &followed[..]] {
+                for cut in 0..=bytes.len() {
+                    let part = &bytes[..cut];
+                    let mut fields = [httparse::EMPTY_HEADER; MAX_HEADERS];
+                    let want = match httparse::Response::new(&mut fields).parse(part) {
+                        Ok(httparse::Status::Complete(n)) => Some(n),
+                        Ok(httparse::Status::Partial) => None,
+                        Err(e) => panic!("{e}: {:?}", String::from_utf8_lossy(part)),
+                    };
+                    assert_eq!(head_len(part), want, "{:?}", String::from_utf8_lossy(part));
+                    assert!(refused_early(part).is_ok());
+                }
+            }
+        }
+        // What httparse refuses before the head's end fails then.
+        for early in [
+            &b"HTTP/1.1 2x0 OK\r\n"[..],
+            b"HTTP/1.1 200 OK\r\nbad header\r\n",
+            b"HTTX",
+        ] {
+            assert!(refused_early(early).is_err(), "{early:?}");
+        }
+    }
+
+    #[tokio::test]
+    async fn a_head_refused_before_its_end_fails_at_once_and_interim_heads_are_passed_over() {
+        // The instance keeps its connection open after these bytes.
+        let addr = instance(b"HTTP/1.1 2x0 OK\r\n", false).await;
+        let (_, resp) = tokio::time::timeout(
+            std::time::Duration::from_secs(10),
+            exchange_with(addr, &Method::GET),
+        )
+        .await
+        .expect("the refused head failed at once");
+        assert!(matches!(resp, Err(ExchangeError::Head(_))), "{resp:?}");
+        let addr = instance(
+            b"HTTP/1.1 103 Early Hints\r\nlink: </a>\r\n\r\nHTTP/1.1 200 OK\r\ncontent-length: 2\r\nx-v: 1\r\n\r\nok",
+            false,
+        )
+        .await;
+        let (_, resp) = exchange_with(addr, &Method::GET).await;
+        let resp = resp.unwrap();
+        assert_eq!(resp.status(), StatusCode::OK);
+        assert_eq!(resp.headers()["x-v"], "1");
+        assert!(!resp.headers().contains_key("link"));
+        let body = resp.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"ok");
     }
 
     #[test]
@@ -869,7 +977,7 @@ mod tests {
         let slot = slot(addr);
         let stream = TcpStream::connect(addr).await.unwrap();
         let mut head = Vec::new();
-        write_head(&mut head, method, "/x", &HeaderMap::new(), &[]);
+        write_head(&mut head, method, "/x", &HeaderMap::new(), None, &[]);
         let resp = exchange(DirectConn::new(stream), &head, method, slot.clone()).await;
         (slot, resp)
     }
@@ -984,11 +1092,30 @@ mod tests {
             &Method::GET,
             "/p?q=1",
             &headers,
+            None,
             &[(&extra_name, &extra_value)],
         );
         assert_eq!(
             String::from_utf8(out).unwrap(),
             "GET /p?q=1 HTTP/1.1\r\nhost: x\r\nx-a: 1\r\nx-a: 2\r\nx-skipper-instance: pod-1\r\n\r\n"
+        );
+        // The forwarding fields go after the map's, before `extra`.
+        let peer = HeaderValue::from_static("203.0.113.5");
+        let forwarding = Forwarding::take(&mut headers, Some(&peer), false);
+        let mut out = Vec::new();
+        write_head(
+            &mut out,
+            &Method::GET,
+            "/",
+            &headers,
+            Some(&forwarding),
+            &[(&extra_name, &extra_value)],
+        );
+        assert_eq!(
+            String::from_utf8(out).unwrap(),
+            "GET / HTTP/1.1\r\nhost: x\r\nx-a: 1\r\nx-a: 2\r\n\
+             forwarded: for=203.0.113.5;host=x;proto=http\r\nx-forwarded-for: 203.0.113.5\r\n\
+             x-forwarded-host: x\r\nx-forwarded-proto: http\r\nx-skipper-instance: pod-1\r\n\r\n"
         );
     }
 }

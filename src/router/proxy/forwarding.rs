@@ -276,47 +276,141 @@ pub fn rewrite(headers: &mut HeaderMap, peer: Option<IpAddr>, trusted: bool) {
 /// [`rewrite`] for a peer whose `X-Forwarded-For` node ([`node`]) is
 /// worked out already.
 pub fn rewrite_from(headers: &mut HeaderMap, peer: Option<&HeaderValue>, trusted: bool) {
-    let mut chain: Vec<HeaderValue> = Vec::new();
-    let (host, proto) = if trusted {
-        chain.extend(headers.get_all(&X_FORWARDED_FOR).iter().cloned());
-        (
-            headers.get(&X_FORWARDED_HOST).cloned(),
-            headers.get(&X_FORWARDED_PROTO).cloned(),
-        )
-    } else {
-        (None, None)
-    };
-    // Most clients send none of them: one pass over the names says so.
-    if headers.keys().any(|n| {
-        *n == X_FORWARDED_FOR || *n == X_FORWARDED_HOST || *n == X_FORWARDED_PROTO || *n == header::FORWARDED
-    }) {
-        for name in [&X_FORWARDED_FOR, &X_FORWARDED_HOST, &X_FORWARDED_PROTO] {
-            headers.remove(name);
+    Forwarding::take(headers, peer, trusted).insert_into(headers);
+}
+
+/// The forwarding headers of a request sent on (the module docs' table),
+/// worked out once per request: inserted into the request's header map
+/// ([`Forwarding::insert_into`]), or written as header lines straight into
+/// a request head ([`Forwarding::write`]), the same fields either way.
+#[derive(Debug, Clone)]
+pub struct Forwarding {
+    xff: Option<HeaderValue>,
+    host: Option<HeaderValue>,
+    proto: HeaderValue,
+}
+
+impl Forwarding {
+    /// Takes the client's forwarding headers out of `headers` (believed
+    /// only when `trusted`) and works out those of the request sent on
+    /// for `peer` (its [`node`]). Call after the hop-by-hop headers are
+    /// gone.
+    pub fn take(headers: &mut HeaderMap, peer: Option<&HeaderValue>, trusted: bool) -> Self {
+        let mut chain: Vec<HeaderValue> = Vec::new();
+        let (host, proto) = if trusted {
+            chain.extend(headers.get_all(&X_FORWARDED_FOR).iter().cloned());
+            (
+                headers.get(&X_FORWARDED_HOST).cloned(),
+                headers.get(&X_FORWARDED_PROTO).cloned(),
+            )
+        } else {
+            (None, None)
+        };
+        // Most clients send none of them: one pass over the names says so.
+        if headers.keys().any(|n| {
+            *n == X_FORWARDED_FOR
+                || *n == X_FORWARDED_HOST
+                || *n == X_FORWARDED_PROTO
+                || *n == header::FORWARDED
+        }) {
+            for name in [&X_FORWARDED_FOR, &X_FORWARDED_HOST, &X_FORWARDED_PROTO] {
+                headers.remove(name);
+            }
+            headers.remove(header::FORWARDED);
         }
-        headers.remove(header::FORWARDED);
+        let xff = match (join(&chain), peer) {
+            (Some(mut v), Some(p)) => {
+                v.extend_from_slice(b", ");
+                v.extend_from_slice(p.as_bytes());
+                owned_value(v)
+            }
+            (Some(v), None) => owned_value(v),
+            (None, p) => p.cloned(),
+        };
+        Self {
+            xff,
+            host: host.or_else(|| headers.get(header::HOST).cloned()),
+            proto: proto.unwrap_or_else(|| HeaderValue::from_static("http")),
+        }
     }
 
-    let xff = match (join(&chain), peer) {
-        (Some(mut v), Some(p)) => {
-            v.extend_from_slice(b", ");
-            v.extend_from_slice(p.as_bytes());
-            owned_value(v)
+    /// Inserts the fields into `headers`: `Forwarded`, `X-Forwarded-For`,
+    /// `X-Forwarded-Host`, `X-Forwarded-Proto`, in that order.
+    pub fn insert_into(&self, headers: &mut HeaderMap) {
+        let mut value = Vec::with_capacity(64);
+        self.forwarded(&mut value);
+        if let Some(v) = owned_value(value) {
+            headers.insert(header::FORWARDED, v);
         }
-        (Some(v), None) => owned_value(v),
-        (None, p) => p.cloned(),
-    };
-    let host = host.or_else(|| headers.get(header::HOST).cloned());
-    let proto = proto.unwrap_or_else(|| HeaderValue::from_static("http"));
-    if let Some(v) = forwarded(xff.as_ref(), host.as_ref(), &proto) {
-        headers.insert(header::FORWARDED, v);
+        if let Some(v) = &self.xff {
+            headers.insert(X_FORWARDED_FOR, v.clone());
+        }
+        if let Some(v) = &self.host {
+            headers.insert(X_FORWARDED_HOST, v.clone());
+        }
+        headers.insert(X_FORWARDED_PROTO, self.proto.clone());
     }
-    if let Some(v) = xff {
-        headers.insert(X_FORWARDED_FOR, v);
+
+    /// Writes the fields [`Forwarding::insert_into`] inserts, in its order,
+    /// as HTTP/1.1 header lines with lower-case names (as hyper writes a
+    /// map): no map, no allocation.
+    pub fn write(&self, out: &mut Vec<u8>) {
+        let line = out.len();
+        out.extend_from_slice(b"forwarded: ");
+        let value = out.len();
+        self.forwarded(out);
+        if out[value..].iter().all(|&b| is_value_byte(b)) {
+            out.extend_from_slice(b"\r\n");
+        } else {
+            // What `insert_into` leaves out (a value no header may carry).
+            out.truncate(line);
+        }
+        let fields = [
+            (&X_FORWARDED_FOR, self.xff.as_ref()),
+            (&X_FORWARDED_HOST, self.host.as_ref()),
+            (&X_FORWARDED_PROTO, Some(&self.proto)),
+        ];
+        for (name, value) in fields {
+            if let Some(v) = value {
+                out.extend_from_slice(name.as_str().as_bytes());
+                out.extend_from_slice(b": ");
+                out.extend_from_slice(v.as_bytes());
+                out.extend_from_slice(b"\r\n");
+            }
+        }
     }
-    if let Some(v) = host {
-        headers.insert(X_FORWARDED_HOST, v);
+
+    /// RFC 7239 `Forwarded`'s value: one `for=` element per
+    /// `X-Forwarded-For` entry, the last with `;host=` and `;proto=`.
+    fn forwarded(&self, out: &mut Vec<u8>) {
+        if let Some(xff) = &self.xff {
+            for (i, node) in xff
+                .as_bytes()
+                .split(|b| *b == b',')
+                .map(<[u8]>::trim_ascii)
+                .filter(|n| !n.is_empty())
+                .enumerate()
+            {
+                if i > 0 {
+                    out.extend_from_slice(b", ");
+                }
+                out.extend_from_slice(b"for=");
+                node_value(node, out);
+            }
+        }
+        if let Some(h) = &self.host {
+            out.extend_from_slice(b";host=");
+            param_value(h.as_bytes(), out);
+        }
+        out.extend_from_slice(b";proto=");
+        param_value(self.proto.as_bytes(), out);
     }
-    headers.insert(X_FORWARDED_PROTO, proto);
+}
+
+/// A byte [`HeaderValue::from_bytes`] takes: visible ASCII, space, tab and
+/// obs-text.
+fn is_value_byte(b: u8) -> bool {
+    (b >= 0x20 && b != 0x7f) || b == b'\t'
 }
 
 /// Header lines joined with `", "` (`None` when there are none).
@@ -340,38 +434,6 @@ pub fn node(ip: IpAddr) -> HeaderValue {
 fn ip_value(ip: IpAddr) -> HeaderValue {
     // An IP address renders to ASCII digits, '.', ':' and hex letters only.
     HeaderValue::from_str(&ip.to_string()).unwrap_or_else(|_| HeaderValue::from_static(""))
-}
-
-/// RFC 7239 `Forwarded`: one `for=` element per `X-Forwarded-For` entry,
-/// the last with `;host=` and `;proto=`.
-fn forwarded(
-    xff: Option<&HeaderValue>,
-    host: Option<&HeaderValue>,
-    proto: &HeaderValue,
-) -> Option<HeaderValue> {
-    let mut out = Vec::<u8>::with_capacity(64);
-    if let Some(xff) = xff {
-        for (i, node) in xff
-            .as_bytes()
-            .split(|b| *b == b',')
-            .map(<[u8]>::trim_ascii)
-            .filter(|n| !n.is_empty())
-            .enumerate()
-        {
-            if i > 0 {
-                out.extend_from_slice(b", ");
-            }
-            out.extend_from_slice(b"for=");
-            node_value(node, &mut out);
-        }
-    }
-    if let Some(h) = host {
-        out.extend_from_slice(b";host=");
-        param_value(h.as_bytes(), &mut out);
-    }
-    out.extend_from_slice(b";proto=");
-    param_value(proto.as_bytes(), &mut out);
-    owned_value(out)
 }
 
 /// A header value that takes `bytes` (checked as [`HeaderValue::from_bytes`]
@@ -592,7 +654,30 @@ pub(super) mod tests {
         ];
         for c in cases {
             let mut h = map(c.inbound);
+            let mut apart = h.clone();
             rewrite(&mut h, c.peer, c.trusted);
+            // Taken apart and written: the same fields as lines.
+            let taken = Forwarding::take(&mut apart, c.peer.map(node).as_ref(), c.trusted);
+            let mut lines = Vec::new();
+            taken.write(&mut lines);
+            let mut want = String::new();
+            for k in [
+                "forwarded",
+                "x-forwarded-for",
+                "x-forwarded-host",
+                "x-forwarded-proto",
+            ] {
+                for v in values(&h, k) {
+                    want.push_str(&format!("{k}: {v}\r\n"));
+                }
+                assert!(!apart.contains_key(k), "{}: {k} left in the map", c.name);
+            }
+            assert_eq!(
+                String::from_utf8(lines).unwrap(),
+                want,
+                "{}: written lines",
+                c.name
+            );
             for (k, v) in c.want {
                 assert_eq!(values(&h, k), vec![*v], "{}: header {k}", c.name);
             }

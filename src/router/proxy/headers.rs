@@ -137,6 +137,21 @@ pub fn rewrite_from(
     trusted: bool,
     upgrade: Option<HeaderValue>,
 ) {
+    rewrite_apart(headers, node, trusted).insert_into(headers);
+    if let Some(proto) = upgrade {
+        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
+        headers.insert(header::UPGRADE, proto);
+    }
+}
+
+/// [`rewrite_from`] for a request without an upgrade, except that the
+/// forwarding headers are returned instead of inserted: a request head
+/// written from the map writes them after it ([`forwarding::Forwarding::write`]).
+pub fn rewrite_apart(
+    headers: &mut HeaderMap,
+    node: Option<&HeaderValue>,
+    trusted: bool,
+) -> forwarding::Forwarding {
     strip_hop_by_hop(headers);
     headers.remove(FUNCTION);
     // The router names the instance itself, per attempt.
@@ -144,11 +159,7 @@ pub fn rewrite_from(
         headers.remove(INSTANCE);
         headers.remove(TENANT);
     }
-    forwarding::rewrite_from(headers, node, trusted);
-    if let Some(proto) = upgrade {
-        headers.insert(header::CONNECTION, HeaderValue::from_static("upgrade"));
-        headers.insert(header::UPGRADE, proto);
-    }
+    forwarding::Forwarding::take(headers, node, trusted)
 }
 
 #[cfg(test)]

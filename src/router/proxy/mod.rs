@@ -224,6 +224,9 @@ struct Prepared {
     uri: Uri,
     version: Version,
     headers: HeaderMap,
+    /// The forwarding fields when they are not in `headers` (a request
+    /// that can go as a direct exchange).
+    forwarding: Option<forwarding::Forwarding>,
     /// Never sent itself: every attempt sends a replay of it.
     body: ReplayBody,
     upgrade: Option<HeaderValue>,
@@ -256,12 +259,25 @@ impl Prepared {
         let te_trailers = headers::accepts_trailers(&parts.headers);
         let grpc = is_grpc(&parts.headers);
         forwarding::set_host_from_target(&parts.uri, &mut parts.headers);
-        headers::rewrite_from(
-            &mut parts.headers,
-            Some(peer.node()),
-            peer.trusted,
-            upgrade.clone(),
-        );
+        let empty = http_body::Body::is_end_stream(&body);
+        let direct = empty && upgrade.is_none() && parts.version >= Version::HTTP_11;
+        // A direct exchange writes the forwarding fields into its head
+        // after the map's (no inserts, no value built apart).
+        let forwarding = if direct {
+            Some(headers::rewrite_apart(
+                &mut parts.headers,
+                Some(peer.node()),
+                peer.trusted,
+            ))
+        } else {
+            headers::rewrite_from(
+                &mut parts.headers,
+                Some(peer.node()),
+                peer.trusted,
+                upgrade.clone(),
+            );
+            None
+        };
         crate::telemetry::otel::inject_http(&mut parts.headers);
         // Origin form: the path and query as the client sent them (no copy).
         let uri = parts
@@ -274,8 +290,6 @@ impl Prepared {
                 Uri::from_parts(origin).ok()
             })
             .unwrap_or_else(|| Uri::from_static("/"));
-        let empty = http_body::Body::is_end_stream(&body);
-        let direct = empty && upgrade.is_none() && parts.version >= Version::HTTP_11;
         let body = if empty {
             ReplayBody::empty()
         } else {
@@ -290,6 +304,7 @@ impl Prepared {
                 uri,
                 version: parts.version,
                 headers: parts.headers,
+                forwarding,
                 body,
                 upgrade,
                 grpc,
@@ -317,6 +332,7 @@ impl Prepared {
             &self.method,
             target,
             &self.headers,
+            self.forwarding.as_ref(),
             &[(&headers::INSTANCE, &slot.header), (&headers::TENANT, tenant)],
         );
         head
@@ -330,6 +346,9 @@ impl Prepared {
         *req.uri_mut() = self.uri.clone();
         *req.version_mut() = self.version;
         let mut headers = self.headers.clone();
+        if let Some(f) = &self.forwarding {
+            f.insert_into(&mut headers);
+        }
         headers.insert(headers::INSTANCE, slot.header.clone());
         headers.insert(headers::TENANT, tenant.clone());
         if slot.protocol == crate::api::Protocol::H2c && self.upgrade.is_none() {
