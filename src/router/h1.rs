@@ -745,8 +745,10 @@ mod tests {
     #[test]
     fn a_head_ends_where_httparse_ends_it_at_every_cut() {
         // A head, and whether the router serves it itself (HTTP/1.1).
-        let heads: [(&[u8], bool); 7] = [
+        let heads: [(&[u8], bool); 9] = [
             (b"GET / HTTP/1.1\r\nhost: a\r\n\r\n", true),
+            (b"\r\nGET / HTTP/1.1\r\nhost: a\r\n\r\n", true),
+            (b"\r\n\n\r\nGET / HTTP/1.1\r\nhost: a\r\n\r\n", true),
             (
                 b"GET /x?y=1 HTTP/1.1\r\nhost: a\r\nx-skipper-function: {\"a\":1}\r\naccept: */*\r\n\r\n",
                 true,

@@ -323,11 +323,19 @@ fn refused_early(buf: &[u8]) -> Result<(), ExchangeError> {
 
 /// The length of the message head `buf` starts with, through its blank
 /// line (a line feed followed by a line feed, or by a carriage return and a
-/// line feed: the line ends httparse takes), if it holds one yet. Found
-/// without parsing the head, which is then parsed once, whole.
+/// line feed: the line ends httparse takes), if it holds one yet. Empty
+/// lines before the start line belong to the head, as httparse skips them.
+/// Found without parsing the head, which is then parsed once, whole.
 #[must_use]
 pub fn head_len(buf: &[u8]) -> Option<usize> {
     let mut from = 0;
+    loop {
+        match &buf[from..] {
+            [b'\r', b'\n', ..] => from += 2,
+            [b'\n', ..] => from += 1,
+            _ => break,
+        }
+    }
     while let Some(at) = memchr::memchr(b'\n', &buf[from..]) {
         let lf = from + at;
         match &buf[lf + 1..] {
@@ -785,8 +793,10 @@ mod tests {
 
     #[test]
     fn a_response_head_ends_where_httparse_ends_it_at_every_cut() {
-        let heads: [&[u8]; 5] = [
+        let heads: [&[u8]; 7] = [
             b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n",
+            b"\r\n\r\nHTTP/1.1 200 OK\r\n\r\n",
+            b"\n\r\n\nHTTP/1.1 204 No Content\r\n\r\n",
             b"HTTP/1.1 100 Continue\r\n\r\n",
             b"HTTP/1.0 200 OK\nx: y\n\n",
             b"HTTP/1.1 204 No Content\r\ndate: Mon, 07 Dec 2026 19:00:00 GMT\n\r\n",
