@@ -133,10 +133,20 @@ async fn pages_answer_and_a_live_view_shows_a_new_tenant() {
         ("/controllers".to_owned(), "127.0.0.1"),
         ("/events?severity=1".to_owned(), "pod assigned"),
     ] {
-        let page = get(&path).await;
-        assert_eq!(page.status(), 200, "{path}");
-        let html = page.text().await.unwrap();
-        assert!(html.contains(says), "{path}: {html}");
+        // Each page reads what the controller keeps (its caches, its
+        // event log): the assignment's event is recorded after the
+        // instance is handed out.
+        eventually(
+            &format!("{path} says {says:?}"),
+            Duration::from_secs(10),
+            || async {
+                let page = get(&path).await;
+                assert_eq!(page.status(), 200, "{path}");
+                let html = page.text().await.unwrap();
+                html.contains(says).then_some(())
+            },
+        )
+        .await;
     }
     let config = get("/config").await.text().await.unwrap();
     assert!(config.contains("****") && !config.contains("PRIVATE KEY"));

@@ -1026,7 +1026,8 @@ impl Node {
         if !archive.is_file() {
             return Err(NodesError::MissingImage(archive.to_path_buf()));
         }
-        run(
+        let before = self.image_list(ctr).await?;
+        let out = run(
             &format!("importing {} into {}", archive.display(), self.layout.name),
             &[
                 ctr.to_owned(),
@@ -1042,8 +1043,40 @@ impl Node {
             ],
             Duration::from_secs(120),
         )
-        .await
-        .map(|out| imported_names(&out))
+        .await?;
+        let names = imported_names(&out);
+        if !names.is_empty() {
+            return Ok(names);
+        }
+        // ctr's progress display can stop before it prints its `saved`
+        // lines: the names are then those the import added.
+        let after = self.image_list(ctr).await?;
+        Ok(added_names(&before, after))
+    }
+
+    /// The names of the node's images (`ctr images ls -q`).
+    async fn image_list(&self, ctr: &str) -> Result<Vec<String>, NodesError> {
+        let out = run(
+            &format!("listing the images of {}", self.layout.name),
+            &[
+                ctr.to_owned(),
+                "--address".into(),
+                s(&self.layout.containerd_socket()),
+                "--namespace".into(),
+                "k8s.io".into(),
+                "images".into(),
+                "ls".into(),
+                "-q".into(),
+            ],
+            Duration::from_secs(30),
+        )
+        .await?;
+        Ok(out
+            .lines()
+            .map(str::trim)
+            .filter(|l| !l.is_empty())
+            .map(str::to_owned)
+            .collect())
     }
 
     fn exited(&self, name: &str, status: std::process::ExitStatus) -> NodesError {
@@ -1115,6 +1148,15 @@ pub fn imported_names(output: &str) -> Vec<String> {
             (words.next() == Some("saved")).then(|| name.to_owned())
         })
         .collect()
+}
+
+/// The image names in `after` that `before` does not hold, names by tag
+/// before names by digest.
+#[must_use]
+pub fn added_names(before: &[String], after: Vec<String>) -> Vec<String> {
+    let mut added: Vec<String> = after.into_iter().filter(|n| !before.contains(n)).collect();
+    added.sort_by_key(|n| n.contains('@'));
+    added
 }
 
 /// The pods a node of `count` may run (its slice of the /24).
@@ -1711,6 +1753,30 @@ mod inotify_tests {
         assert!(
             err.contains("sysctl -w fs.inotify.max_user_instances=1024"),
             "{err}"
+        );
+    }
+}
+
+#[cfg(test)]
+mod import_tests {
+    use super::*;
+
+    #[test]
+    fn imported_images_are_named_from_ctrs_lines_or_from_what_the_import_added() {
+        let printed = "localhost/skipper:0.1.0 saved\napplication/vnd.oci.image.manifest.v1+json sha256:ab\n\
+                       Importing\telapsed: 0.5 s\ttotal: 0.0 B\t(0.0 B/s)\n";
+        assert_eq!(imported_names(printed), ["localhost/skipper:0.1.0"]);
+        // The progress display stopped before its `saved` lines.
+        assert!(imported_names("Importing\telapsed: 0.5 s\n").is_empty());
+        let before = vec!["registry.k8s.io/pause:3.10".to_owned()];
+        let after = vec![
+            "localhost/skipper@sha256:ab".to_owned(),
+            "registry.k8s.io/pause:3.10".to_owned(),
+            "localhost/skipper:0.1.0".to_owned(),
+        ];
+        assert_eq!(
+            added_names(&before, after),
+            ["localhost/skipper:0.1.0", "localhost/skipper@sha256:ab"]
         );
     }
 }
